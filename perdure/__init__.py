@@ -1,0 +1,54 @@
+"""perdure: a durable runtime for LLM agents.
+
+Execution state (runs, model turns, tool tasks and their phases, replay policies,
+idempotency keys) goes to an append-only LMDB log before anything depends on it,
+so a restarted process continues exactly the work that was pending.
+"""
+
+from perdure._runtime import Runtime, open_runtime
+from perdure.actors.decide import Accepted, Done, Refused
+from perdure.actors.session import SessionParkedError
+from perdure.actors.supervisor import UnknownSession
+from perdure.providers.base import Message, ModelReply, ModelRequest, ProviderError
+from perdure.storage.bus import Event, EventStreamLagged
+from perdure.storage.codec import CorruptRecord
+from perdure.storage.lmdb_log import LogBusy, LogError, LogFenced, StorageFull
+from perdure.storage.records import RunFinished
+from perdure.tools.contract import (
+    Reconciled,
+    ReplayPolicy,
+    Tool,
+    ToolContext,
+    ToolResult,
+    tool,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accepted",
+    "CorruptRecord",
+    "Done",
+    "Event",
+    "EventStreamLagged",
+    "LogBusy",
+    "LogError",
+    "LogFenced",
+    "Message",
+    "ModelReply",
+    "ModelRequest",
+    "ProviderError",
+    "Reconciled",
+    "Refused",
+    "ReplayPolicy",
+    "RunFinished",
+    "Runtime",
+    "SessionParkedError",
+    "StorageFull",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "UnknownSession",
+    "open_runtime",
+    "tool",
+]

@@ -1,0 +1,66 @@
+"""Test-only fault injection: make this process die with SIGKILL at a named point.
+
+Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
+
+``commit``       after the n-th ``Journal.append`` of this process is durable
+                 (before its caller is woken or anything is published)
+``tool.before``  the tool's ``executing`` record is durable; the tool is not yet called
+``tool.after``   the tool returned; its result is not yet committed
+``model.after``  the model's reply was received; it is not yet committed
+
+``n`` counts the hits of that point (and tool name, if given) in this process,
+starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
+``tool.before:book@2,commit@30``.
+
+When the variable is unset, ``ACTIVE`` is False and every call site is a single
+attribute test, so the switch costs nothing in production.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Final
+
+POINTS: Final = frozenset({"commit", "tool.before", "tool.after", "model.after"})
+
+
+def _parse(spec: str) -> dict[tuple[str, str | None], int]:
+    plan: dict[tuple[str, str | None], int] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        where, _, count = item.partition("@")
+        point, _, tool = where.partition(":")
+        if point not in POINTS:
+            raise ValueError(f"PERDURE_FAULT: unknown point {point!r} (known: {sorted(POINTS)})")
+        try:
+            n = int(count) if count else 1
+        except ValueError:
+            raise ValueError(
+                f"PERDURE_FAULT: {item!r}: the count after @ must be an integer"
+            ) from None
+        if n < 1:
+            raise ValueError(f"PERDURE_FAULT: {item!r}: the count must be at least 1")
+        plan[(point, tool or None)] = n
+    return plan
+
+
+_PLAN: Final = _parse(os.environ.get("PERDURE_FAULT", ""))
+_HITS: dict[tuple[str, str | None], int] = {}
+ACTIVE: Final = bool(_PLAN)
+
+
+def hit(point: str, tool: str | None = None, count: int = 1) -> None:
+    """Count ``count`` hits of ``point``; die if a planned fault is reached."""
+    for key in ((point, None), (point, tool)) if tool else ((point, None),):
+        target = _PLAN.get(key)
+        if target is None:
+            continue
+        before = _HITS.get(key, 0)
+        _HITS[key] = before + count
+        if before < target <= before + count:
+            sys.stderr.write(
+                f"perdure: PERDURE_FAULT {point}{':' + tool if tool else ''}@{target}\n"
+            )
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,257 @@
+"""The Python API: ``open_runtime`` and ``Runtime``, a thin face over the supervisor.
+
+``open_runtime`` opens (or creates) the log, takes ownership of it, starts the
+Journal and the supervisor, and recovers every interrupted session before it
+yields: by the time your code runs, pending work has already been re-issued.
+On a normal exit it stops dispatching and lets running tools finish (up to
+``shutdown_grace`` seconds) so that a deploy is a non-event; their results are
+committed before the log is closed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from functools import partial
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from perdure.actors import conversation, decide
+from perdure.actors.context import ActorContext
+from perdure.actors.session import CommandMsg, Query, WaitIdle
+from perdure.actors.state import SessionState
+from perdure.actors.supervisor import Supervisor, UnknownSession
+from perdure.providers.base import Message, Provider
+from perdure.storage.bus import Event
+from perdure.storage.journal import Journal, JournalStats, open_journal
+from perdure.storage.lmdb_log import (
+    DEFAULT_MAP_SIZE,
+    Durability,
+    LmdbLog,
+    LogFenced,
+    SessionInfo,
+)
+from perdure.storage.records import RunFinished
+from perdure.tools.contract import Tool, registry
+
+_PAGE = 512
+
+
+class Runtime:
+    """A running perdure runtime. Obtain one with ``open_runtime``."""
+
+    def __init__(self, supervisor: Supervisor, journal: Journal, ctx: ActorContext) -> None:
+        self._sup = supervisor
+        self.journal = journal
+        self._ctx = ctx
+
+    @property
+    def log_path(self) -> Path:
+        return self.journal.log.path
+
+    @property
+    def epoch(self) -> int:
+        return self.journal.log.epoch
+
+    @property
+    def recovered_sessions(self) -> list[str]:
+        """Sessions that had unfinished work when this runtime started."""
+        return list(self._sup.recovered)
+
+    def stats(self) -> JournalStats:
+        return self.journal.stats
+
+    # -- sessions -------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str | None = None, *, system: str | None = None
+    ) -> str:
+        """Create a session (idempotent for an explicit ``session_id``); return its id."""
+        sid = session_id or "s-" + uuid.uuid4().hex[:16]
+        await self._sup.create_session(sid, system)
+        return sid
+
+    async def sessions(self) -> list[SessionInfo]:
+        return await self.journal.sessions()
+
+    async def _command(self, session_id: str, command: decide.Command) -> Any:
+        return await self._sup.ask(session_id, lambda: CommandMsg(command))
+
+    async def submit(
+        self, session_id: str, text: str, *, request_id: str | None = None
+    ) -> decide.Accepted:
+        """Queue user input; returns once it is durable. Same ``request_id`` -> same answer."""
+        return await self._command(session_id, decide.Submit(request_id or _rid(), text))  # type: ignore[no-any-return]
+
+    async def cancel(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
+        """Cancel the current run (queued input still runs afterwards)."""
+        return await self._command(session_id, decide.Cancel(request_id or _rid()))  # type: ignore[no-any-return]
+
+    async def approve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        approved: bool = True,
+        request_id: str | None = None,
+        note: str = "",
+    ) -> decide.Done:
+        """Record a human decision on a tool call that awaits approval."""
+        cmd = decide.Approve(call_id, approved, request_id or _rid(), note)
+        return await self._command(session_id, cmd)  # type: ignore[no-any-return]
+
+    async def revise(
+        self, session_id: str, text: str, *, request_id: str | None = None
+    ) -> decide.Done:
+        """Change the request of the current run; returns the new goal revision in ``ref``."""
+        return await self._command(session_id, decide.Revise(request_id or _rid(), text))  # type: ignore[no-any-return]
+
+    async def pause(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
+        """Dispatch nothing new (running tools finish); durable across restarts."""
+        return await self._command(session_id, decide.Pause(request_id or _rid()))  # type: ignore[no-any-return]
+
+    async def resume(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
+        return await self._command(session_id, decide.Resume(request_id or _rid()))  # type: ignore[no-any-return]
+
+    async def wait_idle(self, session_id: str) -> RunFinished | None:
+        """Wait until no run is in progress and no input is queued; return the last outcome."""
+        return await self._sup.ask(session_id, WaitIdle)  # type: ignore[no-any-return]
+
+    async def state(self, session_id: str, fn: Callable[[SessionState], Any]) -> Any:
+        """Evaluate ``fn`` on the live state of a session, inside its actor (read-only!)."""
+        return await self._sup.ask(session_id, lambda: Query(fn))
+
+    async def load_state(self, session_id: str) -> SessionState:
+        """The state folded from the log (works for any session; no actor is started)."""
+        if await self.journal.session_info(session_id) is None:
+            raise UnknownSession(session_id)
+        return SessionState.fold(session_id, await self.journal.read_session(session_id))
+
+    async def transcript(self, session_id: str) -> list[Message]:
+        """The conversation as the model sees it (unfinished tool calls shown by phase)."""
+        state = await self.load_state(session_id)
+        return list(conversation.messages(state, include_pending=True))
+
+    async def events(
+        self, session_id: str, *, after: int = 0, live: bool = True
+    ) -> AsyncIterator[Event]:
+        """Committed records with seq > ``after`` from the log, then live events.
+
+        No gap and no duplicate between the replay and the live part: live events
+        are buffered from before the replay starts and de-duplicated by sequence
+        number. Ephemeral events (``seq is None``) are only ever live.
+        """
+        if await self.journal.session_info(session_id) is None:
+            raise UnknownSession(session_id)
+        with self.journal.bus.subscribe(session_id) as live_feed:
+            last = after
+            while True:
+                page = await self.journal.read_session(session_id, last, _PAGE)
+                for c in page:
+                    yield Event(session_id, type(c.record).__name__, c.seq, c.record)
+                    last = c.seq
+                if len(page) < _PAGE:
+                    break
+            if not live:
+                return
+            async for event in live_feed:
+                if event.seq is not None:
+                    if event.seq <= last:
+                        continue
+                    last = event.seq
+                yield event
+
+
+def _rid() -> str:
+    return "req-" + uuid.uuid4().hex
+
+
+@asynccontextmanager
+async def open_runtime(
+    log: str | PathLike[str] = ".perdure",
+    *,
+    provider: Provider,
+    tools: Iterable[Tool] = (),
+    workspace: str | PathLike[str] | None = None,
+    durability: Durability = "full",
+    takeover: bool = False,
+    resume_budget: int = 3,
+    max_turns: int = 100,
+    max_model_attempts: int = 8,
+    retry_base: float = 1.0,
+    retry_cap: float = 60.0,
+    shutdown_grace: float = 10.0,
+    map_size: int = DEFAULT_MAP_SIZE,
+    clock: Callable[[], float] = time.time,
+    seed: int | None = None,
+) -> AsyncIterator[Runtime]:
+    """Open the runtime on ``log`` (a directory), recover it, and yield a ``Runtime``.
+
+    ``durability="fast"`` skips the meta-page fsync: a power loss may undo the last
+    commits (never a partial one); a killed process loses nothing in either mode.
+    ``takeover=True`` takes the log from an owner that is alive but stuck (stopped,
+    hung); that owner is fenced and can never write again.
+    """
+    by_name = registry(tools)
+    opened = partial(
+        LmdbLog, log, durability=durability, takeover=takeover, map_size=map_size, clock=clock
+    )
+    lmdb_log = await trio.to_thread.run_sync(opened)
+    root = None if workspace is None else await trio.Path(workspace).resolve()
+    try:
+        async with open_journal(lmdb_log) as journal:
+            ctx = ActorContext(
+                journal=journal,
+                provider=provider,
+                tools=by_name,
+                workspace=Path(root) if root is not None else None,
+                clock=clock,
+                rng=random.Random(seed),
+                resume_budget=resume_budget,
+                max_turns=max_turns,
+                max_model_attempts=max_model_attempts,
+                retry_base=retry_base,
+                retry_cap=retry_cap,
+            )
+            supervisor = Supervisor(ctx)
+            body_error: BaseException | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(supervisor.run)
+                    try:
+                        yield Runtime(supervisor, journal, ctx)
+                    except BaseException as exc:
+                        # Re-raised below, outside the nursery, so the caller sees its own
+                        # exception rather than an ExceptionGroup.
+                        body_error = exc
+                    else:
+                        with trio.CancelScope(shield=True) as grace:
+                            grace.deadline = trio.current_time() + shutdown_grace
+                            await supervisor.drain()
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                fenced = _find(group, LogFenced)
+                if fenced is not None:
+                    raise fenced from None
+                raise
+            if body_error is not None:
+                raise body_error
+    finally:
+        await trio.to_thread.run_sync(lmdb_log.close)
+
+
+def _find(group: BaseExceptionGroup[Any], kind: type[BaseException]) -> BaseException | None:
+    for exc in group.exceptions:
+        if isinstance(exc, kind):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _find(exc, kind)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,30 @@
+"""What every actor of one runtime shares: the Journal, the bus, the provider, the tools."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from attrs import define, field
+
+from perdure.providers.base import Provider
+from perdure.storage.journal import Journal
+from perdure.tools.contract import Tool
+
+
+@define(kw_only=True)
+class ActorContext:
+    journal: Journal
+    provider: Provider
+    tools: Mapping[str, Tool]
+    workspace: Path | None = None
+    clock: Callable[[], float]  # wall-clock seconds; injectable for deterministic tests
+    rng: random.Random = field(factory=random.Random)
+    resume_budget: int = 3
+    max_turns: int = 100
+    max_model_attempts: int = 8
+    retry_base: float = 1.0
+    retry_cap: float = 60.0
+    max_restarts: int = 3  # actor crashes within restart_window before a session is parked
+    restart_window: float = 60.0

@@ -1,0 +1,1038 @@
+"""A session's decisions: pure functions from (state, input) to records and effects.
+
+This is the whole protocol of perdure, written without I/O (in the spirit of
+h11): the trio shell in ``session.py`` feeds it commands from callers and results
+from its generation and tool actors, commits the records it returns, and only then
+performs the effects. Recovery is the same code: ``recover`` on the folded state of
+a restarted process, followed by the usual ``advance``.
+
+Read it as tables:
+
+* ``advance`` — what happens next when nothing is in flight (start a run, call the
+  model, dispatch tool tasks, start the next turn, finish the run);
+* ``recover`` — DESIGN.md's recovery table, for a process that finds work that a
+  dead process left in flight;
+* ``on_result`` — what a model reply, a model error, a tool result or a
+  reconciliation changes;
+* ``command`` — what a caller's submit, cancel, approve, revise, pause or resume
+  changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from attrs import evolve, field, frozen
+
+from perdure.actors.state import (
+    Generation,
+    SessionState,
+    Task,
+    approval_body_hash,
+    command_body_hash,
+    text_body_hash,
+)
+from perdure.providers.base import ModelReply
+from perdure.storage.records import (
+    ApprovalDecided,
+    CancelRequested,
+    GenerationCompleted,
+    GenerationStarted,
+    GoalRevised,
+    InputAccepted,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+    SessionPaused,
+    SessionResumed,
+    ToolAwaitingApproval,
+    ToolCall,
+    ToolCancelled,
+    ToolCompleted,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+    ToolTaskCreated,
+    Usage,
+)
+from perdure.tools.contract import ReplayPolicy, Tool
+
+# -- inputs ---------------------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class Env:
+    """What decisions may consult besides the state: the tools, the time, the limits."""
+
+    tools: Mapping[str, Tool]
+    now: float
+    resume_budget: int = 3
+    max_model_attempts: int = 8
+    max_turns: int = 100
+    retry_base: float = 1.0
+    retry_cap: float = 60.0
+
+
+@frozen(kw_only=True)
+class View:
+    """What this process is doing right now. Not durable: empty after a restart."""
+
+    models: frozenset[str] = frozenset()  # generation ids with a model call in flight
+    tools: frozenset[str] = frozenset()  # call ids with a tool or a reconcile in flight
+    cancelling: frozenset[str] = frozenset()  # call ids already told to stop
+    draining: bool = False  # the process is shutting down: dispatch nothing new
+
+
+@frozen
+class Submit:
+    request_id: str
+    text: str
+
+
+@frozen
+class Cancel:
+    request_id: str
+
+
+@frozen
+class Approve:
+    call_id: str
+    approved: bool
+    request_id: str
+    note: str = ""
+
+
+@frozen
+class Revise:
+    request_id: str
+    text: str
+
+
+@frozen
+class Pause:
+    request_id: str
+
+
+@frozen
+class Resume:
+    request_id: str
+
+
+Command = Submit | Cancel | Approve | Revise | Pause | Resume
+
+
+@frozen
+class ModelReplied:
+    generation_id: str
+    attempt: int
+    reply: ModelReply
+
+
+@frozen(kw_only=True)
+class ModelFailed:
+    generation_id: str
+    attempt: int
+    error: str
+    retryable: bool
+    retry_after: float | None = None
+    usage: Usage = field(factory=Usage)
+    jitter: float = 0.5  # a sample of U(0, 1), drawn by the shell
+
+
+@frozen(kw_only=True)
+class ToolFinished:
+    call_id: str
+    attempt: int
+    outcome: Literal["ok", "error", "timeout", "cancelled"]
+    output: str
+    is_error: bool = False
+    terminate: bool = False
+    duration: float = 0.0
+
+
+@frozen(kw_only=True)
+class ReconcileFinished:
+    call_id: str
+    status: Literal["applied", "not_applied", "unknown"]
+    output: str = ""
+    reason: str = ""
+
+
+Result = ModelReplied | ModelFailed | ToolFinished | ReconcileFinished
+
+# -- outputs --------------------------------------------------------------------------
+
+
+@frozen
+class CallModel:
+    generation_id: str
+    attempt: int
+    not_before: float | None = None
+
+
+@frozen
+class RunTool:
+    call_id: str
+    attempt: int
+
+
+@frozen
+class Reconcile:
+    call_id: str
+
+
+@frozen
+class CancelTool:
+    call_id: str
+
+
+@frozen
+class CancelModel:
+    generation_id: str
+
+
+Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel
+
+
+@frozen
+class Step:
+    records: tuple[Record, ...] = ()
+    effects: tuple[Effect, ...] = ()
+
+    def __add__(self, other: Step) -> Step:
+        return Step(self.records + other.records, self.effects + other.effects)
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.effects)
+
+
+NOTHING = Step()
+
+
+@frozen
+class Accepted:
+    """The answer to a submit: durable before the caller sees it."""
+
+    submission_id: str
+    seq: int
+    duplicate: bool = False
+
+
+@frozen
+class Done:
+    """The answer to other commands. ``seq`` is 0 when nothing had to be recorded."""
+
+    ref: str
+    seq: int = 0
+    duplicate: bool = False
+
+
+Answer = Accepted | Done
+
+
+class Refused(Exception):
+    """A command that cannot be carried out; nothing was recorded."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # "not_found" | "conflict" | "invalid_state" | "parked"
+        self.message = message
+
+
+# -- words the model reads --------------------------------------------------------------
+
+
+def unknown_outcome_text(tool_name: str, why: str) -> str:
+    return (
+        f"perdure: the call to '{tool_name}' {why}. Its external effect is UNKNOWN: it may "
+        "or may not have happened. It was not re-run automatically. Check the current "
+        "state before deciding whether to call it again."
+    )
+
+
+def interrupted_text(tool_name: str) -> str:
+    return unknown_outcome_text(
+        tool_name, "was interrupted (the process stopped) before its result was saved"
+    )
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def idempotency_key(session_id: str, submission_id: str, call_id: str) -> str:
+    """Stable for one call across restarts and re-runs: session, run lineage, call id."""
+    raw = f"{session_id}\x00{submission_id}\x00{call_id}".encode()
+    return "pdk_" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def fingerprint(tool: Tool, args: dict[str, Any]) -> str:
+    canonical = json.dumps(
+        {"tool": tool.name, "definition": tool.definition_hash, "args": args},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
+    """Exponential back-off with jitter, never shorter than the server's retry-after."""
+    ceiling: float = min(env.retry_cap, env.retry_base * 2.0 ** (attempt - 1))
+    delay = ceiling * (0.5 + jitter / 2)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, env.retry_cap * 10))
+    return delay
+
+
+def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
+    sub = s.submissions[submission_id]
+    gen_id = f"{submission_id}.g{len(sub.generations) + 1}"
+    started = GenerationStarted(
+        session_id=s.session_id,
+        run_id=run_id,
+        generation_id=gen_id,
+        goal_rev=s.goal_rev,
+        at=env.now,
+    )
+    return Step((started,), (CallModel(gen_id, 1),))
+
+
+def _finish(s: SessionState, env: Env, status: str, text: str = "", reason: str = "") -> Step:
+    assert s.run is not None
+    return Step(
+        (
+            RunFinished(
+                session_id=s.session_id,
+                run_id=s.run.run_id,
+                submission_id=s.run.submission_id,
+                status=status,  # type: ignore[arg-type]
+                final_text=text,
+                reason=reason,
+                at=env.now,
+            ),
+        )
+    )
+
+
+def _task_result_cancelled(s: SessionState, env: Env, task: Task, reason: str) -> ToolCancelled:
+    return ToolCancelled(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        output=f"perdure: this call was not run: {reason}.",
+        reason=reason,
+        at=env.now,
+    )
+
+
+# -- advance: what happens next ----------------------------------------------------------
+
+
+def advance(s: SessionState, env: Env, view: View) -> Step:
+    """The next transition of the session when nothing new has arrived."""
+    if s.parked:
+        return NOTHING
+    run = s.run
+    if run is None:
+        if s.queue and not view.draining:
+            return _start_run(s, env)
+        return NOTHING
+    if run.cancel_requested:
+        return _wind_down(s, env, view, "the run was cancelled")
+    gen = s.current_generation()
+    if gen is None:  # a run always starts with its first generation; be total anyway
+        return (
+            NOTHING
+            if s.paused or view.draining
+            else _next_generation(s, env, run.run_id, run.submission_id)
+        )
+    if gen.goal_rev < s.goal_rev:
+        return _apply_revision(s, env, view, gen)
+    if gen.phase != "completed":
+        if gen.generation_id in view.models or s.paused or view.draining:
+            return NOTHING
+        return Step((), (CallModel(gen.generation_id, gen.attempt, gen.not_before),))
+    tasks = s.tasks_of(gen)
+    if not (s.paused or view.draining):
+        dispatched = NOTHING
+        for task in tasks:
+            if task.phase in ("created", "approved", "denied"):
+                dispatched += _dispatch(s, env, task)
+        if dispatched:
+            return dispatched
+    if not all(t.terminal for t in tasks):
+        return NOTHING
+    assert gen.reply is not None
+    if not tasks:
+        if gen.reply.stop_reason == "pause_turn" and not (s.paused or view.draining):
+            return _continue_turn(s, env, run.run_id, run.submission_id)
+        return _finish(s, env, "completed", text=gen.reply.text)
+    for task in tasks:
+        result = task.result
+        if isinstance(result, ToolCompleted) and result.terminate:
+            return _finish(s, env, "completed", text=result.output)
+    if s.paused or view.draining:
+        return NOTHING
+    return _continue_turn(s, env, run.run_id, run.submission_id)
+
+
+def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> Step:
+    """The request was revised while ``gen`` (of an older revision) was current.
+
+    Its model call is abandoned; its tasks that have not started are cancelled
+    before dispatch; executing ones are stopped where the tool allows it, or left
+    to finish. Once all are terminal the next turn starts under the new revision,
+    and the model reads the revision with the fate of every earlier action.
+    """
+    assert s.run is not None
+    if gen.phase != "completed":
+        stop = (CancelModel(gen.generation_id),) if gen.generation_id in view.models else ()
+        if s.paused or view.draining:
+            return Step((), stop)
+        return Step((), stop) + _continue_turn(s, env, s.run.run_id, s.run.submission_id)
+    records: list[Record] = []
+    effects: list[Effect] = []
+    for task in s.tasks_of(gen):
+        if task.terminal:
+            continue
+        if task.phase != "executing":
+            records.append(
+                _task_result_cancelled(s, env, task, "the request was revised before it ran")
+            )
+            continue
+        tool = env.tools.get(task.tool_name)
+        stoppable = tool is not None and tool.cancellable
+        if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
+            effects.append(CancelTool(task.call_id))
+    if records or effects:
+        return Step(tuple(records), tuple(effects))
+    if not all(t.terminal for t in s.tasks_of(gen)) or s.paused or view.draining:
+        return NOTHING
+    return _continue_turn(s, env, s.run.run_id, s.run.submission_id)
+
+
+def _continue_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
+    turns = len(s.submissions[submission_id].generations)
+    if turns >= env.max_turns:
+        return _finish(
+            s, env, "failed", reason=f"the run reached its limit of {env.max_turns} model turns"
+        )
+    return _next_generation(s, env, run_id, submission_id)
+
+
+def _start_run(s: SessionState, env: Env) -> Step:
+    sub = s.submissions[s.queue[0]]
+    run_id = f"{sub.submission_id}.r{len(sub.runs)}"
+    started = RunStarted(
+        session_id=s.session_id,
+        run_id=run_id,
+        submission_id=sub.submission_id,
+        goal_rev=s.goal_rev,
+        at=env.now,
+    )
+    return Step((started,)) + _next_generation(s, env, run_id, sub.submission_id)
+
+
+def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
+    """created/approved/denied -> executing, awaiting approval, or an immediate result."""
+    assert s.run is not None
+    tool = env.tools.get(task.tool_name)
+
+    def done(output: str, kind: str) -> Step:
+        record = ToolCompleted(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=output,
+            is_error=True,
+            kind=kind,  # type: ignore[arg-type]
+            at=env.now,
+        )
+        return Step((record,))
+
+    if task.phase == "denied":
+        return done("perdure: the user denied this call; it was not run.", "denied")
+    if tool is None:
+        known = ", ".join(sorted(env.tools)) or "none"
+        return done(
+            f"perdure: there is no tool named '{task.tool_name}' (available: {known}). "
+            "Nothing was run.",
+            "unknown_tool",
+        )
+    problems = tool.validate(task.input)
+    if problems:
+        listed = "; ".join(problems)
+        return done(
+            f"perdure: invalid arguments for '{tool.name}': {listed}. Nothing was run; "
+            "fix the arguments and call it again.",
+            "invalid_args",
+        )
+    if tool.requires_approval and task.phase == "created":
+        record = ToolAwaitingApproval(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            reason=f"'{tool.name}' requires approval",
+            at=env.now,
+        )
+        return Step((record,))
+    return _execute(s, env, task, tool, attempt=1)
+
+
+def _execute(s: SessionState, env: Env, task: Task, tool: Tool, attempt: int) -> Step:
+    """The executing record, committed BEFORE the tool may touch the world."""
+    assert s.run is not None
+    if task.executing is not None:
+        args = task.executing.args  # a re-run repeats exactly what was executed
+        key = task.executing.idempotency_key
+    else:
+        args = tool.effective_args(task.input)
+        key = idempotency_key(s.session_id, s.run.submission_id, task.call_id)
+    record = ToolExecuting(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        run_id=s.run.run_id,
+        tool_name=tool.name,
+        args=args,
+        replay=tool.replay.value,
+        idempotency_key=key,
+        fingerprint=fingerprint(tool, args),
+        tool_hash=tool.definition_hash,
+        attempt=attempt,
+        at=env.now,
+    )
+    return Step((record,), (RunTool(task.call_id, attempt),))
+
+
+def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
+    """Cancel what has not started, stop what runs, finish the run when all is terminal."""
+    records: list[Record] = []
+    effects: list[Effect] = []
+    executing = False
+    for task in s.open_tasks():
+        if task.phase == "executing":
+            executing = True
+            tool = env.tools.get(task.tool_name)
+            stoppable = tool is not None and tool.cancellable
+            if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
+                effects.append(CancelTool(task.call_id))
+        else:
+            records.append(_task_result_cancelled(s, env, task, reason))
+    gen = s.current_generation()
+    if gen is not None and gen.phase != "completed" and gen.generation_id in view.models:
+        effects.append(CancelModel(gen.generation_id))
+    if records or effects:
+        return Step(tuple(records), tuple(effects))
+    if executing:
+        return NOTHING  # wait for the executing tools to report
+    return _finish(s, env, "cancelled", reason="cancelled by request")
+
+
+# -- recover: the recovery table -----------------------------------------------------------
+
+
+def recover(s: SessionState, env: Env) -> Step:
+    """Decide what to do with work a dead process left in flight. Called once at start.
+
+    The repair, the close of the interrupted run and the start of its continuation
+    are one commit, and every id is derived from the state, so a crash during
+    recovery leaves either nothing or all of it, and a second recovery decides the
+    same thing again.
+    """
+    if s.parked:
+        return NOTHING
+    run = s.run
+
+    def decision(subject: str, found: str, action: str, reason: str) -> RecoveryDecision:
+        return RecoveryDecision(
+            session_id=s.session_id,
+            run_id=run.run_id if run else "",
+            subject=subject,
+            found=found,
+            action=action,
+            reason=reason,
+            at=env.now,
+        )
+
+    if run is None:
+        if not s.queue:
+            return NOTHING
+        sub_id = s.queue[0]
+        return Step(
+            (decision(sub_id, "input accepted, no run", "start its run", "nothing ran yet"),)
+        )
+
+    gen = s.current_generation()
+    open_tasks = s.open_tasks()
+    in_flight = (gen is not None and gen.phase != "completed") or any(
+        t.phase in ("created", "approved", "denied", "executing") for t in open_tasks
+    )
+    if run.cancel_requested:
+        return _recover_cancelled(s, env, decision)
+    if not in_flight:
+        waiting = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
+        if waiting:
+            found, action = f"awaiting approval of {', '.join(waiting)}", "keep waiting"
+        elif s.paused:
+            found, action = "session paused", "stay paused"
+        else:
+            found, action = "all tool results saved, next turn not started", "start the next turn"
+        return Step((decision(run.run_id, found, action, "nothing was in flight"),))
+
+    attempt = 1 if run.progressed else run.resume_attempt + 1
+    if attempt > env.resume_budget:
+        return _recover_exhausted(s, env, decision)
+
+    records: list[Record] = []
+    effects: list[Effect] = []
+    sub = s.submissions[run.submission_id]
+    new_run_id = f"{sub.submission_id}.r{len(sub.runs)}"
+    records.append(
+        decision(
+            run.run_id,
+            "run in progress",
+            f"resume as {new_run_id}",
+            f"resume attempt {attempt} of {env.resume_budget}"
+            + ("" if attempt > 1 else " (the interrupted run had made progress)"),
+        )
+    )
+    records.append(
+        RunFinished(
+            session_id=s.session_id,
+            run_id=run.run_id,
+            submission_id=run.submission_id,
+            status="interrupted",
+            reason="the process stopped; continued by " + new_run_id,
+            at=env.now,
+        )
+    )
+    records.append(
+        RunStarted(
+            session_id=s.session_id,
+            run_id=new_run_id,
+            submission_id=run.submission_id,
+            goal_rev=s.goal_rev,
+            resumed_from=run.run_id,
+            resume_attempt=attempt,
+            at=env.now,
+        )
+    )
+    if gen is not None and gen.phase != "completed":
+        if gen.phase == "retry_pending":
+            found, action = "retry back-off", "wait out the back-off, then call the model"
+        else:
+            found, action = "model request in flight", "call the model again"
+        records.append(decision(gen.generation_id, found, action, "a model call has no effects"))
+    # The resumed run owns the tasks from here on; _execute names it in new records.
+    resumed = evolve(run, run_id=new_run_id)
+    for task in open_tasks:
+        if task.phase == "executing":
+            step = _recover_executing(s, env, task, resumed.run_id, decision)
+            records += step.records
+            effects += step.effects
+        elif task.phase in ("created", "approved", "denied"):
+            records.append(
+                decision(task.call_id, task.phase, "run it", "it had not started: nothing happened")
+            )
+        elif task.phase == "awaiting_approval":
+            records.append(decision(task.call_id, task.phase, "keep waiting", "no decision yet"))
+    return Step(tuple(records), tuple(effects))
+
+
+def _recover_executing(s: SessionState, env: Env, task: Task, run_id: str, decision: Any) -> Step:
+    """The heart of recovery: a call that may or may not have taken effect."""
+    assert task.executing is not None
+    recorded = ReplayPolicy(task.executing.replay)
+    tool = env.tools.get(task.tool_name)
+    if tool is None:
+        why = "its tool is no longer registered"
+        return Step(
+            (
+                decision(task.call_id, "executing", "report outcome unknown", why),
+                _unknown(s, env, task, "interrupted; " + why),
+            )
+        )
+    if recorded.replayable and tool.replay.replayable:
+        action = f"re-run with the same idempotency key (policy {tool.replay.value})"
+        reason = f"recorded policy {recorded.value}, registered policy {tool.replay.value}"
+        rerun = _execute_again(s, env, task, tool, run_id)
+        return Step((decision(task.call_id, "executing", action, reason),)) + rerun
+    if tool.reconcile is not None:
+        reason = (
+            f"policy {recorded.value} (now {tool.replay.value}) forbids a blind re-run; "
+            "the tool can reconcile"
+        )
+        return Step(
+            (decision(task.call_id, "executing", "ask the tool's reconcile()", reason),),
+            (Reconcile(task.call_id),),
+        )
+    reason = f"policy {recorded.value} (now {tool.replay.value}) forbids a re-run; no reconcile"
+    return Step(
+        (
+            decision(task.call_id, "executing", "report outcome unknown", reason),
+            _unknown(s, env, task, "interrupted before its result was saved; not re-run"),
+        )
+    )
+
+
+def _execute_again(s: SessionState, env: Env, task: Task, tool: Tool, run_id: str) -> Step:
+    assert task.executing is not None
+    step = _execute_in_run(s, env, task, tool, task.attempt + 1, run_id)
+    return step
+
+
+def _execute_in_run(
+    s: SessionState, env: Env, task: Task, tool: Tool, attempt: int, run_id: str
+) -> Step:
+    step = _execute(s, env, task, tool, attempt)
+    record = step.records[0]
+    assert isinstance(record, ToolExecuting)
+    return Step((evolve(record, run_id=run_id),), step.effects)
+
+
+def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeUnknown:
+    return ToolOutcomeUnknown(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        output=interrupted_text(task.tool_name),
+        reason=reason,
+        at=env.now,
+    )
+
+
+def _recover_cancelled(s: SessionState, env: Env, decision: Any) -> Step:
+    """A cancellation was winding down when the process died: finish it, never resume."""
+    assert s.run is not None
+    records: list[Record] = [
+        decision(s.run.run_id, "cancellation in progress", "finish cancelling", "never resumed")
+    ]
+    for task in s.open_tasks():
+        if task.phase == "executing":
+            records.append(_unknown(s, env, task, "interrupted while the run was being cancelled"))
+        else:
+            records.append(_task_result_cancelled(s, env, task, "the run was cancelled"))
+    return Step(tuple(records)) + _finish(s, env, "cancelled", reason="cancelled by request")
+
+
+def _recover_exhausted(s: SessionState, env: Env, decision: Any) -> Step:
+    assert s.run is not None
+    run = s.run
+    reason = (
+        f"the run was interrupted {run.resume_attempt + 1} times in a row without progress "
+        f"(resume budget {env.resume_budget}); giving up instead of looping"
+    )
+    records: list[Record] = [decision(run.run_id, "run in progress", "fail the run", reason)]
+    for task in s.open_tasks():
+        if task.phase == "executing":
+            records.append(_unknown(s, env, task, "interrupted; the run was given up"))
+        else:
+            records.append(_task_result_cancelled(s, env, task, "the run was given up"))
+    return Step(tuple(records)) + _finish(s, env, "failed", reason=reason)
+
+
+# -- on_result: what the actors report --------------------------------------------------------
+
+
+def on_result(s: SessionState, env: Env, result: Result) -> Step:
+    if isinstance(result, ModelReplied):
+        return _model_replied(s, env, result)
+    if isinstance(result, ModelFailed):
+        return _model_failed(s, env, result)
+    if isinstance(result, ToolFinished):
+        return _tool_finished(s, env, result)
+    return _reconciled(s, env, result)
+
+
+def _live_generation(s: SessionState, generation_id: str) -> Generation | None:
+    """The generation, if a reply for it may still advance the session."""
+    gen = s.current_generation()
+    if gen is None or gen.generation_id != generation_id or gen.phase == "completed":
+        return None
+    if s.run is None or s.run.cancel_requested or gen.goal_rev != s.goal_rev:
+        return None
+    return gen
+
+
+def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
+    gen = _live_generation(s, msg.generation_id)
+    if gen is None or s.run is None:
+        return NOTHING
+    calls: list[ToolCall] = []
+    seen = set(s.tasks)
+    for call in msg.reply.tool_calls:
+        call_id = call.call_id
+        while call_id in seen:  # ids must be unique within a session
+            call_id += "_"
+        seen.add(call_id)
+        calls.append(evolve(call, call_id=call_id))
+    records: list[Record] = [
+        GenerationCompleted(
+            session_id=s.session_id,
+            run_id=s.run.run_id,
+            generation_id=gen.generation_id,
+            text=msg.reply.text,
+            tool_calls=calls,
+            stop_reason=msg.reply.stop_reason,
+            usage=msg.reply.usage,
+            attempt=msg.attempt,
+            at=env.now,
+        )
+    ]
+    records += [
+        ToolTaskCreated(
+            session_id=s.session_id,
+            generation_id=gen.generation_id,
+            call_id=c.call_id,
+            tool_name=c.name,
+            input=c.input,
+            goal_rev=gen.goal_rev,
+            at=env.now,
+        )
+        for c in calls
+    ]
+    return Step(tuple(records))
+
+
+def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
+    gen = _live_generation(s, msg.generation_id)
+    if gen is None:
+        return NOTHING
+    if msg.retryable and msg.attempt < env.max_model_attempts:
+        not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
+        pending = RetryPending(
+            session_id=s.session_id,
+            generation_id=gen.generation_id,
+            attempt=msg.attempt,
+            not_before=not_before,
+            error=msg.error,
+            usage=msg.usage,
+            at=env.now,
+        )
+        return Step((pending,), (CallModel(gen.generation_id, msg.attempt + 1, not_before),))
+    why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
+    return _finish(s, env, "failed", reason=f"the model call failed after {why}: {msg.error}")
+
+
+def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing" or task.attempt != msg.attempt:
+        return NOTHING  # a duplicate or a report from a superseded attempt
+    assert task.executing is not None
+    common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
+    never = task.executing.replay == ReplayPolicy.NEVER.value
+    if msg.outcome == "cancelled":
+        effect = " Its effect may have partly happened." if never else ""
+        record: Record = ToolCancelled(
+            output=f"perdure: this call was cancelled while it was running.{effect}",
+            reason="cancelled while executing",
+            while_executing=True,
+            **common,
+        )
+    elif msg.outcome == "timeout" and never:
+        record = ToolOutcomeUnknown(
+            output=unknown_outcome_text(task.tool_name, f"timed out ({msg.output})"),
+            reason="timeout",
+            **common,
+        )
+    else:
+        kind = {"ok": "ok", "error": "error", "timeout": "timeout"}[msg.outcome]
+        record = ToolCompleted(
+            output=msg.output,
+            is_error=msg.is_error or msg.outcome != "ok",
+            kind=kind,  # type: ignore[arg-type]
+            attempt=msg.attempt,
+            duration=msg.duration,
+            terminate=msg.terminate,
+            **common,
+        )
+    return Step((record,))
+
+
+def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing" or s.run is None:
+        return NOTHING
+
+    def decision(action: str, reason: str) -> RecoveryDecision:
+        assert s.run is not None
+        return RecoveryDecision(
+            session_id=s.session_id,
+            run_id=s.run.run_id,
+            subject=task.call_id,
+            found="reconcile answered " + msg.status,
+            action=action,
+            reason=reason,
+            at=env.now,
+        )
+
+    if msg.status == "applied":
+        done = ToolCompleted(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=msg.output,
+            kind="reconciled",
+            attempt=task.attempt,
+            at=env.now,
+        )
+        return Step((decision("record the real result", "the effect had happened"), done))
+    tool = env.tools.get(task.tool_name)
+    if msg.status == "not_applied" and tool is not None and not s.paused:
+        step = _execute(s, env, task, tool, task.attempt + 1)
+        return (
+            Step((decision("run it once, with the same key", "the effect had not happened"),))
+            + step
+        )
+    why = msg.reason or "reconcile could not tell"
+    return Step(
+        (
+            decision("report outcome unknown", why),
+            ToolOutcomeUnknown(
+                session_id=s.session_id,
+                call_id=task.call_id,
+                output=interrupted_text(task.tool_name),
+                reason="reconcile: " + why,
+                at=env.now,
+            ),
+        )
+    )
+
+
+# -- command: what callers ask ------------------------------------------------------------------
+
+
+def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
+    """Decide a caller's command. Raises ``Refused`` (nothing recorded) when it cannot be done."""
+    body, kind = _body(cmd)
+    seen = s.requests.get(cmd.request_id)
+    if seen is not None:
+        if seen.kind == kind and seen.body_hash == body:
+            if kind == "submit":
+                return NOTHING, Accepted(seen.ref, seen.seq, duplicate=True)
+            return NOTHING, Done(seen.ref, seen.seq, duplicate=True)
+        raise Refused(
+            "conflict",
+            f"request id {cmd.request_id!r} was already used for a different {seen.kind} request",
+        )
+    if s.parked:
+        raise Refused("parked", f"session {s.session_id} is parked: {s.parked}")
+    if isinstance(cmd, Submit):
+        sub_id = f"in{len(s.submissions) + 1}"
+        record: Record = InputAccepted(
+            session_id=s.session_id,
+            submission_id=sub_id,
+            request_id=cmd.request_id,
+            text=cmd.text,
+            body_hash=body,
+            at=env.now,
+        )
+        return Step((record,)), Accepted(sub_id, 0)
+    if isinstance(cmd, Cancel):
+        if s.run is None:
+            return NOTHING, Done("")  # nothing to cancel; no record needed
+        if s.run.cancel_requested:
+            return NOTHING, Done(s.run.run_id)
+        record = CancelRequested(
+            session_id=s.session_id, run_id=s.run.run_id, request_id=cmd.request_id, at=env.now
+        )
+        return Step((record,)), Done(s.run.run_id)
+    if isinstance(cmd, Approve):
+        task = s.tasks.get(cmd.call_id)
+        if task is None:
+            raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
+        if task.phase != "awaiting_approval":
+            raise Refused(
+                "invalid_state", f"tool call {cmd.call_id} is {task.phase}, not awaiting approval"
+            )
+        record = ApprovalDecided(
+            session_id=s.session_id,
+            call_id=cmd.call_id,
+            approved=cmd.approved,
+            request_id=cmd.request_id,
+            note=cmd.note,
+            at=env.now,
+        )
+        return Step((record,)), Done(cmd.call_id)
+    if isinstance(cmd, Revise):
+        if s.run is None:
+            raise Refused(
+                "invalid_state", "no run is in progress to revise; submit a new message instead"
+            )
+        rev = s.goal_rev + 1
+        record = GoalRevised(
+            session_id=s.session_id,
+            goal_rev=rev,
+            text=cmd.text,
+            request_id=cmd.request_id,
+            at=env.now,
+        )
+        return Step((record,)), Done(str(rev))
+    if isinstance(cmd, Pause):
+        if s.paused:
+            return NOTHING, Done("")
+        return Step(
+            (SessionPaused(session_id=s.session_id, request_id=cmd.request_id, at=env.now),)
+        ), Done("")
+    if isinstance(cmd, Resume):
+        if not s.paused:
+            return NOTHING, Done("")
+        return Step(
+            (SessionResumed(session_id=s.session_id, request_id=cmd.request_id, at=env.now),)
+        ), Done("")
+    raise AssertionError(f"unknown command {cmd!r}")
+
+
+def _body(cmd: Command) -> tuple[str, str]:
+    if isinstance(cmd, Submit):
+        return text_body_hash(cmd.text), "submit"
+    if isinstance(cmd, Approve):
+        return approval_body_hash(cmd.call_id, cmd.approved), "approve"
+    if isinstance(cmd, Revise):
+        return text_body_hash(cmd.text), "revise"
+    kind = {Cancel: "cancel", Pause: "pause", Resume: "resume"}[type(cmd)]
+    return command_body_hash(kind), kind
+
+
+# -- the driver: decide, fold, advance, until nothing changes ----------------------------------
+
+
+def settle(s: SessionState, env: Env, view: View, first: Step = NOTHING) -> Step:
+    """Fold ``first`` into ``s``, then keep advancing until the session is settled.
+
+    Returns everything to commit (``first`` included) as one step: e.g. the last tool
+    result and the start of the next model turn land in the same commit. Mutates
+    ``s`` by applying the returned records (the caller rolls back by re-folding the
+    log if the commit fails).
+    """
+    s.apply_all(first.records)
+    total = first
+    models, tools, cancelling = set(view.models), set(view.tools), set(view.cancelling)
+    _note_effects(first.effects, models, tools, cancelling)
+    for _ in range(10_000):
+        current = View(
+            models=frozenset(models),
+            tools=frozenset(tools),
+            cancelling=frozenset(cancelling),
+            draining=view.draining,
+        )
+        step = advance(s, env, current)
+        if not step:
+            return total
+        s.apply_all(step.records)
+        _note_effects(step.effects, models, tools, cancelling)
+        total += step
+    raise AssertionError(f"session {s.session_id}: advance did not settle")
+
+
+def _note_effects(
+    effects: tuple[Effect, ...], models: set[str], tools: set[str], cancelling: set[str]
+) -> None:
+    for e in effects:
+        if isinstance(e, CallModel):
+            models.add(e.generation_id)
+        elif isinstance(e, RunTool | Reconcile):
+            tools.add(e.call_id)
+        elif isinstance(e, CancelTool):
+            cancelling.add(e.call_id)
+        elif isinstance(e, CancelModel):
+            models.discard(e.generation_id)

@@ -1,0 +1,65 @@
+"""The generation actor: one model call of one turn, streaming deltas to the bus.
+
+It owns nothing durable: the session committed ``GenerationStarted`` (or
+``RetryPending``) before starting it, and commits the reply it reports. A reply
+it could not report (the process died) is simply asked for again after restart,
+which is safe because a model call has no side effects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from perdure import _faults
+from perdure.actors.context import ActorContext
+from perdure.actors.decide import ModelFailed, ModelReplied, Result
+from perdure.providers.base import ModelRequest, classify
+from perdure.storage.bus import Event
+
+
+async def call_model(
+    ctx: ActorContext,
+    request: ModelRequest,
+    not_before: float | None,
+    outbox: trio.MemorySendChannel[Any],
+    scope: trio.CancelScope,
+) -> None:
+    with scope:
+        if not_before is not None:
+            delay = not_before - ctx.clock()
+            if delay > 0:
+                await trio.sleep(delay)
+        bus = ctx.journal.bus
+        session_id, generation_id, attempt = (
+            request.session_id,
+            request.generation_id,
+            request.attempt,
+        )
+
+        def emit(kind: str, data: dict[str, Any]) -> None:
+            payload = {"generation_id": generation_id, "attempt": attempt, **data}
+            bus.publish(Event(session_id, kind, data=payload))
+
+        # Marks the start of an attempt: a frontend discards partial text of earlier ones.
+        emit("model_call", {})
+        result: Result
+        try:
+            reply = await ctx.provider.complete(request, emit)
+        except Exception as exc:
+            err = classify(exc)
+            result = ModelFailed(
+                generation_id=generation_id,
+                attempt=attempt,
+                error=err.message,
+                retryable=err.retryable,
+                retry_after=err.retry_after,
+                usage=err.usage,
+                jitter=ctx.rng.random(),
+            )
+        else:
+            if _faults.ACTIVE:
+                _faults.hit("model.after")
+            result = ModelReplied(generation_id, attempt, reply)
+        await outbox.send(result)

@@ -1,0 +1,316 @@
+"""The session actor: the trio shell around a session's pure decisions.
+
+It is the only writer of its session's records. Its loop is always the same:
+take one message (a caller's command, a child actor's result), ask ``decide``
+what it means, fold the resulting records into the state, commit them through the
+Journal, and only THEN perform the effects (start a model call, run a tool, cancel
+one) and answer the caller. If a commit fails, the optimistic fold is undone by
+re-reading the session's log, no effect is performed, and the caller hears why.
+
+Children (generation and tool actors) run in the session's nursery and report on
+the session's mailbox; the session decides what their results mean.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+from attrs import define, evolve, field
+
+from perdure.actors import conversation, decide
+from perdure.actors.context import ActorContext
+from perdure.actors.generation import call_model
+from perdure.actors.state import SessionState
+from perdure.actors.tool import make_context, run_reconcile, run_tool
+from perdure.storage.lmdb_log import Guard, LogError, LogFenced
+from perdure.storage.records import Committed
+
+log = logging.getLogger("perdure.session")
+
+
+class Reply:
+    """A one-shot answer slot for a caller waiting on the session."""
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        if not self._done.is_set():
+            self._value = value
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    async def wait(self) -> Any:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@define
+class CommandMsg:
+    command: decide.Command
+    reply: Reply = field(factory=Reply)
+
+
+@define
+class WaitIdle:
+    reply: Reply = field(factory=Reply)
+
+
+@define
+class Query:
+    """Read the state inside the actor (consistent with its commits)."""
+
+    fn: Any
+    reply: Reply = field(factory=Reply)
+
+
+@define
+class Drain:
+    """Stop dispatching; answer once no tool of this session is running."""
+
+    reply: Reply = field(factory=Reply)
+
+
+@define
+class _RetryResult:
+    result: decide.Result
+
+
+class SessionParkedError(Exception):
+    pass
+
+
+@define
+class Mailbox:
+    """A session's inbox; it outlives actor restarts so no message is lost."""
+
+    send: trio.MemorySendChannel[Any]
+    receive: trio.MemoryReceiveChannel[Any]
+
+    @classmethod
+    def open(cls, size: int = 256) -> Mailbox:
+        s, r = trio.open_memory_channel[Any](size)
+        return cls(s, r)
+
+
+class SessionActor:
+    def __init__(self, session_id: str, ctx: ActorContext, mailbox: Mailbox) -> None:
+        self.session_id = session_id
+        self.ctx = ctx
+        self.mailbox = mailbox
+        self.state = SessionState(session_id)
+        self.started = False
+        self._nursery: trio.Nursery | None = None
+        self._models: dict[str, trio.CancelScope] = {}
+        self._tools: dict[str, trio.CancelScope] = {}
+        self._cancelling: set[str] = set()
+        self._waiters: list[Reply] = []
+        self._drains: list[Reply] = []
+        self._draining = False
+        self._pending: list[Reply] = []  # replies owed if this actor dies
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.state = await self._load()
+            await self._commit(decide.recover(self.state, self._env()))
+            self.started = True
+            task_status.started()
+            self._after_message()
+            while True:
+                message = await self.mailbox.receive.receive()
+                await self._handle(message)
+                self._after_message()
+
+    def fail_pending(self, error: BaseException) -> None:
+        """Called by the supervisor when this actor died: nobody may wait forever."""
+        for reply in self._pending + self._waiters + self._drains:
+            reply.fail(error)
+
+    async def _load(self) -> SessionState:
+        records = await self.ctx.journal.read_session(self.session_id)
+        return SessionState.fold(self.session_id, records)
+
+    def _env(self) -> decide.Env:
+        c = self.ctx
+        return decide.Env(
+            tools=c.tools,
+            now=c.clock(),
+            resume_budget=c.resume_budget,
+            max_model_attempts=c.max_model_attempts,
+            max_turns=c.max_turns,
+            retry_base=c.retry_base,
+            retry_cap=c.retry_cap,
+        )
+
+    def _view(self) -> decide.View:
+        return decide.View(
+            models=frozenset(self._models),
+            tools=frozenset(self._tools),
+            cancelling=frozenset(self._cancelling),
+            draining=self._draining,
+        )
+
+    # -- the loop -------------------------------------------------------------------
+
+    async def _handle(self, message: Any) -> None:
+        if isinstance(message, CommandMsg):
+            await self._command(message)
+        elif isinstance(message, decide.ModelReplied | decide.ModelFailed):
+            if self._models.pop(message.generation_id, None) is None:
+                return  # the call was cancelled; its late report means nothing
+            await self._result(message)
+        elif isinstance(message, decide.ToolFinished | decide.ReconcileFinished):
+            self._tools.pop(message.call_id, None)
+            self._cancelling.discard(message.call_id)
+            await self._result(message)
+        elif isinstance(message, _RetryResult):
+            self._release(message.result)
+            await self._result(message.result)
+        elif isinstance(message, WaitIdle):
+            self._waiters.append(message.reply)
+        elif isinstance(message, Query):
+            try:
+                message.reply.set(message.fn(self.state))
+            except Exception as exc:
+                message.reply.fail(exc)
+        elif isinstance(message, Drain):
+            self._draining = True
+            self._drains.append(message.reply)
+        else:
+            raise TypeError(f"session {self.session_id}: unexpected message {message!r}")
+
+    async def _command(self, message: CommandMsg) -> None:
+        reply = message.reply
+        try:
+            step, answer = decide.command(self.state, self._env(), message.command)
+        except decide.Refused as exc:
+            reply.fail(exc)
+            return
+        self._pending.append(reply)
+        try:
+            committed = await self._commit(step)
+        except LogError as exc:
+            if isinstance(exc, LogFenced):
+                raise
+            reply.fail(exc)
+            return
+        finally:
+            self._pending.remove(reply)
+        if committed and not answer.seq:
+            answer = evolve(answer, seq=committed[0].seq)
+        reply.set(answer)
+
+    async def _result(self, result: decide.Result) -> None:
+        step = decide.on_result(self.state, self._env(), result)
+        try:
+            await self._commit(step)
+        except LogFenced:
+            raise
+        except LogError as exc:
+            # Nothing is lost: hold the result (its key stays "running" so nothing is
+            # re-issued meanwhile) and try to commit it again later.
+            log.warning(
+                "session %s: cannot commit a result yet (%s); retrying", self.session_id, exc
+            )
+            self._hold(result)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._retry_later, result)
+
+    def _hold(self, result: decide.Result) -> None:
+        placeholder = trio.CancelScope()
+        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
+            self._models[result.generation_id] = placeholder
+        else:
+            self._tools[result.call_id] = placeholder
+
+    def _release(self, result: decide.Result) -> None:
+        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
+            self._models.pop(result.generation_id, None)
+        else:
+            self._tools.pop(result.call_id, None)
+
+    async def _retry_later(self, result: decide.Result, delay: float = 1.0) -> None:
+        await trio.sleep(delay)
+        await self.mailbox.send.send(_RetryResult(result))
+
+    def _after_message(self) -> None:
+        if self._waiters and (self.state.idle or self.state.parked):
+            outcome = self.state.last_outcome
+            for reply in self._waiters:
+                if self.state.parked:
+                    reply.fail(SessionParkedError(f"session parked: {self.state.parked}"))
+                else:
+                    reply.set(outcome)
+            self._waiters.clear()
+        if self._drains and not self._tools:
+            for reply in self._drains:
+                reply.set(None)
+            self._drains.clear()
+
+    # -- commit, then act ------------------------------------------------------------
+
+    async def _commit(self, first: decide.Step) -> list[Committed]:
+        """Settle, commit everything in one append, then perform the effects."""
+        state = self.state
+        rev_before = state.goal_rev
+        step = decide.settle(state, self._env(), self._view(), first)
+        committed: list[Committed] = []
+        if step.records:
+            try:
+                committed = await self.ctx.journal.append(
+                    step.records, guard=Guard(self.session_id, rev_before)
+                )
+            except LogError:
+                self.state = await self._load()  # undo the optimistic fold
+                raise
+            for c in committed:
+                state.note_committed(c)
+        for effect in step.effects:
+            self._perform(effect)
+        return committed
+
+    def _perform(self, effect: decide.Effect) -> None:
+        nursery = self._nursery
+        assert nursery is not None
+        state = self.state
+        if isinstance(effect, decide.CallModel):
+            request = conversation.request(
+                state, self.ctx.tools, effect.generation_id, effect.attempt
+            )
+            scope = self._models[effect.generation_id] = trio.CancelScope()
+            nursery.start_soon(
+                call_model, self.ctx, request, effect.not_before, self.mailbox.send, scope
+            )
+        elif isinstance(effect, decide.RunTool | decide.Reconcile):
+            task = state.tasks[effect.call_id]
+            executing = task.executing
+            assert executing is not None
+            tool = self.ctx.tools[task.tool_name]
+            tctx = make_context(
+                self.ctx, self.session_id, task.call_id, executing.idempotency_key, task.attempt
+            )
+            scope = self._tools[effect.call_id] = trio.CancelScope()
+            actor = run_tool if isinstance(effect, decide.RunTool) else run_reconcile
+            nursery.start_soon(actor, tool, tctx, dict(executing.args), self.mailbox.send, scope)
+        elif isinstance(effect, decide.CancelTool):
+            tool_scope = self._tools.get(effect.call_id)
+            if tool_scope is not None:
+                self._cancelling.add(effect.call_id)
+                tool_scope.cancel()
+        elif isinstance(effect, decide.CancelModel):
+            model_scope = self._models.pop(effect.generation_id, None)
+            if model_scope is not None:
+                model_scope.cancel()

@@ -1,0 +1,402 @@
+"""A session's state: a pure fold over its records (``state = reduce(apply, records)``).
+
+Nothing here performs I/O, reads a clock or knows about trio or LMDB. The same
+fold runs when a session actor starts after a crash and after every commit while
+it runs, so the state a restarted process rebuilds is exactly the state the dead
+one had when its last record became durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from attrs import define, field
+
+from perdure.storage.records import (
+    ApprovalDecided,
+    CancelRequested,
+    Committed,
+    GenerationCompleted,
+    GenerationStarted,
+    GoalRevised,
+    InputAccepted,
+    LogOpened,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+    SessionCreated,
+    SessionParked,
+    SessionPaused,
+    SessionResumed,
+    ToolAwaitingApproval,
+    ToolCancelled,
+    ToolCompleted,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+    ToolTaskCreated,
+    Usage,
+)
+
+TaskPhase = Literal[
+    "created",
+    "awaiting_approval",
+    "approved",
+    "denied",
+    "executing",
+    "completed",
+    "outcome_unknown",
+    "cancelled",
+]
+TERMINAL_PHASES: frozenset[str] = frozenset({"completed", "outcome_unknown", "cancelled"})
+ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
+
+
+@define
+class Task:
+    """One tool call of the model, through its phases."""
+
+    call_id: str
+    generation_id: str
+    tool_name: str
+    input: dict[str, Any]
+    goal_rev: int
+    phase: TaskPhase = "created"
+    executing: ToolExecuting | None = None
+    result: ToolResultRecord | None = None
+    stale: bool = False  # became terminal after a newer goal revision was in force
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def attempt(self) -> int:
+        return self.executing.attempt if self.executing else 0
+
+
+@define
+class Generation:
+    """One model turn."""
+
+    generation_id: str
+    run_id: str
+    submission_id: str
+    goal_rev: int
+    phase: Literal["started", "retry_pending", "completed"] = "started"
+    attempt: int = 1  # the attempt to make next (or the one that succeeded)
+    not_before: float | None = None
+    last_error: str = ""
+    reply: GenerationCompleted | None = None
+    call_ids: list[str] = field(factory=list)
+    usage: Usage = field(factory=Usage)
+
+
+@define
+class Run:
+    run_id: str
+    submission_id: str
+    goal_rev: int
+    resume_attempt: int
+    resumed_from: str | None
+    started_at: float
+    cancel_requested: bool = False
+    progressed: bool = False  # a reply or a tool result was committed during this run
+    finished: RunFinished | None = None
+    usage: Usage = field(factory=Usage)
+
+
+@define
+class Submission:
+    submission_id: str
+    request_id: str
+    text: str
+    body_hash: str
+    at: float
+    seq: int = 0
+    runs: list[str] = field(factory=list)
+    generations: list[str] = field(factory=list)
+    outcome: RunFinished | None = None
+
+
+@define
+class RequestSeen:
+    """A request id already used in this session: for idempotent retries of commands."""
+
+    kind: str
+    body_hash: str
+    ref: str  # what it produced (a submission id, a call id, a run id, a revision)
+    seq: int = 0
+
+
+# One entry of the conversation, in order. The model's view is built from these.
+@define
+class UserTurn:
+    submission_id: str
+
+
+@define
+class AssistantTurn:
+    generation_id: str
+
+
+@define
+class Note:
+    """Text the runtime tells the model (a revision, a cancelled request)."""
+
+    text: str
+
+
+@define
+class Revision:
+    """The user revised the request; ``call_ids`` were unfinished at that moment."""
+
+    goal_rev: int
+    text: str
+    call_ids: list[str]
+
+
+ConversationItem = UserTurn | AssistantTurn | Note | Revision
+
+
+@define
+class SessionState:
+    session_id: str
+    created: bool = False
+    system: str | None = None
+    goal_rev: int = 0
+    revisions: list[GoalRevised] = field(factory=list)
+    submissions: dict[str, Submission] = field(factory=dict)
+    queue: list[str] = field(factory=list)
+    run: Run | None = None
+    runs: dict[str, Run] = field(factory=dict)
+    generations: dict[str, Generation] = field(factory=dict)
+    tasks: dict[str, Task] = field(factory=dict)
+    conversation: list[ConversationItem] = field(factory=list)
+    requests: dict[str, RequestSeen] = field(factory=dict)
+    decisions: list[RecoveryDecision] = field(factory=list)
+    usage: Usage = field(factory=Usage)
+    paused: bool = False
+    parked: str | None = None
+    last_outcome: RunFinished | None = None
+    last_seq: int = 0
+
+    # -- queries ----------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        """No run in progress and no input waiting."""
+        return self.run is None and not self.queue
+
+    def current_generation(self) -> Generation | None:
+        if self.run is None:
+            return None
+        gens = self.submissions[self.run.submission_id].generations
+        return self.generations[gens[-1]] if gens else None
+
+    def tasks_of(self, generation: Generation) -> list[Task]:
+        return [self.tasks[c] for c in generation.call_ids]
+
+    def open_tasks(self) -> list[Task]:
+        """Tasks of the current run that are not terminal yet."""
+        gen = self.current_generation()
+        return [] if gen is None else [t for t in self.tasks_of(gen) if not t.terminal]
+
+    # -- the fold ---------------------------------------------------------------------
+
+    @classmethod
+    def fold(cls, session_id: str, committed: Iterable[Committed]) -> SessionState:
+        state = cls(session_id)
+        for c in committed:
+            state.apply(c.record)
+            state.note_committed(c)
+        return state
+
+    def apply_all(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.apply(record)
+
+    def apply(self, record: Record) -> None:
+        """Advance the state by one record. Must stay total and deterministic."""
+        handler = _HANDLERS.get(type(record))
+        if handler is not None:
+            handler(self, record)
+
+    def note_committed(self, c: Committed) -> None:
+        """Bookkeeping that needs the sequence number (known only after the commit)."""
+        self.last_seq = c.seq
+        record = c.record
+        if isinstance(record, InputAccepted):
+            self.submissions[record.submission_id].seq = c.seq
+        request_id = getattr(record, "request_id", None)
+        if request_id and request_id in self.requests and not self.requests[request_id].seq:
+            self.requests[request_id].seq = c.seq
+
+    # -- handlers (one per record type) ------------------------------------------------
+
+    def _session_created(self, r: SessionCreated) -> None:
+        self.created = True
+        self.system = r.system
+
+    def _input_accepted(self, r: InputAccepted) -> None:
+        self.submissions[r.submission_id] = Submission(
+            r.submission_id, r.request_id, r.text, r.body_hash, r.at
+        )
+        self.queue.append(r.submission_id)
+        self.requests[r.request_id] = RequestSeen("submit", r.body_hash, r.submission_id)
+
+    def _run_started(self, r: RunStarted) -> None:
+        run = Run(r.run_id, r.submission_id, r.goal_rev, r.resume_attempt, r.resumed_from, r.at)
+        self.run = self.runs[r.run_id] = run
+        sub = self.submissions[r.submission_id]
+        sub.runs.append(r.run_id)
+        if r.submission_id in self.queue:
+            self.queue.remove(r.submission_id)
+        if r.resumed_from is None:
+            self.conversation.append(UserTurn(r.submission_id))
+
+    def _run_finished(self, r: RunFinished) -> None:
+        run = self.runs.get(r.run_id)
+        if run is not None:
+            run.finished = r
+        if self.run is not None and self.run.run_id == r.run_id:
+            self.run = None
+        if r.status == "interrupted":
+            return
+        self.submissions[r.submission_id].outcome = r
+        self.last_outcome = r
+        if r.status == "cancelled":
+            self.conversation.append(Note("[The user cancelled the request above.]"))
+        elif r.status == "failed":
+            self.conversation.append(Note(f"[The request above failed: {r.reason}]"))
+
+    def _generation_started(self, r: GenerationStarted) -> None:
+        run = self.runs[r.run_id]
+        gen = Generation(r.generation_id, r.run_id, run.submission_id, r.goal_rev)
+        self.generations[r.generation_id] = gen
+        self.submissions[run.submission_id].generations.append(r.generation_id)
+
+    def _retry_pending(self, r: RetryPending) -> None:
+        gen = self.generations[r.generation_id]
+        gen.phase = "retry_pending"
+        gen.attempt = r.attempt + 1
+        gen.not_before = r.not_before
+        gen.last_error = r.error
+        self._add_usage(gen, r.usage)
+
+    def _generation_completed(self, r: GenerationCompleted) -> None:
+        gen = self.generations[r.generation_id]
+        gen.phase = "completed"
+        gen.attempt = r.attempt
+        gen.reply = r
+        gen.call_ids = [c.call_id for c in r.tool_calls]
+        self._add_usage(gen, r.usage)
+        self.conversation.append(AssistantTurn(r.generation_id))
+        if self.run is not None:
+            self.run.progressed = True
+
+    def _add_usage(self, gen: Generation, usage: Usage) -> None:
+        gen.usage = gen.usage + usage
+        self.usage = self.usage + usage
+        run = self.runs.get(gen.run_id)
+        if run is not None:
+            run.usage = run.usage + usage
+
+    def _tool_task_created(self, r: ToolTaskCreated) -> None:
+        self.tasks[r.call_id] = Task(r.call_id, r.generation_id, r.tool_name, r.input, r.goal_rev)
+
+    def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
+        self.tasks[r.call_id].phase = "awaiting_approval"
+
+    def _approval_decided(self, r: ApprovalDecided) -> None:
+        self.tasks[r.call_id].phase = "approved" if r.approved else "denied"
+        body = approval_body_hash(r.call_id, r.approved)
+        self.requests[r.request_id] = RequestSeen("approve", body, r.call_id)
+
+    def _tool_executing(self, r: ToolExecuting) -> None:
+        task = self.tasks[r.call_id]
+        task.phase = "executing"
+        task.executing = r
+
+    def _tool_result(self, r: ToolResultRecord) -> None:
+        task = self.tasks[r.call_id]
+        task.result = r
+        task.stale = task.goal_rev < self.goal_rev
+        if isinstance(r, ToolCompleted):
+            task.phase = "completed"
+            if self.run is not None:
+                self.run.progressed = True
+        elif isinstance(r, ToolOutcomeUnknown):
+            task.phase = "outcome_unknown"
+        else:
+            task.phase = "cancelled"
+
+    def _cancel_requested(self, r: CancelRequested) -> None:
+        run = self.runs.get(r.run_id)
+        if run is not None:
+            run.cancel_requested = True
+        self.requests[r.request_id] = RequestSeen("cancel", command_body_hash("cancel"), r.run_id)
+
+    def _goal_revised(self, r: GoalRevised) -> None:
+        open_calls = [t.call_id for t in self.open_tasks()]
+        self.goal_rev = r.goal_rev
+        self.revisions.append(r)
+        self.conversation.append(Revision(r.goal_rev, r.text, open_calls))
+        self.requests[r.request_id] = RequestSeen("revise", text_body_hash(r.text), str(r.goal_rev))
+
+    def _paused(self, r: SessionPaused) -> None:
+        self.paused = True
+        self.requests[r.request_id] = RequestSeen("pause", command_body_hash("pause"), "")
+
+    def _resumed(self, r: SessionResumed) -> None:
+        self.paused = False
+        self.requests[r.request_id] = RequestSeen("resume", command_body_hash("resume"), "")
+
+    def _recovery_decision(self, r: RecoveryDecision) -> None:
+        self.decisions.append(r)
+
+    def _parked(self, r: SessionParked) -> None:
+        self.parked = r.reason
+
+    def _ignore(self, r: Record) -> None:
+        pass
+
+
+def text_body_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def command_body_hash(kind: str) -> str:
+    return text_body_hash(f"\x00{kind}")
+
+
+def approval_body_hash(call_id: str, approved: bool) -> str:
+    return text_body_hash(f"\x00approve\x00{call_id}\x00{approved}")
+
+
+_HANDLERS: dict[type, Any] = {
+    SessionCreated: SessionState._session_created,
+    InputAccepted: SessionState._input_accepted,
+    RunStarted: SessionState._run_started,
+    RunFinished: SessionState._run_finished,
+    GenerationStarted: SessionState._generation_started,
+    RetryPending: SessionState._retry_pending,
+    GenerationCompleted: SessionState._generation_completed,
+    ToolTaskCreated: SessionState._tool_task_created,
+    ToolAwaitingApproval: SessionState._tool_awaiting_approval,
+    ApprovalDecided: SessionState._approval_decided,
+    ToolExecuting: SessionState._tool_executing,
+    ToolCompleted: SessionState._tool_result,
+    ToolOutcomeUnknown: SessionState._tool_result,
+    ToolCancelled: SessionState._tool_result,
+    CancelRequested: SessionState._cancel_requested,
+    GoalRevised: SessionState._goal_revised,
+    SessionPaused: SessionState._paused,
+    SessionResumed: SessionState._resumed,
+    RecoveryDecision: SessionState._recovery_decision,
+    SessionParked: SessionState._parked,
+    LogOpened: SessionState._ignore,
+}

@@ -1,0 +1,115 @@
+"""The tool actor: one execution (or reconciliation) of one tool call.
+
+The session committed the call's ``executing`` record before starting this actor;
+the actor runs the tool under its timeout and a cancel scope the session owns,
+and reports what happened. The session commits the result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import trio
+
+from perdure import _faults
+from perdure.actors.context import ActorContext
+from perdure.actors.decide import ReconcileFinished, Result, ToolFinished
+from perdure.storage.bus import Event
+from perdure.tools.contract import Tool, ToolContext, ToolResult, render_result
+
+
+def make_context(
+    ctx: ActorContext, session_id: str, call_id: str, key: str, attempt: int
+) -> ToolContext:
+    bus = ctx.journal.bus
+
+    def emit(kind: str, data: dict[str, Any]) -> None:
+        bus.publish(Event(session_id, kind, data=data))
+
+    return ToolContext(
+        idempotency_key=key,
+        call_id=call_id,
+        session_id=session_id,
+        attempt=attempt,
+        workspace=ctx.workspace,
+        emit=emit,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def run_tool(
+    tool: Tool,
+    tctx: ToolContext,
+    args: dict[str, Any],
+    outbox: trio.MemorySendChannel[Any],
+    scope: trio.CancelScope,
+) -> None:
+    if _faults.ACTIVE:
+        _faults.hit("tool.before", tool.name)
+    started = time.monotonic()
+    report: dict[str, Any]
+    with scope:
+        with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf) as limit:
+            try:
+                value = await tool.invoke(tctx, args)
+            except Exception as exc:
+                report = {"outcome": "error", "output": f"The tool raised {_describe(exc)}"}
+            else:
+                if isinstance(value, ToolResult):
+                    report = {
+                        "outcome": "ok",
+                        "output": render_result(value.content),
+                        "is_error": value.is_error,
+                        "terminate": value.terminate,
+                    }
+                else:
+                    report = {"outcome": "ok", "output": render_result(value)}
+        if limit.cancelled_caught:
+            report = {"outcome": "timeout", "output": f"timed out after {tool.timeout:g}s"}
+    if scope.cancelled_caught:
+        report = {"outcome": "cancelled", "output": "cancelled"}
+    if _faults.ACTIVE:
+        _faults.hit("tool.after", tool.name)
+    duration = time.monotonic() - started
+    result: Result = ToolFinished(
+        call_id=tctx.call_id, attempt=tctx.attempt, duration=duration, **report
+    )
+    await outbox.send(result)
+
+
+async def run_reconcile(
+    tool: Tool,
+    tctx: ToolContext,
+    args: dict[str, Any],
+    outbox: trio.MemorySendChannel[Any],
+    scope: trio.CancelScope,
+) -> None:
+    finished: ReconcileFinished
+    with scope:
+        with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf):
+            try:
+                found = await tool.run_reconcile(tctx, args)
+            except Exception as exc:
+                finished = ReconcileFinished(
+                    call_id=tctx.call_id,
+                    status="unknown",
+                    reason=f"reconcile raised {_describe(exc)}",
+                )
+            else:
+                finished = ReconcileFinished(
+                    call_id=tctx.call_id,
+                    status=found.status,
+                    output=render_result(found.result),
+                    reason=found.reason,
+                )
+            await outbox.send(finished)
+            return
+        await outbox.send(
+            ReconcileFinished(call_id=tctx.call_id, status="unknown", reason="reconcile timed out")
+        )

@@ -1,0 +1,108 @@
+"""What a model provider is: a neutral conversation in, one complete reply out.
+
+Providers stream partial output through ``emit`` (ephemeral events, never stored)
+and return the complete reply; the runtime commits only complete replies. Every
+failure a provider can meet is a ``ProviderError`` that says whether it is worth
+retrying; ``classify`` maps anything else a provider raised onto that one shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from attrs import field, frozen
+
+from perdure.storage.records import ToolCall, Usage
+
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+@frozen
+class TextBlock:
+    text: str
+
+
+@frozen
+class ToolUseBlock:
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+@frozen
+class ToolResultBlock:
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+@frozen
+class Message:
+    role: Literal["user", "assistant"]
+    content: tuple[Block, ...]
+
+
+@frozen
+class ToolDefinition:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@frozen(kw_only=True)
+class ModelRequest:
+    system: str | None
+    messages: tuple[Message, ...]
+    tools: tuple[ToolDefinition, ...] = ()
+    attempt: int = 1
+    session_id: str = ""
+    generation_id: str = ""
+
+
+@frozen(kw_only=True)
+class ModelReply:
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: str = "end_turn"
+    usage: Usage = field(factory=Usage)
+
+
+class ProviderError(Exception):
+    """A model call failed. ``retryable`` decides between back-off and failing the run."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status
+        self.usage = usage or Usage()
+
+
+class Provider(Protocol):
+    """A model. ``complete`` must be cancellable (it runs under a trio cancel scope)."""
+
+    name: str
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply: ...
+
+
+def classify(exc: BaseException) -> ProviderError:
+    """Map any exception a provider raised onto a ProviderError (the one place that decides)."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, ConnectionError | TimeoutError | OSError):
+        return ProviderError(f"{type(exc).__name__}: {exc}", retryable=True)
+    return ProviderError(f"provider raised {type(exc).__name__}: {exc}", retryable=False)

@@ -1,0 +1,197 @@
+"""The Journal: the log's only writer, with group commit, and its trio-facing API.
+
+One dedicated OS thread owns every LMDB write transaction (a write transaction
+must begin, put and commit on one thread, and trio's worker threads change from
+call to call). Actors ``await journal.append(records)``; the writer takes
+everything queued at that moment, writes it in ONE transaction, commits once (one
+fsync for many sessions), and only then wakes each caller with its sequence
+numbers and publishes the records to the EventBus. Nothing is published before it
+is durable, and deliveries happen in commit order.
+
+Reads run in trio worker threads, each in its own short read transaction.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import trio
+from attrs import define, field
+
+from perdure import _faults
+from perdure.storage.bus import Event, EventBus
+from perdure.storage.lmdb_log import Guard, LmdbLog, LogError, LogFenced, SessionInfo
+from perdure.storage.records import Committed, Record
+
+_STOP: Final = object()
+
+
+@define
+class _Append:
+    records: Sequence[Record]
+    guard: Guard | None
+    done: trio.Event = field(factory=trio.Event)
+    result: list[Committed] | None = None
+    error: BaseException | None = None
+
+
+@define
+class JournalStats:
+    appends: int = 0
+    transactions: int = 0
+    records: int = 0
+    largest_transaction: int = 0
+
+
+class Journal:
+    """Single writer over an ``LmdbLog``. Use ``open_journal`` to run one."""
+
+    def __init__(self, log: LmdbLog, bus: EventBus | None = None) -> None:
+        self.log = log
+        self.bus = bus if bus is not None else EventBus()
+        self.stats = JournalStats()
+        self.fenced = trio.Event()
+        self.fence_error: LogFenced | None = None
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._closed = False
+        self._stopped = trio.Event()
+
+    # -- writing ---------------------------------------------------------------------
+
+    async def append(
+        self, records: Sequence[Record], *, guard: Guard | None = None
+    ) -> list[Committed]:
+        """Make ``records`` durable as one atomic unit; return them with their seqs.
+
+        The wait is shielded from cancellation: once handed to the writer the commit
+        will happen (or fail) regardless, and the caller must learn which.
+        """
+        if self.fence_error is not None:
+            raise self.fence_error
+        if self._closed or self._thread is None:
+            raise LogError("the journal is closed")
+        if not records:
+            return []
+        request = _Append(records, guard)
+        self._queue.put(request)
+        with trio.CancelScope(shield=True):
+            await request.done.wait()
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def _writer(self) -> None:
+        log = self.log
+        while True:
+            first = self._queue.get()
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is _STOP for item in batch)
+            requests: list[_Append] = [item for item in batch if item is not _STOP]
+            if requests:
+                try:
+                    results: list[Any] = log.commit([(r.records, r.guard) for r in requests])
+                except BaseException as exc:  # every caller of this transaction must hear it
+                    results = [exc] * len(requests)
+                else:
+                    if _faults.ACTIVE:
+                        _faults.hit("commit", count=len(requests))
+                assert self._token is not None
+                self._token.run_sync_soon(self._deliver, requests, results)
+            if stop:
+                assert self._token is not None
+                self._token.run_sync_soon(self._stopped.set)
+                return
+
+    def _deliver(self, requests: list[_Append], results: list[Any]) -> None:
+        # Runs on the trio thread, in commit order.
+        committed_any = False
+        for request, result in zip(requests, results, strict=True):
+            if isinstance(result, BaseException):
+                request.error = result
+                if isinstance(result, LogFenced) and self.fence_error is None:
+                    self.fence_error = result
+                    self.fenced.set()
+            else:
+                request.result = result
+                committed_any = True
+            request.done.set()
+        if committed_any:
+            stats = self.stats
+            stats.transactions += 1
+            size = 0
+            for result in results:
+                if isinstance(result, list):
+                    stats.appends += 1
+                    size += len(result)
+                    for c in result:
+                        self.bus.publish(
+                            Event(c.record.session_id, type(c.record).__name__, c.seq, c.record)
+                        )
+            stats.records += size
+            stats.largest_transaction = max(stats.largest_transaction, size)
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def read_session(
+        self, session_id: str, after: int = 0, limit: int | None = None
+    ) -> list[Committed]:
+        return await trio.to_thread.run_sync(self.log.read_session, session_id, after, limit)
+
+    async def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
+        return await trio.to_thread.run_sync(self.log.read_global, after, limit)
+
+    async def active_sessions(self) -> list[str]:
+        return await trio.to_thread.run_sync(self.log.active_sessions)
+
+    async def sessions(self) -> list[SessionInfo]:
+        return await trio.to_thread.run_sync(self.log.sessions)
+
+    async def session_info(self, session_id: str) -> SessionInfo | None:
+        return await trio.to_thread.run_sync(self.log.session_info, session_id)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def writer_thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def _start(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.Thread(target=self._writer, name="perdure-journal", daemon=True)
+        self.log.bind_writer(self._thread)
+        self._thread.start()
+
+    async def _stop(self) -> None:
+        self._closed = True
+        thread = self._thread
+        if thread is None:
+            return
+        self._queue.put(_STOP)
+        # Set by the writer with run_sync_soon after its last delivery (FIFO order), so
+        # every caller has been answered when this returns.
+        await self._stopped.wait()
+        await trio.to_thread.run_sync(thread.join)
+
+
+@asynccontextmanager
+async def open_journal(log: LmdbLog, bus: EventBus | None = None) -> AsyncIterator[Journal]:
+    """Run a Journal over ``log`` for the duration of the block (the log stays open)."""
+    journal = Journal(log, bus)
+    journal._start()
+    try:
+        yield journal
+    finally:
+        with trio.CancelScope(shield=True):
+            await journal._stop()

@@ -1,0 +1,538 @@
+"""The append-only log in one LMDB environment: blocking code, called from worker threads.
+
+Layout (named databases in one environment, by default ``./.perdure/``):
+
+``records``   seq (8 bytes, big-endian) -> framed record (see ``codec``); global, gap-free
+``by_session``session id + NUL + seq -> empty; one session's records are a range scan
+``active``    session id -> count of unfinished submissions; kept in the same transaction
+              as the records that change it, so start-up reads active work, not history
+``sessions``  session id -> small JSON summary (first/last seq, record count, goal_rev)
+``meta``      b"epoch" -> owner epoch; b"format" -> layout version
+
+Ownership: a process owns the log while it holds an exclusive ``flock`` on
+``owner.lock`` (which names the owner). At open the owner bumps ``epoch`` and
+appends a ``LogOpened`` record; every later write transaction checks that the
+epoch is still its own, so an owner that was stopped and then taken over can
+never write again (it gets ``LogFenced``).
+
+Thread rules: ``commit`` must only be called from the Journal's writer thread (an
+LMDB write transaction begins, writes and commits on one thread). Reads may run on
+any thread; each read transaction begins and ends within one call.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import attrs
+import lmdb
+
+from perdure.storage.codec import CorruptRecord, decode, encode
+from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
+
+Durability = Literal["full", "fast"]
+
+LAYOUT_VERSION: Final = b"1"
+DEFAULT_MAP_SIZE: Final = 256 << 20
+_SEP: Final = b"\x00"
+_EPOCH: Final = b"epoch"
+_MAX_SESSION_ID: Final = 128
+
+
+class LogError(Exception):
+    """Base class of the log's documented errors."""
+
+
+class LogBusy(LogError):
+    """Another live process owns the log."""
+
+
+class LogFenced(LogError):
+    """This process lost ownership of the log (it was taken over); it must stop writing."""
+
+
+class StorageFull(LogError):
+    """The disk (or the map, beyond its limit) is full; the commit did not happen."""
+
+
+class StaleGoal(LogError):
+    """A guarded append was prepared under an older goal revision and was refused."""
+
+    def __init__(self, session_id: str, expected: int, found: int) -> None:
+        super().__init__(
+            f"session {session_id}: append prepared under goal revision {expected}, "
+            f"but revision {found} is in force; nothing was written"
+        )
+        self.expected = expected
+        self.found = found
+
+
+@attrs.frozen
+class Guard:
+    """A condition checked inside the write transaction before a batch is written."""
+
+    session_id: str
+    goal_rev: int
+
+
+@attrs.frozen
+class SessionInfo:
+    session_id: str
+    first_seq: int
+    last_seq: int
+    records: int
+    goal_rev: int
+    open_submissions: int
+
+
+def check_session_id(session_id: str) -> str:
+    """Session ids are short, printable and NUL-free (they are part of index keys and URLs)."""
+    ok = (
+        0 < len(session_id) <= _MAX_SESSION_ID
+        and session_id.isascii()
+        and all(c.isalnum() or c in "._:-" for c in session_id)
+    )
+    if not ok:
+        raise ValueError(
+            f"invalid session id {session_id!r}: use 1-{_MAX_SESSION_ID} characters "
+            "among letters, digits and . _ : -"
+        )
+    return session_id
+
+
+def _seq_key(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+def _session_key(session_id: str, seq: int) -> bytes:
+    return session_id.encode() + _SEP + _seq_key(seq)
+
+
+class _Gate:
+    """Lets many read transactions run at once, or one map resize with none running.
+
+    LMDB's mdb_env_set_mapsize may only be called while this process has no
+    transaction open; the gate makes that true without stopping readers for long.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._resizing = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            while self._readers:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class _OwnerLock:
+    """An exclusive flock on ``owner.lock``; the file's content names the owner."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, *, takeover: bool) -> None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                owner = self.describe_owner()
+                if not takeover:
+                    raise LogBusy(
+                        f"the log {self.path.parent} is owned by {owner}; stop that process "
+                        "first, or open with takeover=True if it is stopped or hung"
+                    ) from None
+                self._replace_lock_file()
+                continue
+            # A takeover may have replaced the file between our open and our lock.
+            if os.fstat(fd).st_ino != _inode(self.path):
+                os.close(fd)
+                continue
+            self._fd = fd
+            return
+
+    def _replace_lock_file(self) -> None:
+        # The stuck owner keeps its lock on the old inode; we lock a new one. The epoch
+        # check in every write transaction then fences the old owner.
+        tmp = self.path.with_suffix(f".takeover-{os.getpid()}")
+        tmp.write_text("")
+        os.replace(tmp, self.path)
+
+    def describe_owner(self) -> str:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            info = {}
+        if not info:
+            return "another process"
+        return f"pid {info.get('pid')} on {info.get('host')} (epoch {info.get('epoch')})"
+
+    def write_owner(self, info: dict[str, Any]) -> None:
+        assert self._fd is not None
+        data = json.dumps(info).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _inode(path: Path) -> int:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return -1
+
+
+class LmdbLog:
+    """One LMDB environment holding one runtime's log. See the module docstring."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "full",
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = 1 << 40,
+        readonly: bool = False,
+        takeover: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if durability not in ("full", "fast"):
+            raise ValueError(f"durability must be 'full' or 'fast', not {durability!r}")
+        self.path = Path(path)
+        self.readonly = readonly
+        self.durability = durability
+        self._max_map_size = max_map_size
+        self._clock = clock
+        self._gate = _Gate()
+        self._lock: _OwnerLock | None = None
+        self._writer: threading.Thread | None = None
+        self.write_threads: set[int] = set()  # idents of threads that ran write txns
+        self.epoch = 0
+        if readonly:
+            if not (self.path / "data.mdb").exists():
+                raise FileNotFoundError(f"no perdure log at {self.path}")
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = _OwnerLock(self.path / "owner.lock")
+            self._lock.acquire(takeover=takeover)
+        try:
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=8,
+                subdir=True,
+                readonly=readonly,
+                # full: fsync data and meta page on every commit. fast: one fsync per
+                # commit, meta page flushed later; a power loss may undo the last commits
+                # but never breaks atomicity. A killed process loses nothing either way.
+                sync=True,
+                metasync=durability == "full",
+                writemap=False,
+                lock=True,
+                max_readers=512,
+            )
+            # A crashed owner leaves reader slots behind; they would pin old pages.
+            if not readonly:
+                self.env.reader_check()
+            txn = None if readonly else self.env.begin(write=True)
+            self._records = self.env.open_db(b"records", txn=txn, create=not readonly)
+            self._by_session = self.env.open_db(b"by_session", txn=txn, create=not readonly)
+            self._active = self.env.open_db(b"active", txn=txn, create=not readonly)
+            self._sessions = self.env.open_db(b"sessions", txn=txn, create=not readonly)
+            self._meta = self.env.open_db(b"meta", txn=txn, create=not readonly)
+            if txn is not None:
+                txn.commit()
+            self._next_seq = self._read_last_seq() + 1
+            if not readonly:
+                self._claim()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- ownership -----------------------------------------------------------------
+
+    def _claim(self) -> None:
+        assert self._lock is not None
+        with self.env.begin(write=True) as txn:
+            layout = txn.get(b"format", db=self._meta)
+            if layout is not None and layout != LAYOUT_VERSION:
+                raise LogError(f"the log at {self.path} has layout {layout!r}; expected 1")
+            txn.put(b"format", LAYOUT_VERSION, db=self._meta)
+            raw = txn.get(_EPOCH, db=self._meta)
+            self.epoch = (int(raw) if raw else 0) + 1
+            txn.put(_EPOCH, str(self.epoch).encode(), db=self._meta)
+            opened = LogOpened(
+                epoch=self.epoch, pid=os.getpid(), host=socket.gethostname(), at=self._clock()
+            )
+            seq = self._next_seq
+            txn.put(_seq_key(seq), encode(opened, seq), db=self._records)
+        self._next_seq = seq + 1
+        self._lock.write_owner(
+            {"pid": os.getpid(), "host": socket.gethostname(), "epoch": self.epoch}
+        )
+
+    def close(self) -> None:
+        env = getattr(self, "env", None)
+        if env is not None:
+            env.close()
+        if self._lock is not None:
+            self._lock.release()
+
+    # -- writing (writer thread only) ------------------------------------------------
+
+    def bind_writer(self, thread: threading.Thread) -> None:
+        """From now on, only ``thread`` may call ``commit``."""
+        self._writer = thread
+
+    def commit(
+        self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
+    ) -> list[list[Committed] | LogError]:
+        """Write every batch in ONE transaction; return, per batch, its records or why not.
+
+        A batch whose guard fails is left out (the others still commit). MAP_FULL grows
+        the map and retries the whole transaction; a full disk raises ``StorageFull``
+        and nothing of this call is committed.
+        """
+        if self.readonly:
+            raise LogError("the log was opened read-only")
+        current = threading.current_thread()
+        if self._writer is not None and current is not self._writer:
+            raise RuntimeError(
+                f"LMDB write transaction attempted on thread {current.name!r}; "
+                "only the journal's writer thread may write"
+            )
+        self.write_threads.add(current.ident or 0)
+        while True:
+            try:
+                return self._commit_once(batches)
+            except lmdb.MapFullError:
+                self._grow()
+            except lmdb.Error as exc:
+                if _is_disk_full(exc):
+                    raise StorageFull(f"cannot write to {self.path}: disk full ({exc})") from exc
+                raise LogError(f"LMDB write failed on {self.path}: {exc}") from exc
+
+    def _commit_once(
+        self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
+    ) -> list[list[Committed] | LogError]:
+        results: list[list[Committed] | LogError] = []
+        seq = self._next_seq
+        infos: dict[str, dict[str, int]] = {}
+        counts: dict[str, int | None] = {}
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(_EPOCH, db=self._meta)
+            if raw is None or int(raw) != self.epoch:
+                raise LogFenced(
+                    f"this process (epoch {self.epoch}) no longer owns the log {self.path}: "
+                    f"it was taken over (epoch {raw.decode() if raw else '?'}); stopping"
+                )
+            for records, guard in batches:
+                if guard is not None:
+                    info = self._session_info(txn, guard.session_id, infos)
+                    if info["goal_rev"] != guard.goal_rev:
+                        results.append(
+                            StaleGoal(guard.session_id, guard.goal_rev, info["goal_rev"])
+                        )
+                        continue
+                committed = []
+                for record in records:
+                    sid = record.session_id
+                    txn.put(_seq_key(seq), encode(record, seq), db=self._records)
+                    if sid:
+                        txn.put(_session_key(sid, seq), b"", db=self._by_session)
+                        info = self._session_info(txn, sid, infos)
+                        if not info["records"]:
+                            info["first_seq"] = seq
+                        info["last_seq"] = seq
+                        info["records"] += 1
+                        if isinstance(record, GoalRevised):
+                            info["goal_rev"] = record.goal_rev
+                        delta = active_delta(record)
+                        if delta != 0:
+                            before = counts[sid] if sid in counts else self._count(txn, sid)
+                            counts[sid] = None if delta is None else (before or 0) + delta
+                    committed.append(Committed(seq, record))
+                    seq += 1
+                results.append(committed)
+            for sid, info in infos.items():
+                txn.put(sid.encode(), json.dumps(info).encode(), db=self._sessions)
+            for sid, count in counts.items():
+                if count is None or count <= 0:
+                    txn.delete(sid.encode(), db=self._active)
+                else:
+                    txn.put(sid.encode(), str(count).encode(), db=self._active)
+        self._next_seq = seq
+        return results
+
+    def _session_info(
+        self, txn: lmdb.Transaction, session_id: str, cache: dict[str, dict[str, int]]
+    ) -> dict[str, int]:
+        if session_id not in cache:
+            raw = txn.get(session_id.encode(), db=self._sessions)
+            cache[session_id] = (
+                json.loads(bytes(raw))
+                if raw
+                else {"first_seq": 0, "last_seq": 0, "records": 0, "goal_rev": 0}
+            )
+        return cache[session_id]
+
+    def _count(self, txn: lmdb.Transaction, session_id: str) -> int:
+        raw = txn.get(session_id.encode(), db=self._active)
+        return int(raw) if raw else 0
+
+    def _grow(self) -> None:
+        current = self.env.info()["map_size"]
+        if current >= self._max_map_size:
+            raise StorageFull(f"the log {self.path} reached its maximum map size ({current} bytes)")
+        with self._gate.exclusive():
+            self.env.set_mapsize(min(current * 2, self._max_map_size))
+
+    # -- reading (any thread) --------------------------------------------------------
+
+    @contextmanager
+    def _read(self) -> Iterator[lmdb.Transaction]:
+        with self._gate.shared():
+            try:
+                txn = self.env.begin(write=False)
+            except lmdb.MapResizedError:
+                # Another process (the owner) grew the map; adopt its size.
+                self.env.set_mapsize(0)
+                txn = self.env.begin(write=False)
+            try:
+                yield txn
+            finally:
+                txn.abort()
+
+    def _read_last_seq(self) -> int:
+        with self._read() as txn, txn.cursor(db=self._records) as cur:
+            return int.from_bytes(cur.key(), "big") if cur.last() else 0
+
+    def last_seq(self) -> int:
+        return self._read_last_seq()
+
+    def read_session(
+        self, session_id: str, after: int = 0, limit: int | None = None
+    ) -> list[Committed]:
+        """The session's records with seq > ``after``, in order (at most ``limit``)."""
+        prefix = session_id.encode() + _SEP
+        out: list[Committed] = []
+        with self._read() as txn, txn.cursor(db=self._by_session) as cur:
+            if not cur.set_range(prefix + _seq_key(after + 1)):
+                return out
+            for raw_key in cur.iternext(values=False):
+                key = bytes(raw_key)
+                if not key.startswith(prefix):
+                    break
+                seq = int.from_bytes(key[len(prefix) :], "big")
+                out.append(Committed(seq, self._decode_at(txn, seq)))
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
+        """All records with seq > ``after`` in order, system records included."""
+        out: list[Committed] = []
+        with self._read() as txn, txn.cursor(db=self._records) as cur:
+            if not cur.set_range(_seq_key(after + 1)):
+                return out
+            for key, value in cur.iternext():
+                seq = int.from_bytes(key, "big")
+                out.append(Committed(seq, decode(seq, bytes(value))))
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def _decode_at(self, txn: lmdb.Transaction, seq: int) -> Record:
+        frame = txn.get(_seq_key(seq), db=self._records)
+        if frame is None:
+            raise CorruptRecord(seq, "indexed but missing from the records table")
+        return decode(seq, bytes(frame))
+
+    def active_sessions(self) -> list[str]:
+        with self._read() as txn, txn.cursor(db=self._active) as cur:
+            return [bytes(key).decode() for key in cur.iternext(values=False)]
+
+    def sessions(self) -> list[SessionInfo]:
+        with self._read() as txn:
+            active = {
+                bytes(k).decode(): int(bytes(v)) for k, v in txn.cursor(db=self._active).iternext()
+            }
+            out = []
+            for k, v in txn.cursor(db=self._sessions).iternext():
+                sid = bytes(k).decode()
+                info = json.loads(bytes(v))
+                out.append(SessionInfo(session_id=sid, open_submissions=active.get(sid, 0), **info))
+            return out
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        with self._read() as txn:
+            raw = txn.get(session_id.encode(), db=self._sessions)
+            if raw is None:
+                return None
+            return SessionInfo(
+                session_id=session_id,
+                open_submissions=self._count(txn, session_id),
+                **json.loads(bytes(raw)),
+            )
+
+    def stored_epoch(self) -> int:
+        with self._read() as txn:
+            raw = txn.get(_EPOCH, db=self._meta)
+            return int(raw) if raw else 0
+
+    def scan_frames(self) -> Iterator[tuple[int, bytes]]:
+        """Every stored frame in order, undecoded (for ``perdure check``)."""
+        with self._read() as txn, txn.cursor(db=self._records) as cur:
+            for key, value in cur.iternext():
+                yield int.from_bytes(key, "big"), bytes(value)
+
+    def stat(self) -> dict[str, Any]:
+        info = self.env.info()
+        return {"map_size": info["map_size"], "next_seq": self._next_seq, "epoch": self.epoch}
+
+
+def _is_disk_full(exc: lmdb.Error) -> bool:
+    text = str(exc)
+    return "No space left" in text or f"[Errno {errno.ENOSPC}]" in text or "ENOSPC" in text

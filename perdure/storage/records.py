@@ -1,0 +1,391 @@
+"""The records of perdure's log: every durable state transition, one small frozen class each.
+
+A record is a fact that has happened and been made durable. Actors never mutate
+state directly; they decide which records to append, the Journal makes them
+durable, and the state of every actor is a fold over its records. The names
+follow the lifecycles of DESIGN.md:
+
+* run:        InputAccepted -> RunStarted -> ... -> RunFinished
+* generation: GenerationStarted -> (RetryPending ...) -> GenerationCompleted
+* tool task:  ToolTaskCreated -> (ToolAwaitingApproval -> ApprovalDecided)
+              -> ToolExecuting -> ToolCompleted | ToolOutcomeUnknown | ToolCancelled
+* course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed
+* recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
+* ownership:  LogOpened (system record, no session)
+
+Adding a field with a default is a compatible change (old records decode with the
+default). Anything else bumps the record's version in ``RECORD_VERSIONS`` and
+adds an upgrade step in ``codec``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+RunStatus = Literal["completed", "cancelled", "failed", "interrupted"]
+FINAL_RUN_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "failed"})
+
+ReplayName = Literal["safe", "keyed", "never"]
+
+ToolResultKind = Literal[
+    "ok",  # the tool returned
+    "error",  # the tool raised
+    "invalid_args",  # arguments failed the tool's schema; the tool never ran
+    "unknown_tool",  # no tool of that name is registered; nothing ran
+    "timeout",  # the tool exceeded its timeout and was cancelled
+    "denied",  # a human refused the approval; nothing ran
+    "reconciled",  # recovery asked the tool's reconcile(): the effect was applied
+]
+
+
+# -- value types embedded in records -------------------------------------------------
+
+
+@frozen(kw_only=True)
+class ToolCall:
+    """One tool call requested by the model, as the model wrote it."""
+
+    call_id: str
+    name: str
+    input: dict[str, Any]
+
+
+@frozen(kw_only=True)
+class Usage:
+    """Token counts of one model call (or a sum of them)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens
+            + other.cache_creation_input_tokens,
+            cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
+        )
+
+
+# -- session and run lifecycle --------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class SessionCreated:
+    session_id: str
+    system: str | None = None
+    request_id: str | None = None
+    at: float
+
+
+@frozen(kw_only=True)
+class InputAccepted:
+    """User input, durable before the caller is answered. ``body_hash`` backs request_id dedup."""
+
+    session_id: str
+    submission_id: str
+    request_id: str
+    text: str
+    body_hash: str
+    at: float
+
+
+@frozen(kw_only=True)
+class RunStarted:
+    """A run processes one submission. A resumed run names the run it continues."""
+
+    session_id: str
+    run_id: str
+    submission_id: str
+    goal_rev: int
+    resumed_from: str | None = None
+    resume_attempt: int = 0
+    at: float
+
+
+@frozen(kw_only=True)
+class RunFinished:
+    session_id: str
+    run_id: str
+    submission_id: str
+    status: RunStatus
+    final_text: str = ""
+    reason: str = ""
+    at: float
+
+
+# -- generation (one model turn) ------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class GenerationStarted:
+    session_id: str
+    run_id: str
+    generation_id: str
+    goal_rev: int
+    at: float
+
+
+@frozen(kw_only=True)
+class RetryPending:
+    """A retryable model error; persisted before the back-off sleep starts."""
+
+    session_id: str
+    generation_id: str
+    attempt: int  # the attempt that failed; the next one is attempt + 1
+    not_before: float  # wall-clock time
+    error: str
+    usage: Usage = field(factory=Usage)
+    at: float
+
+
+@frozen(kw_only=True)
+class GenerationCompleted:
+    """The assistant reply. Committed together with one ToolTaskCreated per call."""
+
+    session_id: str
+    run_id: str
+    generation_id: str
+    text: str
+    tool_calls: list[ToolCall] = field(factory=list)
+    stop_reason: str = "end_turn"
+    usage: Usage = field(factory=Usage)
+    attempt: int = 1
+    at: float
+
+
+# -- tool task ------------------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class ToolTaskCreated:
+    session_id: str
+    generation_id: str
+    call_id: str
+    tool_name: str
+    input: dict[str, Any]
+    goal_rev: int
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolAwaitingApproval:
+    session_id: str
+    call_id: str
+    reason: str = ""
+    at: float
+
+
+@frozen(kw_only=True)
+class ApprovalDecided:
+    session_id: str
+    call_id: str
+    approved: bool
+    request_id: str
+    note: str = ""
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolExecuting:
+    """Committed BEFORE the side effect: what will run, under which policy and key."""
+
+    session_id: str
+    call_id: str
+    run_id: str
+    tool_name: str
+    args: dict[str, Any]  # the effective, validated arguments
+    replay: ReplayName
+    idempotency_key: str
+    fingerprint: str  # canonical hash of (tool, definition, args)
+    tool_hash: str  # hash of the tool's definition when dispatched
+    attempt: int = 1
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolCompleted:
+    session_id: str
+    call_id: str
+    output: str
+    is_error: bool = False
+    kind: ToolResultKind = "ok"
+    attempt: int = 1
+    duration: float = 0.0
+    terminate: bool = False  # the tool ended the run with this result
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolOutcomeUnknown:
+    """Recovery (or a timeout) could not learn whether the effect happened; said to the model."""
+
+    session_id: str
+    call_id: str
+    output: str
+    reason: str
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolCancelled:
+    session_id: str
+    call_id: str
+    output: str
+    reason: str
+    while_executing: bool = False
+    at: float
+
+
+# -- changes of course ----------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class CancelRequested:
+    session_id: str
+    run_id: str
+    request_id: str
+    at: float
+
+
+@frozen(kw_only=True)
+class GoalRevised:
+    session_id: str
+    goal_rev: int
+    text: str
+    request_id: str
+    at: float
+
+
+@frozen(kw_only=True)
+class SessionPaused:
+    """Nothing new is dispatched (no model call, no tool) until SessionResumed."""
+
+    session_id: str
+    request_id: str
+    at: float
+
+
+@frozen(kw_only=True)
+class SessionResumed:
+    session_id: str
+    request_id: str
+    at: float
+
+
+# -- recovery and supervision ---------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class RecoveryDecision:
+    """What a restart found for one piece of pending work, and what it decided."""
+
+    session_id: str
+    run_id: str
+    subject: str  # a call id, generation id, run id or submission id
+    found: str  # e.g. "executing", "retry_pending", "model request in flight"
+    action: str  # e.g. "re-run", "reconcile", "outcome unknown", "resume run"
+    reason: str
+    at: float
+
+
+@frozen(kw_only=True)
+class SessionParked:
+    """The supervisor gave up on a session whose actor kept crashing."""
+
+    session_id: str
+    reason: str
+    at: float
+
+
+@frozen(kw_only=True)
+class LogOpened:
+    """A process took ownership of the log. A system record: it belongs to no session."""
+
+    epoch: int
+    pid: int
+    host: str
+    at: float
+    session_id: str = ""
+
+
+Record = (
+    SessionCreated
+    | InputAccepted
+    | RunStarted
+    | RunFinished
+    | GenerationStarted
+    | RetryPending
+    | GenerationCompleted
+    | ToolTaskCreated
+    | ToolAwaitingApproval
+    | ApprovalDecided
+    | ToolExecuting
+    | ToolCompleted
+    | ToolOutcomeUnknown
+    | ToolCancelled
+    | CancelRequested
+    | GoalRevised
+    | SessionPaused
+    | SessionResumed
+    | RecoveryDecision
+    | SessionParked
+    | LogOpened
+)
+
+RECORD_TYPES: tuple[type[Record], ...] = (
+    SessionCreated,
+    InputAccepted,
+    RunStarted,
+    RunFinished,
+    GenerationStarted,
+    RetryPending,
+    GenerationCompleted,
+    ToolTaskCreated,
+    ToolAwaitingApproval,
+    ApprovalDecided,
+    ToolExecuting,
+    ToolCompleted,
+    ToolOutcomeUnknown,
+    ToolCancelled,
+    CancelRequested,
+    GoalRevised,
+    SessionPaused,
+    SessionResumed,
+    RecoveryDecision,
+    SessionParked,
+    LogOpened,
+)
+
+# The current format version of each record type (see the module docstring).
+RECORD_VERSIONS: dict[str, int] = {cls.__name__: 1 for cls in RECORD_TYPES}
+
+TOOL_TERMINAL_RECORDS = (ToolCompleted, ToolOutcomeUnknown, ToolCancelled)
+
+
+@frozen
+class Committed:
+    """A record as it stands in the log, with its global sequence number."""
+
+    seq: int
+    record: Record
+
+
+def active_delta(record: Record) -> int | None:
+    """How a record changes its session's count of unfinished submissions.
+
+    The log keeps this count in its ``active`` index in the same transaction as the
+    record, so start-up reads only sessions with unfinished work. ``None`` means
+    "the session is no longer active, whatever the count" (a parked session).
+    """
+    if isinstance(record, InputAccepted):
+        return 1
+    if isinstance(record, RunFinished) and record.status in FINAL_RUN_STATUSES:
+        return -1
+    if isinstance(record, SessionParked):
+        return None
+    return 0

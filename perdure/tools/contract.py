@@ -1,0 +1,328 @@
+"""The tool contract: what a tool declares, and what the runtime hands it.
+
+A tool is an async function wrapped by ``@tool``. It declares whether it may be
+replayed after a crash (``ReplayPolicy``), whether a human must approve each call,
+a timeout, and optionally a ``reconcile`` function that tells recovery whether an
+interrupted call really took effect. The runtime passes a ``ToolContext`` carrying
+an idempotency key that is stable across restarts and re-runs of the same call.
+
+This module is a leaf: it imports nothing of perdure's runtime.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import inspect
+import json
+import typing
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+import attrs
+import cattrs
+from attrs import field, frozen
+
+from perdure.tools.schema import JsonSchema, object_schema, validate
+
+
+class ReplayPolicy(enum.Enum):
+    """May the runtime run a call again when it cannot know whether it took effect?"""
+
+    SAFE = "safe"  # read-only or naturally idempotent: re-run on restart
+    KEYED = "keyed"  # idempotent through ctx.idempotency_key: re-run with the same key
+    NEVER = "never"  # never re-run automatically; reconcile, or report the outcome unknown
+
+    @property
+    def replayable(self) -> bool:
+        return self is not ReplayPolicy.NEVER
+
+
+@frozen(kw_only=True)
+class ToolContext:
+    """What a running tool knows about its call."""
+
+    idempotency_key: str  # same for every attempt of this call, across restarts
+    call_id: str
+    session_id: str
+    attempt: int  # 1 for the first execution, higher for re-runs after recovery
+    workspace: Path | None
+    _emit: Callable[[str, dict[str, Any]], None] = field(
+        default=lambda kind, data: None, alias="emit", repr=False
+    )
+
+    def progress(self, message: str, **data: Any) -> None:
+        """Publish an ephemeral progress event on the session's stream (never stored)."""
+        self._emit("tool_progress", {"call_id": self.call_id, "message": message, **data})
+
+
+@frozen
+class Reconciled:
+    """What a tool's ``reconcile`` found out about an interrupted call."""
+
+    status: Literal["applied", "not_applied", "unknown"]
+    result: Any = None
+    reason: str = ""
+
+    @classmethod
+    def applied(cls, result: Any) -> Reconciled:
+        """The effect happened; ``result`` is what the call would have returned."""
+        return cls("applied", result)
+
+    @classmethod
+    def not_applied(cls) -> Reconciled:
+        """The effect did not happen; recovery runs the call once, with the same key."""
+        return cls("not_applied")
+
+    @classmethod
+    def unknown(cls, reason: str = "") -> Reconciled:
+        """Cannot tell; the model is told the outcome is unknown."""
+        return cls("unknown", reason=reason)
+
+
+@frozen
+class ToolResult:
+    """A tool may return this instead of a plain value to flag an error or end the run."""
+
+    content: Any
+    is_error: bool = False
+    terminate: bool = False  # the run finishes with this result; nothing more is dispatched
+
+
+ToolFn = Callable[..., Awaitable[Any]]
+ReconcileFn = Callable[..., Awaitable[Reconciled]]
+F = TypeVar("F", bound=ToolFn)
+
+_args_converter = cattrs.Converter()
+
+
+@frozen(kw_only=True, eq=False)
+class Tool:
+    """A registered tool: the function and everything the runtime must know about it."""
+
+    name: str
+    description: str
+    input_schema: JsonSchema
+    replay: ReplayPolicy
+    requires_approval: bool
+    timeout: float | None
+    fn: ToolFn
+    reconcile: ReconcileFn | None = None
+    compensate: Callable[..., Awaitable[Any]] | None = None
+    compensate_automatically: bool = False
+    cancellable: bool = False  # may a revision or cancel stop it mid-run (trio cancellation)?
+    version: str = "1"
+    takes_context: bool = True
+    param_types: dict[str, Any] = field(factory=dict)
+    definition_hash: str = ""
+
+    def validate(self, args: Any) -> list[str]:
+        """Problems with arguments from the model (empty when they are valid)."""
+        if not isinstance(args, dict):
+            return [f"the arguments must be a JSON object, got {type(args).__name__}"]
+        return validate(self.input_schema, args)
+
+    def effective_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments the call will actually run with: the model's, plus JSON defaults."""
+        out = dict(args)
+        for name, param in inspect.signature(self.fn).parameters.items():
+            if name in out or name not in self.param_types:
+                continue
+            if param.default is not inspect.Parameter.empty and _is_json(param.default):
+                out[name] = param.default
+        return out
+
+    def structure_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            name: _args_converter.structure(value, self.param_types[name])
+            if name in self.param_types
+            else value
+            for name, value in args.items()
+        }
+
+    async def invoke(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
+        kwargs = self.structure_args(args)
+        if self.takes_context:
+            return await self.fn(ctx, **kwargs)
+        return await self.fn(**kwargs)
+
+    async def run_reconcile(self, ctx: ToolContext, args: dict[str, Any]) -> Reconciled:
+        assert self.reconcile is not None
+        result = await self.reconcile(ctx, **self.structure_args(args))
+        if not isinstance(result, Reconciled):
+            raise TypeError(f"reconcile of {self.name} returned {result!r}, not a Reconciled")
+        return result
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (handy in unit tests)."""
+        return await self.fn(*args, **kwargs)
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _first_line_and_rest(doc: str | None) -> str:
+    return inspect.cleandoc(doc or "").strip()
+
+
+def _build(
+    fn: ToolFn,
+    *,
+    name: str | None,
+    description: str | None,
+    replay: ReplayPolicy,
+    requires_approval: bool,
+    timeout: float | None,
+    reconcile: ReconcileFn | None,
+    compensate: Callable[..., Awaitable[Any]] | None,
+    compensate_automatically: bool,
+    cancellable: bool | None,
+    version: str,
+) -> Tool:
+    if not inspect.iscoroutinefunction(fn):
+        raise TypeError(f"@tool needs an async function; {fn.__qualname__} is not")
+    if not isinstance(replay, ReplayPolicy):
+        raise TypeError(f"replay must be a ReplayPolicy, not {replay!r}")
+    hints = typing.get_type_hints(fn, include_extras=True)
+    params = list(inspect.signature(fn).parameters.values())
+    takes_context = bool(params) and hints.get(params[0].name) is ToolContext
+    if takes_context:
+        params = params[1:]
+    fields: dict[str, tuple[Any, bool]] = {}
+    param_types: dict[str, Any] = {}
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"tool {fn.__qualname__}: *args/**kwargs cannot be described")
+        if p.name not in hints:
+            raise TypeError(f"tool {fn.__qualname__}: parameter {p.name!r} needs a type hint")
+        fields[p.name] = (hints[p.name], p.default is inspect.Parameter.empty)
+        param_types[p.name] = _strip_annotated(hints[p.name])
+    tool_name = name or fn.__name__
+    schema = object_schema(fields)
+    desc = description if description is not None else _first_line_and_rest(fn.__doc__)
+    definition = {
+        "name": tool_name,
+        "description": desc,
+        "schema": schema,
+        "replay": replay.value,
+        "approval": requires_approval,
+        "version": version,
+    }
+    digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
+    return Tool(
+        name=tool_name,
+        description=desc or tool_name,
+        input_schema=schema,
+        replay=replay,
+        requires_approval=requires_approval,
+        timeout=timeout,
+        fn=fn,
+        reconcile=reconcile,
+        compensate=compensate,
+        compensate_automatically=compensate_automatically,
+        cancellable=replay is ReplayPolicy.SAFE if cancellable is None else cancellable,
+        version=version,
+        takes_context=takes_context,
+        param_types=param_types,
+        definition_hash=digest,
+    )
+
+
+def _strip_annotated(hint: Any) -> Any:
+    if typing.get_origin(hint) is typing.Annotated:
+        return typing.get_args(hint)[0]
+    return hint
+
+
+@overload
+def tool(fn: ToolFn, /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    replay: ReplayPolicy = ReplayPolicy.NEVER,
+    requires_approval: bool = False,
+    timeout: float | None = None,
+    reconcile: ReconcileFn | None = None,
+    compensate: Callable[..., Awaitable[Any]] | None = None,
+    compensate_automatically: bool = False,
+    cancellable: bool | None = None,
+    version: str = "1",
+) -> Callable[[ToolFn], Tool]: ...
+
+
+def tool(
+    fn: ToolFn | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    replay: ReplayPolicy = ReplayPolicy.NEVER,
+    requires_approval: bool = False,
+    timeout: float | None = None,
+    reconcile: ReconcileFn | None = None,
+    compensate: Callable[..., Awaitable[Any]] | None = None,
+    compensate_automatically: bool = False,
+    cancellable: bool | None = None,
+    version: str = "1",
+) -> Tool | Callable[[ToolFn], Tool]:
+    """Declare an async function as a tool.
+
+    ``replay`` defaults to NEVER: a tool must opt in to being re-run after a crash.
+    The input schema is derived from the signature; the description from the
+    docstring. A first parameter annotated ``ToolContext`` receives the context.
+    ``cancellable`` (default: only SAFE tools) says whether a cancellation or a goal
+    revision may stop the tool while it runs; other tools are left to finish.
+    """
+
+    def wrap(f: ToolFn) -> Tool:
+        return _build(
+            f,
+            name=name,
+            description=description,
+            replay=replay,
+            requires_approval=requires_approval,
+            timeout=timeout,
+            reconcile=reconcile,
+            compensate=compensate,
+            compensate_automatically=compensate_automatically,
+            cancellable=cancellable,
+            version=version,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def render_result(value: Any) -> str:
+    """The text the model sees for a tool's return value."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if attrs.has(type(value)):
+        value = attrs.asdict(value)
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def registry(tools: typing.Iterable[Tool]) -> dict[str, Tool]:
+    """Index tools by name, refusing duplicates and non-tools with a clear error."""
+    out: dict[str, Tool] = {}
+    for t in tools:
+        if not isinstance(t, Tool):
+            raise TypeError(f"{t!r} is not a tool; decorate it with @perdure.tool")
+        if t.name in out:
+            raise ValueError(f"two tools are named {t.name!r}")
+        out[t.name] = t
+    return out
