@@ -469,7 +469,7 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
             "fix the arguments and call it again.",
             "invalid_args",
         )
-    if tool.requires_approval and task.phase == "created":
+    if task.phase == "created" and tool.needs_approval(task.input):
         record = ToolAwaitingApproval(
             session_id=s.session_id,
             call_id=task.call_id,

@@ -105,7 +105,7 @@ class Tool:
     description: str
     input_schema: JsonSchema
     replay: ReplayPolicy
-    requires_approval: bool
+    requires_approval: bool | Callable[[dict[str, Any]], bool]
     timeout: float | None
     fn: ToolFn
     reconcile: ReconcileFn | None = None
@@ -122,6 +122,15 @@ class Tool:
         if not isinstance(args, dict):
             return [f"the arguments must be a JSON object, got {type(args).__name__}"]
         return validate(self.input_schema, args)
+
+    def needs_approval(self, args: dict[str, Any]) -> bool:
+        """Whether this call waits for a human. A callable policy decides per call."""
+        if callable(self.requires_approval):
+            try:
+                return bool(self.requires_approval(args))
+            except Exception:
+                return True  # a broken policy must fail closed: ask the human
+        return self.requires_approval
 
     def effective_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The arguments the call will actually run with: the model's, plus JSON defaults."""
@@ -177,7 +186,7 @@ def _build(
     name: str | None,
     description: str | None,
     replay: ReplayPolicy,
-    requires_approval: bool,
+    requires_approval: bool | Callable[[dict[str, Any]], bool],
     timeout: float | None,
     reconcile: ReconcileFn | None,
     compensate: Callable[..., Awaitable[Any]] | None,
@@ -211,7 +220,7 @@ def _build(
         "description": desc,
         "schema": schema,
         "replay": replay.value,
-        "approval": requires_approval,
+        "approval": requires_approval if isinstance(requires_approval, bool) else "policy",
         "version": version,
     }
     digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
@@ -250,7 +259,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     replay: ReplayPolicy = ReplayPolicy.NEVER,
-    requires_approval: bool = False,
+    requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     timeout: float | None = None,
     reconcile: ReconcileFn | None = None,
     compensate: Callable[..., Awaitable[Any]] | None = None,
@@ -267,7 +276,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     replay: ReplayPolicy = ReplayPolicy.NEVER,
-    requires_approval: bool = False,
+    requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     timeout: float | None = None,
     reconcile: ReconcileFn | None = None,
     compensate: Callable[..., Awaitable[Any]] | None = None,
@@ -280,7 +289,8 @@ def tool(
     ``replay`` defaults to NEVER: a tool must opt in to being re-run after a crash.
     The input schema is derived from the signature; the description from the
     docstring. A first parameter annotated ``ToolContext`` receives the context.
-    ``cancellable`` (default: only SAFE tools) says whether a cancellation or a goal
+    ``requires_approval`` may be a function of the call's arguments (a per-call
+    policy). ``cancellable`` (default: only SAFE tools) says whether a cancellation or a goal
     revision may stop the tool while it runs; other tools are left to finish.
     """
 
