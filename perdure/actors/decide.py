@@ -593,8 +593,8 @@ def recover(s: SessionState, env: Env) -> Step:
             run.run_id,
             "run in progress",
             f"resume as {new_run_id}",
-            f"resume attempt {attempt} of {env.resume_budget}"
-            + ("" if attempt > 1 else " (the interrupted run had made progress)"),
+            f"resume {attempt} of at most {env.resume_budget} in a row without progress"
+            + ("; the interrupted run had made progress" if run.progressed else ""),
         )
     )
     records.append(

@@ -1,0 +1,152 @@
+"""A readable timeline of a session, straight from its records (pure; no I/O).
+
+Used by ``perdure show`` and ``perdure demo``: inputs, runs, model turns, tool
+calls with their phases and durations, every restart of the runtime, and every
+recovery decision with its reason. Each line is ``(seq, kind, text)`` where kind
+is a style hint ("input", "model", "tool", "restart", "recovery", "outcome",
+"warning", "plain") for colouring.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from perdure.storage.records import (
+    ApprovalDecided,
+    CancelRequested,
+    Committed,
+    GenerationCompleted,
+    GenerationStarted,
+    GoalRevised,
+    InputAccepted,
+    LogOpened,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+    SessionCreated,
+    SessionParked,
+    SessionPaused,
+    SessionResumed,
+    ToolAwaitingApproval,
+    ToolCancelled,
+    ToolCompleted,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+    ToolTaskCreated,
+)
+
+Line = tuple[int, str, str]
+
+
+def _short(text: str, limit: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+
+
+def _args(values: dict[str, object]) -> str:
+    return ", ".join(f"{k}={_short(repr(v), 40)}" for k, v in values.items())
+
+
+def render(records: Iterable[Committed]) -> list[Line]:
+    """Timeline lines for the given records (a session's, plus LogOpened markers)."""
+    lines: list[Line] = []
+    tools: dict[str, str] = {}
+    started: dict[str, float] = {}
+    for c in records:
+        r = c.record
+        seq = c.seq
+        stamp = _clock(r.at)
+
+        def add(kind: str, text: str, seq: int = seq, stamp: str = stamp) -> None:
+            lines.append((seq, kind, f"{stamp}  {text}"))
+
+        if isinstance(r, LogOpened):
+            add("restart", f"── runtime started (epoch {r.epoch}, pid {r.pid}) ──")
+        elif isinstance(r, SessionCreated):
+            add("plain", f"session {r.session_id} created")
+        elif isinstance(r, InputAccepted):
+            add("input", f"input {r.submission_id} accepted: {_short(r.text)!r}")
+        elif isinstance(r, RunStarted):
+            extra = (
+                f" (resumes {r.resumed_from}, attempt {r.resume_attempt})" if r.resumed_from else ""
+            )
+            add("plain", f"run {r.run_id} started{extra}")
+        elif isinstance(r, RunFinished):
+            kind = "outcome" if r.status == "completed" else "warning"
+            text = f"run {r.run_id} {r.status}"
+            if r.final_text:
+                text += f": {_short(r.final_text, 200)!r}"
+            if r.reason:
+                text += f" — {r.reason}"
+            add(kind, text)
+        elif isinstance(r, GenerationStarted):
+            add("model", f"model turn {r.generation_id} requested")
+        elif isinstance(r, RetryPending):
+            wait = max(0.0, r.not_before - r.at)
+            add("warning", f"model attempt {r.attempt} failed ({r.error}); retry in {wait:.1f}s")
+        elif isinstance(r, GenerationCompleted):
+            calls = "; ".join(f"{t.name}({_args(t.input)})" for t in r.tool_calls)
+            text = f"model replied: {_short(r.text)!r}" if r.text else "model replied"
+            if calls:
+                text += f" → calls {calls}"
+            u = r.usage
+            text += f"  [{u.input_tokens} in / {u.output_tokens} out tokens]"
+            add("model", text)
+        elif isinstance(r, ToolTaskCreated):
+            tools[r.call_id] = r.tool_name
+        elif isinstance(r, ToolAwaitingApproval):
+            add("warning", f"{tools.get(r.call_id, '?')} [{r.call_id}] awaits approval")
+        elif isinstance(r, ApprovalDecided):
+            verdict = "approved" if r.approved else "denied"
+            add("plain", f"{tools.get(r.call_id, '?')} [{r.call_id}] {verdict} by the user")
+        elif isinstance(r, ToolExecuting):
+            started[r.call_id] = r.at
+            again = f", attempt {r.attempt}" if r.attempt > 1 else ""
+            add(
+                "tool",
+                f"{r.tool_name} [{r.call_id}] executing ({r.replay}{again}, "
+                f"key {r.idempotency_key[:12]}…)",
+            )
+        elif isinstance(r, ToolCompleted):
+            name = tools.get(r.call_id, "?")
+            took = f" in {r.duration:.2f}s" if r.duration else ""
+            how = {"ok": "completed", "reconciled": "confirmed by reconcile"}.get(r.kind, r.kind)
+            kind = "warning" if r.is_error else "tool"
+            add(kind, f"{name} [{r.call_id}] {how}{took}: {_short(r.output)!r}")
+        elif isinstance(r, ToolOutcomeUnknown):
+            add(
+                "warning", f"{tools.get(r.call_id, '?')} [{r.call_id}] OUTCOME UNKNOWN — {r.reason}"
+            )
+        elif isinstance(r, ToolCancelled):
+            add("warning", f"{tools.get(r.call_id, '?')} [{r.call_id}] cancelled — {r.reason}")
+        elif isinstance(r, RecoveryDecision):
+            add(
+                "recovery",
+                f"recovery: {r.subject}: found {r.found} → {r.action} ({r.reason})",
+            )
+        elif isinstance(r, CancelRequested):
+            add("warning", f"cancel requested for run {r.run_id}")
+        elif isinstance(r, GoalRevised):
+            add("input", f"request revised (revision {r.goal_rev}): {_short(r.text)!r}")
+        elif isinstance(r, SessionPaused):
+            add("warning", "session paused")
+        elif isinstance(r, SessionResumed):
+            add("plain", "session resumed")
+        elif isinstance(r, SessionParked):
+            add("warning", f"session PARKED: {r.reason}")
+    return lines
+
+
+def with_restarts(session: list[Committed], system: list[Committed]) -> list[Committed]:
+    """Interleave restart markers (LogOpened) that fall within the session's lifetime."""
+    if not session:
+        return []
+    first, last = session[0].seq, session[-1].seq
+    markers = [c for c in system if isinstance(c.record, LogOpened) and first < c.seq < last]
+    return sorted(session + markers, key=lambda c: c.seq)

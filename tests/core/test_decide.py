@@ -1,0 +1,473 @@
+"""The pure decision core, tested as data in, data out: no trio, no threads, no disk.
+
+A tiny driver (``Session``) plays the shell's role: it feeds commands and results
+to ``decide``, keeps what would be committed, and folds it into the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import perdure
+from perdure.actors import decide
+from perdure.actors.decide import Env, Step, View
+from perdure.actors.state import SessionState
+from perdure.providers.base import ModelReply
+from perdure.storage.records import (
+    ApprovalDecided,
+    GenerationStarted,
+    InputAccepted,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+    SessionCreated,
+    ToolAwaitingApproval,
+    ToolCall,
+    ToolCompleted,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+    ToolTaskCreated,
+)
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE)
+async def lookup(query: str, limit: int = 3) -> str:
+    """Look up."""
+    return query
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.NEVER)
+async def send(text: str) -> str:
+    """Send."""
+    return text
+
+
+async def _reconcile(ctx: perdure.ToolContext, text: str) -> perdure.Reconciled:
+    return perdure.Reconciled.unknown()
+
+
+@perdure.tool(name="send_checked", replay=perdure.ReplayPolicy.NEVER, reconcile=_reconcile)
+async def send_checked(text: str) -> str:
+    """Send, with a reconcile."""
+    return text
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.NEVER, requires_approval=True)
+async def deploy(target: str) -> str:
+    """Deploy."""
+    return target
+
+
+TOOLS = {t.name: t for t in (lookup, send, send_checked, deploy)}
+
+
+class Session:
+    """Plays the trio shell: decide, settle, 'commit' (keep), fold."""
+
+    def __init__(self, tools: dict[str, Any] | None = None, **env: Any) -> None:
+        self.state = SessionState("s1")
+        self.log: list[Record] = []
+        self.tools = TOOLS if tools is None else tools
+        self.env_options = env
+        self.now = 1000.0
+        self.view = View()
+        self._commit(Step((SessionCreated(session_id="s1", at=self.now),)))
+
+    def env(self) -> Env:
+        return Env(tools=self.tools, now=self.now, **self.env_options)
+
+    def _commit(self, first: Step) -> Step:
+        step = decide.settle(self.state, self.env(), self.view, first)
+        self.log += step.records
+        for effect in step.effects:  # the shell marks what it started
+            if isinstance(effect, decide.CallModel):
+                self.view = View(
+                    models=self.view.models | {effect.generation_id}, tools=self.view.tools
+                )
+            elif isinstance(effect, decide.RunTool | decide.Reconcile):
+                self.view = View(models=self.view.models, tools=self.view.tools | {effect.call_id})
+        return step
+
+    def command(self, cmd: decide.Command) -> tuple[Step, decide.Answer]:
+        first, answer = decide.command(self.state, self.env(), cmd)
+        return self._commit(first), answer
+
+    def result(self, result: decide.Result) -> Step:
+        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
+            self.view = View(
+                models=self.view.models - {result.generation_id}, tools=self.view.tools
+            )
+        else:
+            self.view = View(models=self.view.models, tools=self.view.tools - {result.call_id})
+        return self._commit(decide.on_result(self.state, self.env(), result))
+
+    def reply(self, text: str, *calls: tuple[str, str, dict[str, Any]]) -> Step:
+        gen = self.state.current_generation()
+        assert gen is not None
+        tool_calls = tuple(ToolCall(call_id=c, name=n, input=i) for c, n, i in calls)
+        return self.result(
+            decide.ModelReplied(
+                gen.generation_id, gen.attempt, ModelReply(text=text, tool_calls=tool_calls)
+            )
+        )
+
+    def finish_tool(self, call_id: str, output: str = "ok", **kw: Any) -> Step:
+        task = self.state.tasks[call_id]
+        return self.result(
+            decide.ToolFinished(
+                call_id=call_id, attempt=task.attempt, outcome="ok", output=output, **kw
+            )
+        )
+
+    def restart(self, **env: Any) -> Step:
+        """A new process: fold the kept log from scratch, nothing in flight, recover."""
+        self.state = SessionState.fold(
+            "s1", [decide_committed(i, r) for i, r in enumerate(self.log, start=1)]
+        )
+        self.view = View()
+        self.env_options.update(env)
+        return self._commit(decide.recover(self.state, self.env()))
+
+
+def decide_committed(seq: int, record: Record) -> Any:
+    from perdure.storage.records import Committed
+
+    return Committed(seq, record)
+
+
+def kinds(step: Step) -> list[str]:
+    return [type(r).__name__ for r in step.records]
+
+
+def only(records: list[Record] | tuple[Record, ...], kind: type) -> list[Any]:
+    return [r for r in records if isinstance(r, kind)]
+
+
+# -- the agent loop --------------------------------------------------------------------
+
+
+def test_submit_starts_the_run_and_asks_the_model_in_one_commit() -> None:
+    s = Session()
+    step, answer = s.command(decide.Submit("r1", "hello"))
+    assert kinds(step) == ["InputAccepted", "RunStarted", "GenerationStarted"]
+    assert step.effects == (decide.CallModel("in1.g1", 1),)
+    assert answer == decide.Accepted("in1", 0)
+
+
+def test_same_request_id_same_body_is_a_duplicate_different_body_a_conflict() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "hello"))
+    s.state.submissions["in1"].seq = 7  # as note_committed would do
+    s.state.requests["r1"].seq = 7
+    step, answer = s.command(decide.Submit("r1", "hello"))
+    assert not step and answer == decide.Accepted("in1", 7, duplicate=True)
+    with pytest.raises(decide.Refused) as info:
+        s.command(decide.Submit("r1", "something else"))
+    assert info.value.code == "conflict"
+
+
+def test_reply_tasks_and_dispatch_are_committed_together_before_any_effect() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    step = s.reply("two", ("c1", "lookup", {"query": "a"}), ("c2", "send", {"text": "b"}))
+    assert kinds(step) == [
+        "GenerationCompleted",
+        "ToolTaskCreated",
+        "ToolTaskCreated",
+        "ToolExecuting",
+        "ToolExecuting",
+    ]
+    assert step.effects == (decide.RunTool("c1", 1), decide.RunTool("c2", 1))
+    executing = only(step.records, ToolExecuting)
+    assert executing[0].args == {"query": "a", "limit": 3}, "effective args include defaults"
+    assert executing[0].replay == "safe" and executing[1].replay == "never"
+    assert executing[0].idempotency_key == decide.idempotency_key("s1", "in1", "c1")
+    assert executing[0].tool_hash == lookup.definition_hash
+
+
+def test_last_tool_result_and_next_turn_land_in_one_commit() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.reply("two", ("c1", "lookup", {"query": "a"}), ("c2", "lookup", {"query": "b"}))
+    assert kinds(s.finish_tool("c1")) == ["ToolCompleted"]
+    step = s.finish_tool("c2")
+    assert kinds(step) == ["ToolCompleted", "GenerationStarted"]
+    assert step.effects == (decide.CallModel("in1.g2", 1),)
+
+
+def test_final_reply_finishes_the_run_and_starts_queued_input() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "first"))
+    s.command(decide.Submit("r2", "second"))
+    assert s.state.queue == ["in2"]
+    step = s.reply("answer one")
+    assert kinds(step) == [
+        "GenerationCompleted",
+        "RunFinished",
+        "RunStarted",
+        "GenerationStarted",
+    ]
+    finished = only(step.records, RunFinished)[0]
+    assert finished.status == "completed" and finished.final_text == "answer one"
+    assert only(step.records, RunStarted)[0].submission_id == "in2"
+
+
+def test_unknown_tool_and_invalid_arguments_become_error_results_not_crashes() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    step = s.reply("x", ("c1", "nope", {}), ("c2", "lookup", {"query": 5, "extra": 1}))
+    done = only(step.records, ToolCompleted)
+    assert [d.kind for d in done] == ["unknown_tool", "invalid_args"]
+    assert all(d.is_error for d in done)
+    assert "no tool named 'nope'" in done[0].output
+    assert (
+        "query: expected string" in done[1].output and "unexpected field 'extra'" in done[1].output
+    )
+    assert not only(step.records, ToolExecuting), "nothing may execute"
+    assert "GenerationStarted" in kinds(step), "the run continues"
+
+
+def test_approval_gate_then_approve_or_deny() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    step = s.reply("x", ("c1", "deploy", {"target": "prod"}), ("c2", "deploy", {"target": "qa"}))
+    assert len(only(step.records, ToolAwaitingApproval)) == 2
+    assert not step.effects
+    step, _ = s.command(decide.Approve("c1", True, "a1"))
+    assert kinds(step) == ["ApprovalDecided", "ToolExecuting"]
+    step, _ = s.command(decide.Approve("c2", False, "a2"))
+    assert kinds(step) == ["ApprovalDecided", "ToolCompleted"]
+    assert only(step.records, ToolCompleted)[0].kind == "denied"
+    with pytest.raises(decide.Refused):
+        s.command(decide.Approve("c2", True, "a3"))
+
+
+def test_retryable_model_error_persists_retry_pending_then_gives_up() -> None:
+    s = Session(max_model_attempts=3, retry_base=1.0)
+    s.command(decide.Submit("r1", "go"))
+    fail = dict(generation_id="in1.g1", error="overloaded", retryable=True, retry_after=5.0)
+    step = s.result(decide.ModelFailed(attempt=1, **fail))
+    pending = only(step.records, RetryPending)[0]
+    assert pending.not_before >= s.now + 5.0, "the server's retry-after is honoured"
+    assert step.effects == (decide.CallModel("in1.g1", 2, pending.not_before),)
+    s.result(decide.ModelFailed(attempt=2, **fail))
+    step = s.result(decide.ModelFailed(attempt=3, **fail))
+    assert only(step.records, RunFinished)[0].status == "failed"
+
+
+def test_fatal_model_error_fails_the_run_with_the_reason() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    step = s.result(
+        decide.ModelFailed(
+            generation_id="in1.g1", attempt=1, error="bad request: x", retryable=False
+        )
+    )
+    finished = only(step.records, RunFinished)[0]
+    assert finished.status == "failed" and "bad request: x" in finished.reason
+
+
+def test_terminating_tool_result_ends_the_run() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "a"}))
+    step = s.finish_tool("c1", output="final answer", terminate=True)
+    assert kinds(step) == ["ToolCompleted", "RunFinished"]
+    assert only(step.records, RunFinished)[0].final_text == "final answer"
+
+
+def test_turn_limit_fails_instead_of_looping() -> None:
+    s = Session(max_turns=2)
+    s.command(decide.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "a"}))
+    s.finish_tool("c1")
+    s.reply("y", ("c2", "lookup", {"query": "b"}))
+    step = s.finish_tool("c2")
+    assert "limit of 2 model turns" in only(step.records, RunFinished)[0].reason
+
+
+def test_duplicate_call_ids_from_a_provider_are_made_unique() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "a"}))
+    s.finish_tool("c1")
+    step = s.reply("y", ("c1", "lookup", {"query": "b"}))
+    assert [t.call_id for t in only(step.records, ToolTaskCreated)] == ["c1_"]
+
+
+# -- recovery ------------------------------------------------------------------------------
+
+
+def executing_session(tool: str, args: dict[str, Any]) -> Session:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.reply("x", ("c1", tool, args))
+    return s
+
+
+def test_recover_safe_executing_re_runs_with_the_same_key_in_a_new_run() -> None:
+    s = executing_session("lookup", {"query": "a"})
+    key = s.state.tasks["c1"].executing.idempotency_key  # type: ignore[union-attr]
+    step = s.restart()
+    assert kinds(step)[:3] == ["RecoveryDecision", "RunFinished", "RunStarted"]
+    again = only(step.records, ToolExecuting)[0]
+    assert (again.attempt, again.idempotency_key, again.run_id) == (2, key, "in1.r1")
+    assert only(step.records, RunFinished)[0].status == "interrupted"
+    assert only(step.records, RunStarted)[0].resumed_from == "in1.r0"
+    assert decide.RunTool("c1", 2) in step.effects
+
+
+def test_recover_never_executing_reports_unknown_and_continues() -> None:
+    s = executing_session("send", {"text": "hi"})
+    step = s.restart()
+    unknown = only(step.records, ToolOutcomeUnknown)[0]
+    assert "UNKNOWN" in unknown.output and "not re-run" in unknown.output
+    assert not only(step.records, ToolExecuting)
+    assert only(step.records, GenerationStarted), "the model is woken with the truth"
+
+
+def test_recover_never_with_reconcile_asks_it() -> None:
+    s = executing_session("send_checked", {"text": "hi"})
+    step = s.restart()
+    assert decide.Reconcile("c1") in step.effects
+    assert not only(step.records, ToolOutcomeUnknown)
+    step = s.result(decide.ReconcileFinished(call_id="c1", status="not_applied"))
+    assert only(step.records, ToolExecuting)[0].attempt == 2
+
+
+def test_recover_needs_both_policies_to_allow_a_re_run() -> None:
+    s = executing_session("lookup", {"query": "a"})
+    now_never = perdure.tool(name="lookup", replay=perdure.ReplayPolicy.NEVER)(lookup.fn)
+    s.tools = {**TOOLS, "lookup": now_never}
+    step = s.restart()
+    assert only(step.records, ToolOutcomeUnknown)
+    assert not only(step.records, ToolExecuting)
+
+
+def test_recovery_is_deterministic_so_a_lost_recovery_commit_is_redone_identically() -> None:
+    s = executing_session("send", {"text": "hi"})
+    base = list(s.log)
+    first = s.restart()
+    s.log = list(base)  # the recovery commit never reached the disk
+    second = s.restart()
+    assert first.records == second.records
+
+
+def test_resume_budget_counts_resumes_without_progress() -> None:
+    s = Session(resume_budget=2)
+    s.command(decide.Submit("r1", "go"))  # model request in flight, never answered
+    attempts = []
+    for _ in range(2):
+        step = s.restart()
+        attempts += [r.resume_attempt for r in only(step.records, RunStarted)]
+    assert attempts == [1, 2]
+    step = s.restart()
+    finished = only(step.records, RunFinished)
+    assert finished[-1].status == "failed" and "resume budget 2" in finished[-1].reason
+
+
+def test_progress_restarts_the_resume_count() -> None:
+    s = Session(resume_budget=1)
+    s.command(decide.Submit("r1", "go"))
+    s.restart()  # attempt 1
+    s.reply("x", ("c1", "lookup", {"query": "a"}))  # progress within in1.r1
+    step = s.restart()
+    assert only(step.records, RunStarted)[0].resume_attempt == 1
+
+
+def test_quiescent_run_waiting_for_approval_is_not_resumed() -> None:
+    s = executing_session("deploy", {"target": "prod"})
+    step = s.restart()
+    assert kinds(step) == ["RecoveryDecision"]
+    assert "awaiting approval" in only(step.records, RecoveryDecision)[0].found
+
+
+def test_finished_session_recovers_to_nothing() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.reply("done")
+    assert not s.restart()
+
+
+# -- changes of course ------------------------------------------------------------------------
+
+
+def test_cancel_stops_pending_work_and_finishes_cancelled() -> None:
+    s = executing_session("deploy", {"target": "prod"})
+    step, _ = s.command(decide.Cancel("c"))
+    assert kinds(step) == ["CancelRequested", "ToolCancelled", "RunFinished"]
+    assert only(step.records, RunFinished)[0].status == "cancelled"
+
+
+def test_cancel_waits_for_a_non_cancellable_executing_tool() -> None:
+    s = executing_session("send", {"text": "hi"})
+    step, _ = s.command(decide.Cancel("c"))
+    assert kinds(step) == ["CancelRequested"] and not step.effects
+    step = s.finish_tool("c1")
+    assert kinds(step) == ["ToolCompleted", "RunFinished"]
+
+
+def test_revision_cancels_old_tasks_before_dispatch_and_restarts_the_turn() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.command(decide.Pause("p"))
+    s.reply("x", ("c1", "send", {"text": "old plan"}))  # created, not dispatched: paused
+    step, answer = s.command(decide.Revise("v", "new plan"))
+    assert answer.ref == "1"
+    assert kinds(step) == ["GoalRevised", "ToolCancelled"]
+    step, _ = s.command(decide.Resume("u"))
+    started = only(step.records, GenerationStarted)
+    assert started and started[0].goal_rev == 1
+
+
+def test_stale_model_reply_of_an_old_revision_is_discarded() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.command(decide.Revise("v", "new"))
+    assert s.state.current_generation().generation_id == "in1.g2"  # type: ignore[union-attr]
+    stale = decide.ModelReplied("in1.g1", 1, ModelReply(text="old"))
+    assert not decide.on_result(s.state, s.env(), stale)
+
+
+def test_late_result_of_an_old_revision_is_recorded_as_stale() -> None:
+    s = executing_session("send", {"text": "hi"})
+    s.command(decide.Revise("v", "new"))
+    step = s.finish_tool("c1")
+    assert kinds(step)[0] == "ToolCompleted"
+    assert s.state.tasks["c1"].stale
+    started = only(step.records, GenerationStarted)
+    assert started and started[0].goal_rev == 1
+
+
+def test_pause_dispatches_nothing_new_and_resume_continues() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.command(decide.Pause("p"))
+    step = s.reply("x", ("c1", "lookup", {"query": "a"}))
+    assert kinds(step) == ["GenerationCompleted", "ToolTaskCreated"]
+    step, _ = s.command(decide.Resume("u"))
+    assert kinds(step) == ["SessionResumed", "ToolExecuting"]
+
+
+def test_revise_without_a_run_is_refused() -> None:
+    s = Session()
+    with pytest.raises(decide.Refused):
+        s.command(decide.Revise("v", "x"))
+
+
+def test_records_of_one_decision_fold_to_the_same_state_as_a_replay() -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "a"}), ("c2", "deploy", {"target": "p"}))
+    s.command(decide.Approve("c2", True, "a"))
+    s.finish_tool("c1")
+    live = s.state
+    replayed = SessionState.fold("s1", [decide_committed(i, r) for i, r in enumerate(s.log, 1)])
+    assert replayed.tasks.keys() == live.tasks.keys()
+    assert [t.phase for t in replayed.tasks.values()] == [t.phase for t in live.tasks.values()]
+    assert replayed.conversation == live.conversation
+    assert only(s.log, ApprovalDecided) and only(s.log, InputAccepted)

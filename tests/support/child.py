@@ -1,0 +1,97 @@
+"""A runtime in a child process, driven by a JSON plan; used by every crash test.
+
+    python -m tests.support.child PLAN_JSON
+
+The plan names the log, the workspace, the scripted replies, the tools (from
+``ledger_tools``) and, per session, the inputs to submit (with request ids, so a
+restarted child re-submits the same inputs and relies on deduplication). The child
+opens the runtime (which recovers whatever a previous child left), submits, waits
+until every session is idle, prints one JSON line per session with its outcome,
+and exits 0. Faults come from PERDURE_FAULT in the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import trio
+
+import perdure
+from perdure.providers.scripted import Reply, ScriptedProvider, _converter
+from tests.support import ledger_tools
+
+
+async def main(plan: dict[str, Any]) -> None:
+    replies = _converter.structure(plan["script"], list[Reply])
+    wanted = plan.get("tools")
+    tools = [t for t in ledger_tools.ALL_TOOLS if wanted is None or t.name in wanted]
+    # A later deploy may change a tool's declared policy; recovery must honour both.
+    for name, policy in plan.get("policy_override", {}).items():
+        tools = [
+            perdure.tool(name=t.name, replay=perdure.ReplayPolicy(policy))(t.fn)
+            if t.name == name
+            else t
+            for t in tools
+        ]
+    options = plan.get("options", {})
+    async with perdure.open_runtime(
+        plan["log"],
+        provider=ScriptedProvider(replies),
+        tools=tools,
+        workspace=plan["workspace"],
+        retry_base=options.get("retry_base", 0.05),
+        resume_budget=options.get("resume_budget", 3),
+        shutdown_grace=options.get("shutdown_grace", 10.0),
+    ) as rt:
+        print(json.dumps({"started": True, "recovered": rt.recovered_sessions}), flush=True)
+        sessions: dict[str, list[dict[str, str]]] = plan["sessions"]
+        for sid, inputs in sessions.items():
+            await rt.create_session(sid, system=plan.get("system"))
+            for item in inputs:
+                await rt.submit(sid, item["text"], request_id=item["request_id"])
+        for action in plan.get("actions", []):
+            await _act(rt, action)
+        if plan.get("wait", True):
+            for sid in sessions:
+                outcome = await rt.wait_idle(sid)
+                print(
+                    json.dumps(
+                        {
+                            "session": sid,
+                            "status": outcome.status if outcome else None,
+                            "final_text": outcome.final_text if outcome else None,
+                            "reason": outcome.reason if outcome else None,
+                        }
+                    ),
+                    flush=True,
+                )
+        print(json.dumps({"stats": [rt.stats().appends, rt.stats().transactions]}), flush=True)
+
+
+async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
+    kind = action["kind"]
+    if kind == "sleep":
+        await trio.sleep(action["seconds"])
+    elif kind == "cancel":
+        await rt.cancel(action["session"], request_id=action["request_id"])
+    elif kind == "pause":
+        await rt.pause(action["session"], request_id=action["request_id"])
+    elif kind == "resume":
+        await rt.resume(action["session"], request_id=action["request_id"])
+    elif kind == "approve":
+        await rt.approve(
+            action["session"],
+            action["call_id"],
+            approved=action.get("approved", True),
+            request_id=action["request_id"],
+        )
+    elif kind == "revise":
+        await rt.revise(action["session"], action["text"], request_id=action["request_id"])
+    else:
+        raise ValueError(f"unknown action {kind!r}")
+
+
+if __name__ == "__main__":
+    trio.run(main, json.loads(sys.argv[1]))

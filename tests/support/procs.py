@@ -1,0 +1,64 @@
+"""Run the child runtime as a real process, optionally with a fault, and collect its output."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from attrs import define
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@define
+class ChildResult:
+    returncode: int
+    lines: list[dict[str, Any]]
+    stderr: str
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+    def outcome(self, session: str) -> dict[str, Any]:
+        for line in self.lines:
+            if line.get("session") == session:
+                return line
+        raise AssertionError(f"no outcome for {session}; stderr:\n{self.stderr}")
+
+    @property
+    def appends(self) -> int:
+        for line in self.lines:
+            if "stats" in line:
+                return int(line["stats"][0])
+        raise AssertionError(f"no stats line; stderr:\n{self.stderr}")
+
+
+def run_child(plan: dict[str, Any], fault: str | None = None, timeout: float = 60) -> ChildResult:
+    env = dict(os.environ)
+    env.pop("PERDURE_FAULT", None)
+    if fault:
+        env["PERDURE_FAULT"] = fault
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.child", json.dumps(plan)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = []
+    for raw in proc.stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            lines.append(json.loads(raw))
+    result = ChildResult(proc.returncode, lines, proc.stderr)
+    if fault is None and proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr}")
+    return result

@@ -1,0 +1,59 @@
+"""The README's main command and the examples run, as a user would run them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PERDURE_FAULT", None)
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def test_perdure_demo_runs_and_appends_exactly_once() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "perdure.cli", "demo"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "CHANGELOG.md holds the entry 1 time(s)" in proc.stdout
+    assert "OUTCOME UNKNOWN" in proc.stdout
+    assert "recovery:" in proc.stdout
+
+
+def test_changelog_example_recovers_after_a_crash(tmp_path: Path) -> None:
+    script = ROOT / "examples" / "changelog.py"
+    crashed = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(PERDURE_FAULT="tool.after:append_note"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert crashed.returncode == -9, crashed.stderr
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "recovered unfinished work in: ['changelog']" in done.stdout
+    assert "completed:" in done.stdout
+    text = (tmp_path / "changelog-demo" / "workspace" / "CHANGELOG.md").read_text()
+    assert text.count("- Fixed retries.") == 1
