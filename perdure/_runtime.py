@@ -119,6 +119,17 @@ class Runtime:
     async def resume(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
         return await self._command(session_id, decide.Resume(request_id or _rid()))  # type: ignore[no-any-return]
 
+    async def compensate(
+        self, session_id: str, call_id: str, *, request_id: str | None = None
+    ) -> decide.Done:
+        """Undo a completed call with its tool's compensation (a durable task of its own).
+
+        ``ref`` of the answer is the compensation's call id; its result arrives like
+        any tool result (events, transcript note).
+        """
+        cmd = decide.Compensate(call_id, request_id or _rid())
+        return await self._command(session_id, cmd)  # type: ignore[no-any-return]
+
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
         return await self._sup.ask(session_id, WaitIdle)  # type: ignore[no-any-return]

@@ -39,6 +39,8 @@ from perdure.providers.base import ModelReply
 from perdure.storage.records import (
     ApprovalDecided,
     CancelRequested,
+    CompensationFinished,
+    CompensationRequested,
     GenerationCompleted,
     GenerationStarted,
     GoalRevised,
@@ -122,7 +124,13 @@ class Resume:
     request_id: str
 
 
-Command = Submit | Cancel | Approve | Revise | Pause | Resume
+@frozen
+class Compensate:
+    call_id: str
+    request_id: str
+
+
+Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate
 
 
 @frozen
@@ -288,6 +296,14 @@ def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float
     return delay
 
 
+def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
+    """The tool that runs ``task``: its registered tool, or that tool's compensation."""
+    tool = tools.get(task.tool_name)
+    if task.compensates is not None:
+        return tool.compensation if tool is not None else None
+    return tool
+
+
 def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
     sub = s.submissions[submission_id]
     gen_id = f"{submission_id}.g{len(sub.generations) + 1}"
@@ -335,6 +351,9 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     """The next transition of the session when nothing new has arrived."""
     if s.parked:
         return NOTHING
+    compensating = _advance_compensations(s, env, view)
+    if compensating:
+        return compensating
     run = s.run
     if run is None:
         if s.queue and not view.draining:
@@ -377,6 +396,19 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     if s.paused or view.draining:
         return NOTHING
     return _continue_turn(s, env, run.run_id, run.submission_id)
+
+
+def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
+    """Compensations live beside runs: dispatch them, and close them when terminal."""
+    for task in s.open_compensations():
+        if task.terminal:
+            done = CompensationFinished(
+                session_id=s.session_id, compensation_id=task.call_id, at=env.now
+            )
+            return Step((done,))
+        if task.phase in ("created", "approved", "denied") and not (s.paused or view.draining):
+            return _dispatch(s, env, task)
+    return NOTHING
 
 
 def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> Step:
@@ -438,8 +470,7 @@ def _start_run(s: SessionState, env: Env) -> Step:
 
 def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
     """created/approved/denied -> executing, awaiting approval, or an immediate result."""
-    assert s.run is not None
-    tool = env.tools.get(task.tool_name)
+    tool = tool_for(env.tools, task)
 
     def done(output: str, kind: str) -> Step:
         record = ToolCompleted(
@@ -482,17 +513,16 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
 
 def _execute(s: SessionState, env: Env, task: Task, tool: Tool, attempt: int) -> Step:
     """The executing record, committed BEFORE the tool may touch the world."""
-    assert s.run is not None
     if task.executing is not None:
         args = task.executing.args  # a re-run repeats exactly what was executed
         key = task.executing.idempotency_key
     else:
         args = tool.effective_args(task.input)
-        key = idempotency_key(s.session_id, s.run.submission_id, task.call_id)
+        key = idempotency_key(s.session_id, task.lineage, task.call_id)
     record = ToolExecuting(
         session_id=s.session_id,
         call_id=task.call_id,
-        run_id=s.run.run_id,
+        run_id=s.run.run_id if s.run is not None else "",
         tool_name=tool.name,
         args=args,
         replay=tool.replay.value,
@@ -555,11 +585,19 @@ def recover(s: SessionState, env: Env) -> Step:
             at=env.now,
         )
 
+    compensating = NOTHING
+    for task in s.open_compensations():
+        if task.phase == "executing":
+            compensating += _recover_executing(s, env, task, "", decision)
+        elif task.phase in ("created", "approved"):
+            compensating += Step(
+                (decision(task.call_id, "compensation " + task.phase, "run it", "not started"),)
+            )
     if run is None:
         if not s.queue:
-            return NOTHING
+            return compensating
         sub_id = s.queue[0]
-        return Step(
+        return compensating + Step(
             (decision(sub_id, "input accepted, no run", "start its run", "nothing ran yet"),)
         )
 
@@ -569,7 +607,7 @@ def recover(s: SessionState, env: Env) -> Step:
         t.phase in ("created", "approved", "denied", "executing") for t in open_tasks
     )
     if run.cancel_requested:
-        return _recover_cancelled(s, env, decision)
+        return compensating + _recover_cancelled(s, env, decision)
     if not in_flight:
         waiting = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
         if waiting:
@@ -578,11 +616,11 @@ def recover(s: SessionState, env: Env) -> Step:
             found, action = "session paused", "stay paused"
         else:
             found, action = "all tool results saved, next turn not started", "start the next turn"
-        return Step((decision(run.run_id, found, action, "nothing was in flight"),))
+        return compensating + Step((decision(run.run_id, found, action, "nothing was in flight"),))
 
     attempt = 1 if run.progressed else run.resume_attempt + 1
     if attempt > env.resume_budget:
-        return _recover_exhausted(s, env, decision)
+        return compensating + _recover_exhausted(s, env, decision)
 
     records: list[Record] = []
     effects: list[Effect] = []
@@ -637,14 +675,25 @@ def recover(s: SessionState, env: Env) -> Step:
             )
         elif task.phase == "awaiting_approval":
             records.append(decision(task.call_id, task.phase, "keep waiting", "no decision yet"))
-    return Step(tuple(records), tuple(effects))
+    return compensating + Step(tuple(records), tuple(effects))
 
 
 def _recover_executing(s: SessionState, env: Env, task: Task, run_id: str, decision: Any) -> Step:
     """The heart of recovery: a call that may or may not have taken effect."""
     assert task.executing is not None
     recorded = ReplayPolicy(task.executing.replay)
-    tool = env.tools.get(task.tool_name)
+    tool = tool_for(env.tools, task)
+    if task.goal_rev < s.goal_rev and recorded.replayable:
+        why = f"the request was revised (revision {s.goal_rev}) since it was dispatched"
+        cancelled = ToolCancelled(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=f"perdure: this call was interrupted and not re-run: {why}.",
+            reason="interrupted; superseded by a revision",
+            while_executing=True,
+            at=env.now,
+        )
+        return Step((decision(task.call_id, "executing", "do not re-run", why), cancelled))
     if tool is None:
         why = "its tool is no longer registered"
         return Step(
@@ -851,14 +900,13 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
 
 def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
     task = s.tasks.get(msg.call_id)
-    if task is None or task.phase != "executing" or s.run is None:
+    if task is None or task.phase != "executing":
         return NOTHING
 
     def decision(action: str, reason: str) -> RecoveryDecision:
-        assert s.run is not None
         return RecoveryDecision(
             session_id=s.session_id,
-            run_id=s.run.run_id,
+            run_id=s.run.run_id if s.run is not None else "",
             subject=task.call_id,
             found="reconcile answered " + msg.status,
             action=action,
@@ -876,7 +924,7 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
             at=env.now,
         )
         return Step((decision("record the real result", "the effect had happened"), done))
-    tool = env.tools.get(task.tool_name)
+    tool = tool_for(env.tools, task)
     if msg.status == "not_applied" and tool is not None and not s.paused:
         step = _execute(s, env, task, tool, task.attempt + 1)
         return (
@@ -932,10 +980,21 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
             return NOTHING, Done("")  # nothing to cancel; no record needed
         if s.run.cancel_requested:
             return NOTHING, Done(s.run.run_id)
+        done = [
+            s.tasks[c]
+            for g in s.submissions[s.run.submission_id].generations
+            for c in s.generations[g].call_ids
+        ]
+        compensable = s.compensable(done, lambda name: _has_compensation(env, name))
         record = CancelRequested(
-            session_id=s.session_id, run_id=s.run.run_id, request_id=cmd.request_id, at=env.now
+            session_id=s.session_id,
+            run_id=s.run.run_id,
+            request_id=cmd.request_id,
+            compensable=compensable,
+            at=env.now,
         )
-        return Step((record,)), Done(s.run.run_id)
+        step = Step((record,)) + _automatic_compensations(s, env, compensable, cmd.request_id)
+        return step, Done(s.run.run_id)
     if isinstance(cmd, Approve):
         task = s.tasks.get(cmd.call_id)
         if task is None:
@@ -959,14 +1018,22 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
                 "invalid_state", "no run is in progress to revise; submit a new message instead"
             )
         rev = s.goal_rev + 1
+        old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
+        compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
         record = GoalRevised(
             session_id=s.session_id,
             goal_rev=rev,
             text=cmd.text,
             request_id=cmd.request_id,
+            compensable=compensable,
             at=env.now,
         )
-        return Step((record,)), Done(str(rev))
+        step = Step((record,)) + _automatic_compensations(s, env, compensable, cmd.request_id)
+        return step, Done(str(rev))
+    if isinstance(cmd, Compensate):
+        return _compensate(s, env, cmd.call_id, cmd.request_id, automatic=False), Done(
+            compensation_id(cmd.call_id)
+        )
     if isinstance(cmd, Pause):
         if s.paused:
             return NOTHING, Done("")
@@ -982,9 +1049,69 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
     raise AssertionError(f"unknown command {cmd!r}")
 
 
+def compensation_id(call_id: str) -> str:
+    return f"comp-{call_id}"
+
+
+def _has_compensation(env: Env, tool_name: str) -> bool:
+    tool = env.tools.get(tool_name)
+    return tool is not None and tool.compensation is not None
+
+
+def _compensate(
+    s: SessionState, env: Env, call_id: str, request_id: str, *, automatic: bool
+) -> Step:
+    """A compensation is an ordinary tool task of its own (policy, key, approval)."""
+    task = s.tasks.get(call_id)
+    if task is None:
+        raise Refused("not_found", f"no tool call {call_id!r} in session {s.session_id}")
+    if task.compensated_by is not None:
+        raise Refused("invalid_state", f"{call_id} is already compensated by {task.compensated_by}")
+    if task.phase != "completed" or task.compensates is not None:
+        raise Refused(
+            "invalid_state", f"{call_id} is {task.phase}; only a completed call can be undone"
+        )
+    if not _has_compensation(env, task.tool_name):
+        raise Refused("invalid_state", f"the tool {task.tool_name!r} declares no compensation")
+    assert task.executing is not None and task.result is not None
+    comp_id = compensation_id(call_id)
+    requested = CompensationRequested(
+        session_id=s.session_id,
+        call_id=call_id,
+        compensation_id=comp_id,
+        request_id=request_id,
+        automatic=automatic,
+        at=env.now,
+    )
+    created = ToolTaskCreated(
+        session_id=s.session_id,
+        generation_id="",
+        call_id=comp_id,
+        tool_name=task.tool_name,
+        input={**task.executing.args, "result": task.result.output},
+        goal_rev=s.goal_rev,
+        compensates=call_id,
+        at=env.now,
+    )
+    return Step((requested, created))
+
+
+def _automatic_compensations(
+    s: SessionState, env: Env, call_ids: list[str], request_id: str
+) -> Step:
+    step = NOTHING
+    for call_id in call_ids:
+        tool = env.tools.get(s.tasks[call_id].tool_name)
+        if tool is not None and tool.compensate_automatically:
+            step += _compensate(s, env, call_id, f"{request_id}/auto/{call_id}", automatic=True)
+    return step
+
+
 def _body(cmd: Command) -> tuple[str, str]:
     if isinstance(cmd, Submit):
         return text_body_hash(cmd.text), "submit"
+    if isinstance(cmd, Compensate):
+        return text_body_hash(f"\x00compensate\x00{cmd.call_id}"), "compensate"
     if isinstance(cmd, Approve):
         return approval_body_hash(cmd.call_id, cmd.approved), "approve"
     if isinstance(cmd, Revise):

@@ -298,7 +298,8 @@ class SessionActor:
             task = state.tasks[effect.call_id]
             executing = task.executing
             assert executing is not None
-            tool = self.ctx.tools[task.tool_name]
+            tool = decide.tool_for(self.ctx.tools, task)
+            assert tool is not None, f"no tool for {task.call_id}"
             tctx = make_context(
                 self.ctx, self.session_id, task.call_id, executing.idempotency_key, task.attempt
             )

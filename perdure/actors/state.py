@@ -18,6 +18,8 @@ from perdure.storage.records import (
     ApprovalDecided,
     CancelRequested,
     Committed,
+    CompensationFinished,
+    CompensationRequested,
     GenerationCompleted,
     GenerationStarted,
     GoalRevised,
@@ -68,6 +70,9 @@ class Task:
     executing: ToolExecuting | None = None
     result: ToolResultRecord | None = None
     stale: bool = False  # became terminal after a newer goal revision was in force
+    lineage: str = ""  # the submission whose run created it ("compensation" otherwise)
+    compensates: str | None = None  # for a compensation: the call it undoes
+    compensated_by: str | None = None  # the compensation requested for this call
 
     @property
     def terminal(self) -> bool:
@@ -163,6 +168,14 @@ ConversationItem = UserTurn | AssistantTurn | Note | Revision
 
 
 @define
+class Compensation:
+    call_id: str
+    compensation_id: str
+    automatic: bool
+    finished: bool = False
+
+
+@define
 class SessionState:
     session_id: str
     created: bool = False
@@ -178,6 +191,7 @@ class SessionState:
     conversation: list[ConversationItem] = field(factory=list)
     requests: dict[str, RequestSeen] = field(factory=dict)
     decisions: list[RecoveryDecision] = field(factory=list)
+    compensations: dict[str, Compensation] = field(factory=dict)  # by compensation id
     usage: Usage = field(factory=Usage)
     paused: bool = False
     parked: str | None = None
@@ -188,8 +202,28 @@ class SessionState:
 
     @property
     def idle(self) -> bool:
-        """No run in progress and no input waiting."""
-        return self.run is None and not self.queue
+        """No run in progress, no input waiting, no compensation unfinished."""
+        return (
+            self.run is None
+            and not self.queue
+            and all(c.finished for c in self.compensations.values())
+        )
+
+    def open_compensations(self) -> list[Task]:
+        return [
+            self.tasks[c.compensation_id] for c in self.compensations.values() if not c.finished
+        ]
+
+    def compensable(self, tasks: Iterable[Task], has_compensation: Any) -> list[str]:
+        """Completed calls among ``tasks`` that could be undone and were not yet."""
+        return [
+            t.call_id
+            for t in tasks
+            if t.phase == "completed"
+            and t.compensates is None
+            and t.compensated_by is None
+            and has_compensation(t.tool_name)
+        ]
 
     def current_generation(self) -> Generation | None:
         if self.run is None:
@@ -306,7 +340,16 @@ class SessionState:
             run.usage = run.usage + usage
 
     def _tool_task_created(self, r: ToolTaskCreated) -> None:
-        self.tasks[r.call_id] = Task(r.call_id, r.generation_id, r.tool_name, r.input, r.goal_rev)
+        gen = self.generations.get(r.generation_id)
+        self.tasks[r.call_id] = Task(
+            r.call_id,
+            r.generation_id,
+            r.tool_name,
+            r.input,
+            r.goal_rev,
+            lineage=gen.submission_id if gen is not None else "compensation",
+            compensates=r.compensates,
+        )
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
         self.tasks[r.call_id].phase = "awaiting_approval"
@@ -355,6 +398,28 @@ class SessionState:
         self.paused = False
         self.requests[r.request_id] = RequestSeen("resume", command_body_hash("resume"), "")
 
+    def _compensation_requested(self, r: CompensationRequested) -> None:
+        self.compensations[r.compensation_id] = Compensation(
+            r.call_id, r.compensation_id, r.automatic
+        )
+        self.tasks[r.call_id].compensated_by = r.compensation_id
+        body = text_body_hash(f"\x00compensate\x00{r.call_id}")
+        self.requests[r.request_id] = RequestSeen("compensate", body, r.compensation_id)
+
+    def _compensation_finished(self, r: CompensationFinished) -> None:
+        comp = self.compensations[r.compensation_id]
+        comp.finished = True
+        task = self.tasks[r.compensation_id]
+        original = self.tasks[comp.call_id]
+        output = task.result.output if task.result is not None else ""
+        self.conversation.append(
+            Note(
+                f"[perdure ran the compensation of {original.tool_name} ({comp.call_id})"
+                f"{' automatically' if comp.automatic else ' at the user request'}; "
+                f"{task.phase}: {output}]"
+            )
+        )
+
     def _recovery_decision(self, r: RecoveryDecision) -> None:
         self.decisions.append(r)
 
@@ -398,5 +463,7 @@ _HANDLERS: dict[type, Any] = {
     SessionResumed: SessionState._resumed,
     RecoveryDecision: SessionState._recovery_decision,
     SessionParked: SessionState._parked,
+    CompensationRequested: SessionState._compensation_requested,
+    CompensationFinished: SessionState._compensation_finished,
     LogOpened: SessionState._ignore,
 }

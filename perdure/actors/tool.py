@@ -66,10 +66,14 @@ async def run_tool(
                         "outcome": "ok",
                         "output": render_result(value.content),
                         "is_error": value.is_error,
-                        "terminate": value.terminate,
+                        "terminate": value.terminate or tool.terminates,
                     }
                 else:
-                    report = {"outcome": "ok", "output": render_result(value)}
+                    report = {
+                        "outcome": "ok",
+                        "output": render_result(value),
+                        "terminate": tool.terminates,
+                    }
         if limit.cancelled_caught:
             report = {"outcome": "timeout", "output": f"timed out after {tool.timeout:g}s"}
     if scope.cancelled_caught:

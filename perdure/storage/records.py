@@ -9,7 +9,8 @@ follow the lifecycles of DESIGN.md:
 * generation: GenerationStarted -> (RetryPending ...) -> GenerationCompleted
 * tool task:  ToolTaskCreated -> (ToolAwaitingApproval -> ApprovalDecided)
               -> ToolExecuting -> ToolCompleted | ToolOutcomeUnknown | ToolCancelled
-* course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed
+* course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed,
+              CompensationRequested -> (a tool task) -> CompensationFinished
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
 
@@ -164,11 +165,12 @@ class GenerationCompleted:
 @frozen(kw_only=True)
 class ToolTaskCreated:
     session_id: str
-    generation_id: str
+    generation_id: str  # "" for a compensation, which no model turn asked for
     call_id: str
     tool_name: str
     input: dict[str, Any]
     goal_rev: int
+    compensates: str | None = None  # the call id this task undoes (a compensation)
     at: float
 
 
@@ -249,6 +251,7 @@ class CancelRequested:
     session_id: str
     run_id: str
     request_id: str
+    compensable: list[str] = field(factory=list)  # completed calls that can be undone
     at: float
 
 
@@ -258,6 +261,28 @@ class GoalRevised:
     goal_rev: int
     text: str
     request_id: str
+    compensable: list[str] = field(factory=list)  # completed calls of the old goal
+    at: float
+
+
+@frozen(kw_only=True)
+class CompensationRequested:
+    """Undo a completed call: committed with the compensation's own tool task."""
+
+    session_id: str
+    call_id: str  # the completed call to undo
+    compensation_id: str  # the call id of the compensation task
+    request_id: str
+    automatic: bool = False  # the tool declared its compensation safe to run unasked
+    at: float
+
+
+@frozen(kw_only=True)
+class CompensationFinished:
+    """The compensation task is terminal (its result record is in the same commit)."""
+
+    session_id: str
+    compensation_id: str
     at: float
 
 
@@ -330,6 +355,8 @@ Record = (
     | ToolCancelled
     | CancelRequested
     | GoalRevised
+    | CompensationRequested
+    | CompensationFinished
     | SessionPaused
     | SessionResumed
     | RecoveryDecision
@@ -354,6 +381,8 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     ToolCancelled,
     CancelRequested,
     GoalRevised,
+    CompensationRequested,
+    CompensationFinished,
     SessionPaused,
     SessionResumed,
     RecoveryDecision,
@@ -376,15 +405,17 @@ class Committed:
 
 
 def active_delta(record: Record) -> int | None:
-    """How a record changes its session's count of unfinished submissions.
+    """How a record changes its session's count of unfinished work (inputs, compensations).
 
     The log keeps this count in its ``active`` index in the same transaction as the
     record, so start-up reads only sessions with unfinished work. ``None`` means
     "the session is no longer active, whatever the count" (a parked session).
     """
-    if isinstance(record, InputAccepted):
+    if isinstance(record, InputAccepted | CompensationRequested):
         return 1
     if isinstance(record, RunFinished) and record.status in FINAL_RUN_STATUSES:
+        return -1
+    if isinstance(record, CompensationFinished):
         return -1
     if isinstance(record, SessionParked):
         return None

@@ -109,8 +109,9 @@ class Tool:
     timeout: float | None
     fn: ToolFn
     reconcile: ReconcileFn | None = None
-    compensate: Callable[..., Awaitable[Any]] | None = None
+    compensation: Tool | None = None  # the tool that undoes a completed call
     compensate_automatically: bool = False
+    terminates: bool = False  # every result of this tool ends the run (a "finish" tool)
     cancellable: bool = False  # may a revision or cancel stop it mid-run (trio cancellation)?
     version: str = "1"
     takes_context: bool = True
@@ -189,9 +190,10 @@ def _build(
     requires_approval: bool | Callable[[dict[str, Any]], bool],
     timeout: float | None,
     reconcile: ReconcileFn | None,
-    compensate: Callable[..., Awaitable[Any]] | None,
+    compensate: Tool | Callable[..., Awaitable[Any]] | None,
     compensate_automatically: bool,
     cancellable: bool | None,
+    terminates: bool,
     version: str,
 ) -> Tool:
     if not inspect.iscoroutinefunction(fn):
@@ -225,6 +227,8 @@ def _build(
     }
     digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
     return Tool(
+        compensation=_compensation_tool(tool_name, compensate, timeout),
+        terminates=terminates,
         name=tool_name,
         description=desc or tool_name,
         input_schema=schema,
@@ -233,12 +237,38 @@ def _build(
         timeout=timeout,
         fn=fn,
         reconcile=reconcile,
-        compensate=compensate,
         compensate_automatically=compensate_automatically,
         cancellable=replay is ReplayPolicy.SAFE if cancellable is None else cancellable,
         version=version,
         takes_context=takes_context,
         param_types=param_types,
+        definition_hash=digest,
+    )
+
+
+def _compensation_tool(
+    name: str, compensate: Tool | Callable[..., Awaitable[Any]] | None, timeout: float | None
+) -> Tool | None:
+    """The compensation as a tool of its own: its policy, key and approval apply.
+
+    A ``Tool`` is used as is (declare its replay policy and approval with ``@tool``);
+    a plain ``async def undo(ctx, result, **args)`` becomes a NEVER tool that accepts
+    the original call's arguments plus ``result``.
+    """
+    if compensate is None or isinstance(compensate, Tool):
+        return compensate
+    if not inspect.iscoroutinefunction(compensate):
+        raise TypeError(f"the compensation of {name} must be an async function or a @tool")
+    comp_name = f"{name}.compensate"
+    digest = hashlib.sha256(comp_name.encode()).hexdigest()[:16]
+    return Tool(
+        name=comp_name,
+        description=_first_line_and_rest(compensate.__doc__) or f"undo {name}",
+        input_schema={"type": "object"},
+        replay=ReplayPolicy.NEVER,
+        requires_approval=False,
+        timeout=timeout,
+        fn=compensate,
         definition_hash=digest,
     )
 
@@ -262,9 +292,10 @@ def tool(
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     timeout: float | None = None,
     reconcile: ReconcileFn | None = None,
-    compensate: Callable[..., Awaitable[Any]] | None = None,
+    compensate: Tool | Callable[..., Awaitable[Any]] | None = None,
     compensate_automatically: bool = False,
     cancellable: bool | None = None,
+    terminates: bool = False,
     version: str = "1",
 ) -> Callable[[ToolFn], Tool]: ...
 
@@ -279,9 +310,10 @@ def tool(
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     timeout: float | None = None,
     reconcile: ReconcileFn | None = None,
-    compensate: Callable[..., Awaitable[Any]] | None = None,
+    compensate: Tool | Callable[..., Awaitable[Any]] | None = None,
     compensate_automatically: bool = False,
     cancellable: bool | None = None,
+    terminates: bool = False,
     version: str = "1",
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function as a tool.
@@ -292,6 +324,9 @@ def tool(
     ``requires_approval`` may be a function of the call's arguments (a per-call
     policy). ``cancellable`` (default: only SAFE tools) says whether a cancellation or a goal
     revision may stop the tool while it runs; other tools are left to finish.
+    ``compensate`` undoes a completed call on request (``rt.compensate``), or
+    automatically after a revision or cancellation if ``compensate_automatically``.
+    ``terminates`` makes every result of the tool end the run.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -306,6 +341,7 @@ def tool(
             compensate=compensate,
             compensate_automatically=compensate_automatically,
             cancellable=cancellable,
+            terminates=terminates,
             version=version,
         )
 

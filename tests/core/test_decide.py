@@ -12,140 +12,23 @@ import pytest
 
 import perdure
 from perdure.actors import decide
-from perdure.actors.decide import Env, Step, View
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
 from perdure.storage.records import (
     ApprovalDecided,
     GenerationStarted,
     InputAccepted,
-    Record,
     RecoveryDecision,
     RetryPending,
     RunFinished,
     RunStarted,
-    SessionCreated,
     ToolAwaitingApproval,
-    ToolCall,
     ToolCompleted,
     ToolExecuting,
     ToolOutcomeUnknown,
     ToolTaskCreated,
 )
-
-
-@perdure.tool(replay=perdure.ReplayPolicy.SAFE)
-async def lookup(query: str, limit: int = 3) -> str:
-    """Look up."""
-    return query
-
-
-@perdure.tool(replay=perdure.ReplayPolicy.NEVER)
-async def send(text: str) -> str:
-    """Send."""
-    return text
-
-
-async def _reconcile(ctx: perdure.ToolContext, text: str) -> perdure.Reconciled:
-    return perdure.Reconciled.unknown()
-
-
-@perdure.tool(name="send_checked", replay=perdure.ReplayPolicy.NEVER, reconcile=_reconcile)
-async def send_checked(text: str) -> str:
-    """Send, with a reconcile."""
-    return text
-
-
-@perdure.tool(replay=perdure.ReplayPolicy.NEVER, requires_approval=True)
-async def deploy(target: str) -> str:
-    """Deploy."""
-    return target
-
-
-TOOLS = {t.name: t for t in (lookup, send, send_checked, deploy)}
-
-
-class Session:
-    """Plays the trio shell: decide, settle, 'commit' (keep), fold."""
-
-    def __init__(self, tools: dict[str, Any] | None = None, **env: Any) -> None:
-        self.state = SessionState("s1")
-        self.log: list[Record] = []
-        self.tools = TOOLS if tools is None else tools
-        self.env_options = env
-        self.now = 1000.0
-        self.view = View()
-        self._commit(Step((SessionCreated(session_id="s1", at=self.now),)))
-
-    def env(self) -> Env:
-        return Env(tools=self.tools, now=self.now, **self.env_options)
-
-    def _commit(self, first: Step) -> Step:
-        step = decide.settle(self.state, self.env(), self.view, first)
-        self.log += step.records
-        for effect in step.effects:  # the shell marks what it started
-            if isinstance(effect, decide.CallModel):
-                self.view = View(
-                    models=self.view.models | {effect.generation_id}, tools=self.view.tools
-                )
-            elif isinstance(effect, decide.RunTool | decide.Reconcile):
-                self.view = View(models=self.view.models, tools=self.view.tools | {effect.call_id})
-        return step
-
-    def command(self, cmd: decide.Command) -> tuple[Step, decide.Answer]:
-        first, answer = decide.command(self.state, self.env(), cmd)
-        return self._commit(first), answer
-
-    def result(self, result: decide.Result) -> Step:
-        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
-            self.view = View(
-                models=self.view.models - {result.generation_id}, tools=self.view.tools
-            )
-        else:
-            self.view = View(models=self.view.models, tools=self.view.tools - {result.call_id})
-        return self._commit(decide.on_result(self.state, self.env(), result))
-
-    def reply(self, text: str, *calls: tuple[str, str, dict[str, Any]]) -> Step:
-        gen = self.state.current_generation()
-        assert gen is not None
-        tool_calls = tuple(ToolCall(call_id=c, name=n, input=i) for c, n, i in calls)
-        return self.result(
-            decide.ModelReplied(
-                gen.generation_id, gen.attempt, ModelReply(text=text, tool_calls=tool_calls)
-            )
-        )
-
-    def finish_tool(self, call_id: str, output: str = "ok", **kw: Any) -> Step:
-        task = self.state.tasks[call_id]
-        return self.result(
-            decide.ToolFinished(
-                call_id=call_id, attempt=task.attempt, outcome="ok", output=output, **kw
-            )
-        )
-
-    def restart(self, **env: Any) -> Step:
-        """A new process: fold the kept log from scratch, nothing in flight, recover."""
-        self.state = SessionState.fold(
-            "s1", [decide_committed(i, r) for i, r in enumerate(self.log, start=1)]
-        )
-        self.view = View()
-        self.env_options.update(env)
-        return self._commit(decide.recover(self.state, self.env()))
-
-
-def decide_committed(seq: int, record: Record) -> Any:
-    from perdure.storage.records import Committed
-
-    return Committed(seq, record)
-
-
-def kinds(step: Step) -> list[str]:
-    return [type(r).__name__ for r in step.records]
-
-
-def only(records: list[Record] | tuple[Record, ...], kind: type) -> list[Any]:
-    return [r for r in records if isinstance(r, kind)]
-
+from tests.core.sim import TOOLS, Session, decide_committed, kinds, lookup, only
 
 # -- the agent loop --------------------------------------------------------------------
 
