@@ -68,7 +68,7 @@ def test_compensation_refusals() -> None:
 
 def test_same_compensate_request_id_is_deduplicated() -> None:
     s = ticket_opened()
-    first, answer = s.command(decide.Compensate("c1", "u1"))
+    first, _ = s.command(decide.Compensate("c1", "u1"))
     again, answer2 = s.command(decide.Compensate("c1", "u1"))
     assert first
     assert not again
