@@ -57,3 +57,41 @@ def test_changelog_example_recovers_after_a_crash(tmp_path: Path) -> None:
     assert "completed:" in done.stdout
     text = (tmp_path / "changelog-demo" / "workspace" / "CHANGELOG.md").read_text()
     assert text.count("- Fixed retries.") == 1
+
+
+def test_review_task_example_every_window_leaves_exactly_one_ticket() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "review_task.py")],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["ok"] is True
+    windows = summary["results"]
+    assert len(windows) == 4
+    assert all(w["tickets"] == 1 for w in windows)
+    keyed_after = windows[1]
+    assert keyed_after["result_kind"] == "ToolCompleted"
+    never = windows[3]
+    assert never["posts"] == 1, "the non-deduplicating service was retried"
+    assert "UNKNOWN" in never["ticket_result"]
+
+
+def test_revise_midway_example() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "revise_midway.py")],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "open_team_ticket [toolu_001_2] cancelled" in proc.stdout
+    assert "request revised (revision 1)" in proc.stdout

@@ -872,9 +872,15 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
     never = task.executing.replay == ReplayPolicy.NEVER.value
     if msg.outcome == "cancelled":
         effect = " Its effect may have partly happened." if never else ""
+        if task.goal_rev < s.goal_rev:
+            why = "the request was revised"
+        elif s.run is not None and s.run.cancel_requested:
+            why = "the run was cancelled"
+        else:
+            why = "the runtime stopped it"
         record: Record = ToolCancelled(
-            output=f"perdure: this call was cancelled while it was running.{effect}",
-            reason="cancelled while executing",
+            output=f"perdure: this call was stopped while it was running: {why}.{effect}",
+            reason=f"stopped while executing: {why}",
             while_executing=True,
             **common,
         )

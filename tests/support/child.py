@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import aclosing
 from typing import Any
 
 import trio
@@ -89,8 +90,22 @@ async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
         )
     elif kind == "revise":
         await rt.revise(action["session"], action["text"], request_id=action["request_id"])
+    elif kind == "submit":
+        await rt.submit(action["session"], action["text"], request_id=action["request_id"])
+    elif kind == "compensate":
+        await rt.compensate(action["session"], action["call_id"], request_id=action["request_id"])
+    elif kind == "wait_for":
+        await _wait_for(rt, action["session"], action["record"])
     else:
         raise ValueError(f"unknown action {kind!r}")
+
+
+async def _wait_for(rt: perdure.Runtime, session: str, record: str) -> None:
+    """Block until a record of that type is committed in the session (replay or live)."""
+    async with aclosing(rt.events(session)) as events:
+        async for event in events:
+            if event.kind == record:
+                return
 
 
 if __name__ == "__main__":

@@ -96,7 +96,46 @@ async def deploy(ctx: ToolContext, target: str) -> str:
     return f"deployed {target}"
 
 
-ALL_TOOLS = [send_note, lookup, book, slow_lookup, send_note_reconciled, deploy]
+@perdure.tool(replay=ReplayPolicy.KEYED)
+async def slow_book(ctx: ToolContext, item: str, seconds: float = 0.8) -> str:
+    """Book an item slowly (KEYED, not cancellable: it is left to finish)."""
+    await trio.sleep(seconds)
+    await _effect(ctx, "slow_book", item=item)
+    return f"booked {item}"
+
+
+@perdure.tool(replay=ReplayPolicy.SAFE, terminates=True)
+async def finish(ctx: ToolContext, answer: str) -> str:
+    """Finish the run with this answer."""
+    await _effect(ctx, "finish", answer=answer)
+    return answer
+
+
+@perdure.tool(replay=ReplayPolicy.KEYED, requires_approval=True)
+async def close_ticket(ctx: ToolContext, result: str, title: str) -> str:
+    """Close the ticket that open_ticket created (needs approval)."""
+    await _effect(ctx, "close_ticket", ticket=result)
+    return f"closed {result}"
+
+
+@perdure.tool(replay=ReplayPolicy.KEYED, compensate=close_ticket)
+async def open_ticket(ctx: ToolContext, title: str) -> str:
+    """Open a ticket; its compensation closes it."""
+    await _effect(ctx, "open_ticket", title=title)
+    return f"ticket for {title}"
+
+
+ALL_TOOLS = [
+    send_note,
+    lookup,
+    book,
+    slow_lookup,
+    send_note_reconciled,
+    deploy,
+    slow_book,
+    finish,
+    open_ticket,
+]
 
 
 def read_ledger(workspace: Path) -> list[dict[str, Any]]:
