@@ -931,6 +931,10 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
         )
         return Step((decision("record the real result", "the effect had happened"), done))
     tool = tool_for(env.tools, task)
+    if msg.status == "not_applied" and task.goal_rev < s.goal_rev:
+        why = "the effect had not happened, and the request was revised since"
+        cancelled = _task_result_cancelled(s, env, task, "the request was revised before it ran")
+        return Step((decision("do not run it", why), cancelled))
     if msg.status == "not_applied" and tool is not None and not s.paused:
         step = _execute(s, env, task, tool, task.attempt + 1)
         return (
@@ -999,8 +1003,8 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
             compensable=compensable,
             at=env.now,
         )
-        step = Step((record,)) + _automatic_compensations(s, env, compensable, cmd.request_id)
-        return step, Done(s.run.run_id)
+        auto = _automatic_compensations(s, env, compensable, cmd.request_id, s.goal_rev)
+        return Step((record,)) + auto, Done(s.run.run_id)
     if isinstance(cmd, Approve):
         task = s.tasks.get(cmd.call_id)
         if task is None:
@@ -1034,8 +1038,8 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
             compensable=compensable,
             at=env.now,
         )
-        step = Step((record,)) + _automatic_compensations(s, env, compensable, cmd.request_id)
-        return step, Done(str(rev))
+        auto = _automatic_compensations(s, env, compensable, cmd.request_id, rev)
+        return Step((record,)) + auto, Done(str(rev))
     if isinstance(cmd, Compensate):
         return _compensate(s, env, cmd.call_id, cmd.request_id, automatic=False), Done(
             compensation_id(cmd.call_id)
@@ -1065,7 +1069,13 @@ def _has_compensation(env: Env, tool_name: str) -> bool:
 
 
 def _compensate(
-    s: SessionState, env: Env, call_id: str, request_id: str, *, automatic: bool
+    s: SessionState,
+    env: Env,
+    call_id: str,
+    request_id: str,
+    *,
+    automatic: bool,
+    goal_rev: int | None = None,
 ) -> Step:
     """A compensation is an ordinary tool task of its own (policy, key, approval)."""
     task = s.tasks.get(call_id)
@@ -1095,7 +1105,7 @@ def _compensate(
         call_id=comp_id,
         tool_name=task.tool_name,
         input={**task.executing.args, "result": task.result.output},
-        goal_rev=s.goal_rev,
+        goal_rev=s.goal_rev if goal_rev is None else goal_rev,
         compensates=call_id,
         at=env.now,
     )
@@ -1103,13 +1113,15 @@ def _compensate(
 
 
 def _automatic_compensations(
-    s: SessionState, env: Env, call_ids: list[str], request_id: str
+    s: SessionState, env: Env, call_ids: list[str], request_id: str, goal_rev: int
 ) -> Step:
+    """Compensations the tools declared safe to run unasked, under ``goal_rev``."""
     step = NOTHING
     for call_id in call_ids:
         tool = env.tools.get(s.tasks[call_id].tool_name)
         if tool is not None and tool.compensate_automatically:
-            step += _compensate(s, env, call_id, f"{request_id}/auto/{call_id}", automatic=True)
+            auto_id = f"{request_id}/auto/{call_id}"
+            step += _compensate(s, env, call_id, auto_id, automatic=True, goal_rev=goal_rev)
     return step
 
 

@@ -55,8 +55,18 @@ def read_log(log_dir: Path) -> list[Committed]:
 
 def check(log_dir: Path, workspace: Path | None = None, *, settled: bool = True) -> Report:
     """Check every invariant. ``settled``: the runtime finished all its work."""
+    ledger = read_ledger(workspace) if workspace is not None else None
+    return check_history(read_log(log_dir), ledger, settled=settled)
+
+
+def check_history(
+    committed: list[Committed],
+    ledger: list[dict[str, Any]] | None = None,
+    *,
+    settled: bool = True,
+) -> Report:
+    """The invariants over records in log order (and, if given, the effect ledger)."""
     report = Report()
-    committed = read_log(log_dir)
     for i, c in enumerate(committed, start=1):
         if c.seq != i:
             report.add(f"sequence gap: expected {i}, found {c.seq}")
@@ -69,8 +79,8 @@ def check(log_dir: Path, workspace: Path | None = None, *, settled: bool = True)
     never_calls: set[str] = set()
     for session_id, records in by_session.items():
         _check_session(report, session_id, records, settled, never_calls)
-    if workspace is not None:
-        _check_ledger(report, committed, read_ledger(workspace), never_calls)
+    if ledger is not None:
+        _check_ledger(report, committed, ledger, never_calls)
     return report
 
 
@@ -109,14 +119,16 @@ def _check_session(
                 report.add(f"{sid}: generation {r.generation_id} started under old revision")
         elif isinstance(r, ToolTaskCreated):
             created[r.call_id] = r
-            task_rev[r.call_id] = r.goal_rev
+            # A compensation undoes an old goal's action on request: it advances no goal.
+            if not r.compensates:
+                task_rev[r.call_id] = r.goal_rev
         elif isinstance(r, ToolExecuting):
             report.replay_policies.add(r.replay)
             if r.replay == "never":
                 never_calls.add(r.call_id)
             if r.call_id in completed_at:
                 report.add(f"{sid}: {r.call_id} executed again after it had completed")
-            if task_rev.get(r.call_id, 0) < goal_rev:
+            if task_rev.get(r.call_id, goal_rev) < goal_rev:
                 report.add(f"{sid}: {r.call_id} of an old revision was dispatched after a revision")
         elif isinstance(r, ToolCompleted | ToolOutcomeUnknown | ToolCancelled):
             results[r.call_id].append(r)
