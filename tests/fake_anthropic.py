@@ -16,6 +16,9 @@ A test scripts the answers in order (``server.script(...)``):
   ``error_after=n`` sends an SSE ``error`` event after n events.
 * ``HttpError`` — a status with an Anthropic-shaped error body and headers (429
   with ``retry-after``, 529, 500, 400, ...).
+* ``Disconnect`` — close the connection without a response.
+
+``Reply.delay`` / ``HttpError.delay`` hold the response back (client timeouts).
 
 Every request body the server received is kept (``server.requests``), so tests
 can assert what the SDK actually sent: system blocks, tool results, ``is_error``,
@@ -37,6 +40,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 __all__ = [
+    "Disconnect",
     "FakeAnthropic",
     "FakeUsage",
     "HttpError",
@@ -57,6 +61,7 @@ class ToolUse:
     id: str
     name: str
     input: dict[str, Any] = field(factory=dict)
+    raw_json: str | None = None  # stream this text as the input instead (e.g. truncated JSON)
 
 
 @frozen(kw_only=True)
@@ -83,6 +88,7 @@ class Reply:
     stop_reason: str | None = None
     usage: FakeUsage = field(factory=FakeUsage)
     chunk: int = 8  # characters per text_delta / input_json_delta
+    delay: float = 0.0  # seconds before the response headers
     event_delay: float = 0.0  # seconds between SSE events
     ping: bool = True  # a ping event after message_start, as the real API sends
     cut_after: int | None = None  # close the connection after this many events
@@ -107,9 +113,15 @@ class HttpError:
     message: str = "Internal server error"
     headers: dict[str, str] = field(factory=dict)
     error_code: str | None = None  # error.details.error_code, e.g. a spend limit
+    delay: float = 0.0  # seconds before the response
 
 
-Action = Reply | HttpError
+@frozen(kw_only=True)
+class Disconnect:
+    """Close the connection without sending any response."""
+
+
+Action = Reply | HttpError | Disconnect
 
 
 @frozen
@@ -294,7 +306,7 @@ def stream_events(reply: Reply, msg_id: str, model: str) -> list[tuple[str, dict
             deltas = [{"type": "text_delta", "text": p} for p in _pieces(block.text, reply.chunk)]
         else:
             start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
-            raw = json.dumps(block.input)
+            raw = block.raw_json if block.raw_json is not None else json.dumps(block.input)
             deltas = [{"type": "input_json_delta", "partial_json": ""}] + [
                 {"type": "input_json_delta", "partial_json": p} for p in _pieces(raw, reply.chunk)
             ]
@@ -358,8 +370,16 @@ class _Handler(BaseHTTPRequestHandler):
         request_id = f"req_fake_{n:04d}"
         if self.path.split("?")[0] != "/v1/messages":
             action = HttpError(status=404, type="not_found_error", message=f"no route {self.path}")
+        if isinstance(action, Disconnect):
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action.delay:
+            time.sleep(action.delay)
         if isinstance(action, HttpError):
-            self._send_json(action.status, error_body(action, request_id), action.headers)
+            headers = {"request-id": request_id, **action.headers}
+            self._send_json(action.status, error_body(action, request_id), headers)
             return
         model = str(body.get("model", "claude-fake"))
         msg_id = f"msg_fake_{n:04d}"

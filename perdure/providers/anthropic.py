@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import inspect
 import json
 import math
 import os
@@ -288,6 +289,11 @@ class _SSEParser:
             if event is not None:
                 yield event
 
+    def end(self) -> Iterator[tuple[str, str]]:
+        """The body ended: a held-back ``\r`` was a line end after all."""
+        if self._buffer == b"\r":
+            yield from self.feed(b"\n")
+
     def _line(self, line: str) -> tuple[str, str] | None:
         if not line:
             if not self._data:
@@ -468,6 +474,18 @@ def _tool_input(block: _Block) -> dict[str, Any] | None:
 # -- the provider ---------------------------------------------------------------------------
 
 
+def _split_options(client: anthropic.AsyncAnthropic, options: dict[str, Any]) -> dict[str, Any]:
+    """Options ``messages.create`` takes as arguments stay arguments; the others (e.g.
+    ``temperature``, which this SDK version has no argument for) go in ``extra_body``,
+    so the API still receives them as request fields."""
+    accepted = set(inspect.signature(client.messages.create).parameters)
+    direct = {k: v for k, v in options.items() if k in accepted}
+    extra = {k: v for k, v in options.items() if k not in accepted}
+    if extra:
+        direct["extra_body"] = {**extra, **dict(direct.get("extra_body") or {})}
+    return direct
+
+
 class AnthropicProvider:
     """A ``Provider`` backed by the Anthropic Messages API (streaming).
 
@@ -475,8 +493,9 @@ class AnthropicProvider:
     ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` from the environment. A client
     you pass in should have ``max_retries=0`` too, or a retryable failure is retried
     twice inside the SDK, invisibly and without a durable record, before the
-    runtime sees it. ``request_options`` (``temperature``, ``tool_choice``,
-    ``metadata``, ``timeout``, ...) are passed to ``messages.create`` unchanged.
+    runtime sees it. ``request_options`` (``tool_choice``, ``metadata``,
+    ``timeout``, ``temperature``, ...) are sent with every request: as arguments of
+    ``messages.create`` where it has them, as extra body fields otherwise.
     """
 
     name = "anthropic"
@@ -501,9 +520,9 @@ class AnthropicProvider:
         self.model = model
         self.max_tokens = max_tokens
         self.cache = cache
-        self.request_options = dict(request_options)
         self._owns_client = client is None
         self.client = client if client is not None else anthropic.AsyncAnthropic(max_retries=0)
+        self.request_options = _split_options(self.client, request_options)
 
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={str(self.client.base_url)!r})"
@@ -558,6 +577,8 @@ class AnthropicProvider:
                 async for chunk in body:
                     for name, data in parser.feed(chunk):
                         builder.on_event(name, data)
+                for name, data in parser.end():
+                    builder.on_event(name, data)
             return builder.reply()
         except Exception as exc:
             raise classify_error(exc, builder.usage) from exc
