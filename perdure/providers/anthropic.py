@@ -491,11 +491,11 @@ class AnthropicProvider:
 
     ``client`` defaults to ``anthropic.AsyncAnthropic(max_retries=0)``, which reads
     ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` from the environment. A client
-    you pass in should have ``max_retries=0`` too, or a retryable failure is retried
-    twice inside the SDK, invisibly and without a durable record, before the
-    runtime sees it. ``request_options`` (``tool_choice``, ``metadata``,
-    ``timeout``, ``temperature``, ...) are sent with every request: as arguments of
-    ``messages.create`` where it has them, as extra body fields otherwise.
+    you pass in is used with ``max_retries=0`` as well (through ``with_options``):
+    retrying is the runtime's job, with a durable back-off. ``request_options``
+    (``tool_choice``, ``metadata``, ``timeout``, ``temperature``, ...) are sent with
+    every request: as arguments of ``messages.create`` where it has them, as extra
+    body fields otherwise.
     """
 
     name = "anthropic"
@@ -521,7 +521,14 @@ class AnthropicProvider:
         self.max_tokens = max_tokens
         self.cache = cache
         self._owns_client = client is None
-        self.client = client if client is not None else anthropic.AsyncAnthropic(max_retries=0)
+        if client is None:
+            client = anthropic.AsyncAnthropic(max_retries=0)
+        elif client.max_retries != 0:
+            # Retries inside the SDK would be invisible to the log: no RetryPending, no
+            # durable back-off, no usage of the failed attempts. The copy shares the
+            # caller's connection pool.
+            client = client.with_options(max_retries=0)
+        self.client = client
         self.request_options = _split_options(self.client, request_options)
 
     def __repr__(self) -> str:

@@ -17,9 +17,11 @@ def fake() -> Iterator[FakeAnthropic]:
         yield server
 
 
-def sdk_client(url: str, **kwargs: object) -> anthropic.AsyncAnthropic:
+def sdk_client(url: str, *, timeout: float = 30.0) -> anthropic.AsyncAnthropic:
     """The real SDK client, pointed at ``url``, with its own retries off."""
-    return anthropic.AsyncAnthropic(api_key="sk-ant-test", base_url=url, max_retries=0, **kwargs)  # type: ignore[arg-type]
+    return anthropic.AsyncAnthropic(
+        api_key="sk-ant-test", base_url=url, max_retries=0, timeout=timeout
+    )
 
 
 @pytest.fixture

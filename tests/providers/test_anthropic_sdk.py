@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 import trio
 
@@ -300,6 +301,19 @@ async def test_cache_off_and_request_options(fake: FakeAnthropic) -> None:
     assert body["model"] == "claude-x"
     assert body["max_tokens"] == 99
     assert "cache_control" not in repr(body)
+
+
+async def test_sdk_retries_are_switched_off_on_a_given_client(fake: FakeAnthropic) -> None:
+    fake.script(
+        HttpError(status=529, type="overloaded_error", message="Overloaded"),
+        Reply(content=[Text("would be a hidden retry")]),
+    )
+    async with anthropic.AsyncAnthropic(api_key="k", base_url=fake.url, max_retries=5) as client:
+        provider = AnthropicProvider(model="claude-test", client=client)
+        assert provider.client.max_retries == 0
+        err, _ = await failure(provider)
+    assert err.retryable
+    assert len(fake.requests) == 1  # the runtime decides about retrying, not the SDK
 
 
 def test_reserved_request_options_are_refused() -> None:
