@@ -1,0 +1,605 @@
+"""The Anthropic provider: perdure's neutral model request over the Messages API.
+
+``AnthropicProvider.complete`` maps a ``ModelRequest`` (system prompt, messages of
+text / tool_use / tool_result blocks, tool definitions) onto one streamed
+``POST /v1/messages`` through the official ``anthropic`` SDK, publishes the
+stream's text and tool-input deltas as ephemeral events while it arrives, and
+returns only the complete reply. A stream that breaks before ``message_stop`` is
+an error, never a short reply: the runtime commits complete replies only.
+
+The SDK's own retries are switched off (``max_retries=0``): retrying is the
+runtime's job, because its back-off is durable (``RetryPending`` is committed
+before the sleep) and survives a crash. What is worth retrying is decided in one
+place, ``classify_error``; its table is in that function's docstring.
+
+Prompt caching is on by default: a ``cache_control`` breakpoint on the system
+prompt and on the last tool definition, the two parts of the prompt that stay the
+same from turn to turn.
+
+The SDK is imported only by this module, so ``import perdure`` does not pay for
+it; ``perdure.providers`` exports ``AnthropicProvider`` lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import inspect
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx2
+from attrs import define, field
+
+from perdure.providers.base import (
+    Emit,
+    Message,
+    ModelReply,
+    ModelRequest,
+    ProviderError,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from perdure.storage.records import ToolCall, Usage
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MODEL",
+    "AnthropicProvider",
+    "MissingCredentials",
+    "StreamBroken",
+    "classify_error",
+    "provider_from_env",
+]
+
+DEFAULT_MODEL = "claude-sonnet-4-6"
+DEFAULT_MAX_TOKENS = 8192
+
+_EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+
+# Request fields the provider owns; passing them as request options is a mistake.
+_RESERVED = frozenset({"model", "max_tokens", "messages", "system", "tools", "stream"})
+
+# Error types of the API (``error.type``) and the status each one comes with. An SSE
+# ``error`` event carries only the type, so this is how a mid-stream error is classified.
+_TYPE_STATUS: dict[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+# 429s that waiting does not cure: a spend limit holds until someone raises it.
+_SPEND_LIMITS = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached"})
+
+
+class MissingCredentials(RuntimeError):
+    """No API key for the Anthropic provider was found in the environment."""
+
+
+class StreamBroken(Exception):
+    """The response stream ended, or failed, before a complete reply arrived."""
+
+    def __init__(self, message: str, *, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_type = error_type  # the API's error.type, for an SSE ``error`` event
+
+
+# -- the classification ---------------------------------------------------------------------
+
+
+def classify_error(exc: BaseException, usage: Usage | None = None) -> ProviderError:
+    """The one place that decides what an Anthropic failure means for the runtime.
+
+    ============================================  =========  =============================
+    failure                                       retryable  notes
+    ============================================  =========  =============================
+    429 rate_limit_error                          yes        ``retry-after`` honoured
+    429 with a spend-limit error code             no         waiting does not cure it
+    529 overloaded_error                          yes        ``retry-after`` honoured
+    500 and every other 5xx                       yes        ``retry-after`` honoured
+    408 request timeout, 409 conflict             yes        as the SDK's own policy
+    400, 401, 402, 403, 404, 413, 422, other 4xx  no         the server's message is kept
+    connection refused/reset, timeout             yes        ``APIConnectionError``
+    stream cut midway (socket closed, truncated)  yes        httpx2 ``TransportError``
+    stream ended without ``message_stop``         yes        ``StreamBroken``
+    SSE ``error`` event midway                    by type    overloaded/api/rate-limit:
+                                                             yes; invalid_request etc.: no
+    anything else the SDK raises                  no         e.g. a bad client setup
+    ============================================  =========  =============================
+
+    ``usage`` is what the server reported for this attempt before it failed (a
+    stream that broke after ``message_start``); it is carried on the error so the
+    runtime counts the tokens of failed attempts too.
+    """
+    usage = usage or Usage()
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, StreamBroken):
+        if exc.error_type is None:
+            return ProviderError(exc.message, retryable=True, usage=usage)
+        status = _TYPE_STATUS.get(exc.error_type)
+        fatal = status is not None and status < 500 and status not in (408, 409, 429)
+        return ProviderError(
+            f"the response stream broke: {exc.error_type}: {exc.message}",
+            retryable=not fatal,
+            status=status,
+            usage=usage,
+        )
+    if isinstance(exc, anthropic.APIStatusError):
+        return _classify_status(exc, usage)
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ProviderError(
+            "the request to the Anthropic API timed out", retryable=True, usage=usage
+        )
+    if isinstance(exc, anthropic.APIConnectionError):
+        cause = exc.__cause__
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        return ProviderError(f"cannot reach the Anthropic API{detail}", retryable=True, usage=usage)
+    if isinstance(exc, httpx2.TransportError):
+        return ProviderError(
+            f"the connection broke while the reply streamed: {type(exc).__name__}: {exc}",
+            retryable=True,
+            usage=usage,
+        )
+    if isinstance(exc, ConnectionError | TimeoutError | OSError):
+        return ProviderError(f"{type(exc).__name__}: {exc}", retryable=True, usage=usage)
+    if isinstance(exc, anthropic.AnthropicError):
+        return ProviderError(
+            f"the Anthropic SDK failed: {type(exc).__name__}: {exc}", retryable=False, usage=usage
+        )
+    return ProviderError(
+        f"the Anthropic provider raised {type(exc).__name__}: {exc}", retryable=False, usage=usage
+    )
+
+
+def _classify_status(exc: anthropic.APIStatusError, usage: Usage) -> ProviderError:
+    status = exc.status_code
+    error_type = exc.type or ""
+    if status < 400:  # an SSE error event read through the SDK's own stream iterator
+        status = _TYPE_STATUS.get(error_type, 500)
+    api_message = exc.api_message or str(exc.message)
+    if status == 429:
+        retryable = exc.error_code not in _SPEND_LIMITS
+    else:
+        retryable = status >= 500 or status in (408, 409)
+    label = f"{status} {error_type}".strip()
+    if exc.error_code:
+        label += f"/{exc.error_code}"
+    text = f"Anthropic API error {label}: {api_message}"
+    if exc.request_id:
+        text += f" (request-id {exc.request_id})"
+    return ProviderError(
+        text,
+        retryable=retryable,
+        retry_after=retry_after(exc.response.headers) if retryable else None,
+        status=status,
+        usage=usage,
+    )
+
+
+def retry_after(headers: httpx2.Headers | dict[str, str], now: float | None = None) -> float | None:
+    """Seconds the server asks us to wait: ``retry-after-ms``, or ``retry-after``
+    (seconds or an HTTP date). ``None`` when absent or unreadable."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        with contextlib.suppress(ValueError):
+            value = float(raw_ms) / 1000.0
+            if math.isfinite(value) and value >= 0:
+                return value
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        value = when.timestamp() - (time.time() if now is None else now)
+        return max(0.0, value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+# -- the request ----------------------------------------------------------------------------
+
+
+def _message_param(message: Message, *, final: bool) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    blocks: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            if block.text.strip():  # the API rejects empty text blocks
+                blocks.append({"type": "text", "text": block.text})
+        elif isinstance(block, ToolUseBlock):
+            blocks.append(
+                {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+            )
+        elif isinstance(block, ToolResultBlock):
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": block.tool_use_id,
+                "content": block.content,
+            }
+            if block.is_error:
+                result["is_error"] = True
+            results.append(result)
+    if final and message.role == "assistant" and blocks and blocks[-1]["type"] == "text":
+        # A conversation that ends with the assistant (continuing a pause_turn) must not
+        # end in whitespace.
+        stripped = blocks[-1]["text"].rstrip()
+        if stripped:
+            blocks[-1] = {"type": "text", "text": stripped}
+        else:
+            blocks.pop()
+    # Tool results must come first in a user message.
+    content = results + blocks
+    if not content:
+        content = [{"type": "text", "text": "(empty)"}]
+    return {"role": message.role, "content": content}
+
+
+# -- the stream -----------------------------------------------------------------------------
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class _SSEParser:
+    """Server-Sent Events from a byte stream, as (event name, data) pairs.
+
+    Written here rather than borrowed from the SDK: the SDK's stream iterators stop
+    reading at an ``error`` event and leave their nested async generators (and the
+    HTTP stack's) unfinished, which trio reports as leaked resources. This parser is
+    plain synchronous code fed from httpx2's body iterator, which ``complete`` reads
+    to its end and closes deterministically.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[str, str]]:
+        self._buffer += chunk
+        while True:
+            match = _LINE_END.search(self._buffer)
+            if match is None:
+                return
+            if match.group() == b"\r" and match.end() == len(self._buffer):
+                return  # may be the first half of \r\n: wait for more
+            line = self._buffer[: match.start()].decode("utf-8", errors="replace")
+            self._buffer = self._buffer[match.end() :]
+            event = self._line(line)
+            if event is not None:
+                yield event
+
+    def end(self) -> Iterator[tuple[str, str]]:
+        """The body ended: a held-back ``\r`` was a line end after all."""
+        if self._buffer == b"\r":
+            yield from self.feed(b"\n")
+
+    def _line(self, line: str) -> tuple[str, str] | None:
+        if not line:
+            if not self._data:
+                self._event = ""
+                return None
+            event = (self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return event
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+
+@define
+class _Block:
+    kind: str  # "text", "tool_use", or another block type this provider does not keep
+    text: str = ""
+    id: str = ""
+    name: str = ""
+    start_input: Any = None
+    partial_json: list[str] = field(factory=list)
+
+
+def _usage(raw: Any, base: Usage) -> Usage:
+    """Overlay the counts present in ``raw`` (cumulative, per the API) on ``base``."""
+    if not isinstance(raw, dict):
+        return base
+
+    def pick(name: str, current: int) -> int:
+        value = raw.get(name)
+        return value if isinstance(value, int) else current
+
+    return Usage(
+        input_tokens=pick("input_tokens", base.input_tokens),
+        output_tokens=pick("output_tokens", base.output_tokens),
+        cache_creation_input_tokens=pick(
+            "cache_creation_input_tokens", base.cache_creation_input_tokens
+        ),
+        cache_read_input_tokens=pick("cache_read_input_tokens", base.cache_read_input_tokens),
+    )
+
+
+class _ReplyBuilder:
+    """Folds the Messages API's stream events into one reply, emitting deltas as it goes."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self.blocks: dict[int, _Block] = {}
+        self.usage = Usage()
+        self.stop_reason: str | None = None
+        self.started = False
+        self.stopped = False
+        self.failure: StreamBroken | None = None
+
+    def on_event(self, name: str, raw: str) -> None:
+        """Fold one SSE event. A failure is remembered, not raised: the caller reads
+        the body to its end (the server closes it right after an ``error`` event), so
+        the HTTP stack's generators finish normally instead of being abandoned."""
+        if self.failure is not None or name == "ping":
+            return
+        try:
+            self._fold(name, raw)
+        except StreamBroken as exc:
+            self.failure = exc
+        except (KeyError, TypeError, ValueError) as exc:
+            self.failure = StreamBroken(f"the stream sent a malformed {name!r} event: {exc!r}")
+
+    def _fold(self, name: str, raw: str) -> None:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise StreamBroken(f"the stream sent an unreadable {name!r} event") from None
+        if not isinstance(data, dict):
+            raise StreamBroken(f"the stream sent an unreadable {name!r} event")
+        kind = data.get("type", name)
+        if name == "error" or kind == "error":
+            error = data.get("error")
+            if not isinstance(error, dict):
+                error = {}
+            raise StreamBroken(
+                str(error.get("message") or "the server reported an error"),
+                error_type=str(error.get("type") or "api_error"),
+            )
+        handler = getattr(self, "_" + str(kind), None)
+        if handler is not None:  # unknown event types are ignored, as the API asks
+            handler(data)
+
+    def _message_start(self, data: dict[str, Any]) -> None:
+        self.started = True
+        message = data.get("message")
+        if isinstance(message, dict):
+            self.usage = _usage(message.get("usage"), self.usage)
+
+    def _content_block_start(self, data: dict[str, Any]) -> None:
+        index = int(data["index"])
+        raw = data.get("content_block") or {}
+        kind = str(raw.get("type", ""))
+        block = _Block(kind)
+        if kind == "tool_use":
+            block.id, block.name = str(raw.get("id", "")), str(raw.get("name", ""))
+            block.start_input = raw.get("input")
+            self._emit("tool_use_start", {"index": index, "id": block.id, "name": block.name})
+        self.blocks[index] = block
+        if kind == "text" and raw.get("text"):
+            self._add_text(block, str(raw["text"]))
+
+    def _content_block_delta(self, data: dict[str, Any]) -> None:
+        index = int(data["index"])
+        block = self.blocks.get(index)
+        delta = data.get("delta") or {}
+        if block is None:
+            raise StreamBroken(f"the stream sent a delta for unknown content block {index}")
+        if delta.get("type") == "text_delta" and block.kind == "text":
+            self._add_text(block, str(delta.get("text", "")))
+        elif delta.get("type") == "input_json_delta" and block.kind == "tool_use":
+            piece = str(delta.get("partial_json", ""))
+            block.partial_json.append(piece)
+            if piece:
+                self._emit("tool_input_delta", {"index": index, "partial_json": piece})
+
+    def _add_text(self, block: _Block, text: str) -> None:
+        block.text += text
+        if text:
+            self._emit("text_delta", {"text": text})
+
+    def _message_delta(self, data: dict[str, Any]) -> None:
+        delta = data.get("delta") or {}
+        if delta.get("stop_reason"):
+            self.stop_reason = str(delta["stop_reason"])
+        self.usage = _usage(data.get("usage"), self.usage)
+
+    def _message_stop(self, data: dict[str, Any]) -> None:
+        self.stopped = True
+
+    def reply(self) -> ModelReply:
+        if self.failure is not None:
+            raise self.failure
+        if not self.stopped:
+            where = "after message_start" if self.started else "before message_start"
+            raise StreamBroken(f"the response stream ended {where} but before message_stop")
+        stop_reason = self.stop_reason or "end_turn"
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for index in sorted(self.blocks):
+            block = self.blocks[index]
+            if block.kind == "text":
+                texts.append(block.text)
+            elif block.kind == "tool_use":
+                tool_input = _tool_input(block)
+                if tool_input is None:
+                    if stop_reason == "max_tokens":
+                        continue  # cut off by the token limit: the call is incomplete
+                    raise StreamBroken(f"the input of tool call {block.id} is not a JSON object")
+                calls.append(ToolCall(call_id=block.id, name=block.name, input=tool_input))
+        return ModelReply(
+            text="".join(texts), tool_calls=tuple(calls), stop_reason=stop_reason, usage=self.usage
+        )
+
+
+def _tool_input(block: _Block) -> dict[str, Any] | None:
+    raw = "".join(block.partial_json)
+    if not raw.strip():
+        value = block.start_input if block.start_input is not None else {}
+    else:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+# -- the provider ---------------------------------------------------------------------------
+
+
+def _split_options(client: anthropic.AsyncAnthropic, options: dict[str, Any]) -> dict[str, Any]:
+    """Options ``messages.create`` takes as arguments stay arguments; the others (e.g.
+    ``temperature``, which this SDK version has no argument for) go in ``extra_body``,
+    so the API still receives them as request fields."""
+    accepted = set(inspect.signature(client.messages.create).parameters)
+    direct = {k: v for k, v in options.items() if k in accepted}
+    extra = {k: v for k, v in options.items() if k not in accepted}
+    if extra:
+        direct["extra_body"] = {**extra, **dict(direct.get("extra_body") or {})}
+    return direct
+
+
+class AnthropicProvider:
+    """A ``Provider`` backed by the Anthropic Messages API (streaming).
+
+    ``client`` defaults to ``anthropic.AsyncAnthropic(max_retries=0)``, which reads
+    ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` from the environment. A client
+    you pass in is used with ``max_retries=0`` as well (through ``with_options``):
+    retrying is the runtime's job, with a durable back-off. ``request_options``
+    (``tool_choice``, ``metadata``, ``timeout``, ``temperature``, ...) are sent with
+    every request: as arguments of ``messages.create`` where it has them, as extra
+    body fields otherwise.
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        *,
+        model: str = DEFAULT_MODEL,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        client: anthropic.AsyncAnthropic | None = None,
+        cache: bool = True,
+        **request_options: Any,
+    ) -> None:
+        reserved = sorted(_RESERVED & request_options.keys())
+        if reserved:
+            raise TypeError(
+                f"AnthropicProvider sets {', '.join(reserved)} itself; "
+                "pass model= and max_tokens= as arguments"
+            )
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, not {max_tokens}")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.cache = cache
+        self._owns_client = client is None
+        if client is None:
+            client = anthropic.AsyncAnthropic(max_retries=0)
+        elif client.max_retries != 0:
+            # Retries inside the SDK would be invisible to the log: no RetryPending, no
+            # durable back-off, no usage of the failed attempts. The copy shares the
+            # caller's connection pool.
+            client = client.with_options(max_retries=0)
+        self.client = client
+        self.request_options = _split_options(self.client, request_options)
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider(model={self.model!r}, base_url={str(self.client.base_url)!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> AnthropicProvider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def params(self, request: ModelRequest) -> dict[str, Any]:
+        """The ``messages.create`` arguments for ``request`` (without ``stream``)."""
+        last = len(request.messages) - 1
+        params: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": [
+                _message_param(m, final=i == last) for i, m in enumerate(request.messages)
+            ],
+        }
+        if request.system:
+            if self.cache:
+                params["system"] = [
+                    {"type": "text", "text": request.system, "cache_control": dict(_EPHEMERAL)}
+                ]
+            else:
+                params["system"] = request.system
+        if request.tools:
+            tools: list[dict[str, Any]] = [
+                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                for t in request.tools
+            ]
+            if self.cache:
+                tools[-1]["cache_control"] = dict(_EPHEMERAL)
+            params["tools"] = tools
+        params.update(self.request_options)
+        return params
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        """One streamed model call. Raises ``ProviderError`` (see ``classify_error``)."""
+        params = self.params(request)
+        builder = _ReplyBuilder(emit)
+        try:
+            stream = await self.client.messages.create(**params, stream=True)
+            async with stream, contextlib.aclosing(stream.response.aiter_bytes()) as body:
+                parser = _SSEParser()
+                async for chunk in body:
+                    for name, data in parser.feed(chunk):
+                        builder.on_event(name, data)
+                for name, data in parser.end():
+                    builder.on_event(name, data)
+            return builder.reply()
+        except Exception as exc:
+            raise classify_error(exc, builder.usage) from exc
+
+
+def provider_from_env(model: str | None = None) -> AnthropicProvider:
+    """An ``AnthropicProvider`` configured from the environment, or a clear error.
+
+    Needs ``ANTHROPIC_API_KEY`` (``ANTHROPIC_AUTH_TOKEN`` works too);
+    ``ANTHROPIC_BASE_URL`` overrides the endpoint.
+    """
+    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        raise MissingCredentials(
+            "the Anthropic provider needs an API key: set ANTHROPIC_API_KEY "
+            "(or use --provider scripted:FILE to run from a scripted model without one)"
+        )
+    return AnthropicProvider(model=model or DEFAULT_MODEL)

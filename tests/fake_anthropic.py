@@ -1,0 +1,456 @@
+"""A fake Anthropic Messages API: a real HTTP server on 127.0.0.1, scripted per test.
+
+It exists so that the Anthropic provider is tested through the real ``anthropic``
+SDK, its real HTTP stack and real sockets; only the far end of the wire is fake.
+It serves ``POST /v1/messages`` both as a Server-Sent-Events stream (``"stream":
+true``) and as one JSON message, in a background thread, so it works the same
+from trio tests, from plain synchronous tests, and for a child process that is
+handed its URL.
+
+A test scripts the answers in order (``server.script(...)``):
+
+* ``Reply`` — content blocks (``Text``, ``ToolUse``), a stop reason and usage.
+  ``event_delay`` slows the stream down, ``cut_after=n`` closes the socket after n
+  events (``cut_mode="abort"``: in the middle of the chunked body, which the client
+  sees as a protocol error; ``"eof"``: a body without framing that just ends),
+  ``error_after=n`` sends an SSE ``error`` event after n events.
+* ``HttpError`` — a status with an Anthropic-shaped error body and headers (429
+  with ``retry-after``, 529, 500, 400, ...).
+* ``Disconnect`` — close the connection without a response.
+
+``Reply.delay`` / ``HttpError.delay`` hold the response back (client timeouts).
+
+Every request body the server received is kept (``server.requests``), so tests
+can assert what the SDK actually sent: system blocks, tool results, ``is_error``,
+``cache_control``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+__all__ = [
+    "Disconnect",
+    "FakeAnthropic",
+    "FakeUsage",
+    "HttpError",
+    "Received",
+    "Reply",
+    "Text",
+    "ToolUse",
+]
+
+
+@frozen
+class Text:
+    text: str
+
+
+@frozen
+class ToolUse:
+    id: str
+    name: str
+    input: dict[str, Any] = field(factory=dict)
+    raw_json: str | None = None  # stream this text as the input instead (e.g. truncated JSON)
+
+
+@frozen(kw_only=True)
+class FakeUsage:
+    input_tokens: int = 10
+    output_tokens: int = 5
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+        }
+
+
+@frozen(kw_only=True)
+class Reply:
+    """A successful answer. ``stop_reason`` defaults to tool_use/end_turn by content."""
+
+    content: Sequence[Text | ToolUse] = ()
+    stop_reason: str | None = None
+    usage: FakeUsage = field(factory=FakeUsage)
+    chunk: int = 8  # characters per text_delta / input_json_delta
+    delay: float = 0.0  # seconds before the response headers
+    event_delay: float = 0.0  # seconds between SSE events
+    ping: bool = True  # a ping event after message_start, as the real API sends
+    cut_after: int | None = None  # close the connection after this many events
+    cut_mode: Literal["abort", "eof"] = "abort"
+    error_after: int | None = None  # send an SSE error event after this many events
+    error_type: str = "overloaded_error"
+    error_message: str = "Overloaded"
+
+    @property
+    def final_stop_reason(self) -> str:
+        if self.stop_reason is not None:
+            return self.stop_reason
+        return "tool_use" if any(isinstance(b, ToolUse) for b in self.content) else "end_turn"
+
+
+@frozen(kw_only=True)
+class HttpError:
+    """An error response, shaped like the API's: ``{"type": "error", "error": {...}}``."""
+
+    status: int
+    type: str = "api_error"
+    message: str = "Internal server error"
+    headers: dict[str, str] = field(factory=dict)
+    error_code: str | None = None  # error.details.error_code, e.g. a spend limit
+    delay: float = 0.0  # seconds before the response
+
+
+@frozen(kw_only=True)
+class Disconnect:
+    """Close the connection without sending any response."""
+
+
+Action = Reply | HttpError | Disconnect
+
+
+@frozen
+class Received:
+    """One request as the server saw it."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    at: float  # wall-clock time.time() when the request arrived
+
+
+_NO_SCRIPT = HttpError(
+    status=400,
+    type="invalid_request_error",
+    message="fake_anthropic: no scripted response left for this request",
+)
+
+
+class FakeAnthropic:
+    """The server. Use as a context manager; ``url`` is the SDK's ``base_url``."""
+
+    def __init__(self, *, default: Action | None = None) -> None:
+        self._lock = threading.Lock()
+        self._script: deque[Action] = deque()
+        self._requests: list[Received] = []
+        self._default = default
+        self._ids = 0
+        self._open: set[socket.socket] = set()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> FakeAnthropic:
+        fake = self
+
+        class Handler(_Handler):
+            server_fake = fake
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                with fake._lock:
+                    fake._open.add(request)
+                super().process_request(request, client_address)
+
+            def shutdown_request(self, request: Any) -> None:
+                with fake._lock:
+                    fake._open.discard(request)
+                super().shutdown_request(request)
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that went away mid-stream is part of the tests
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-anthropic",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        with self._lock:
+            sockets = list(self._open)
+        for sock in sockets:  # unblock handler threads waiting on idle keep-alive sockets
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._server.server_close()
+        assert self._thread is not None
+        self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> FakeAnthropic:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "the server is not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # -- scripting --------------------------------------------------------------------
+
+    def script(self, *actions: Action) -> None:
+        """Append answers; each request takes the next one."""
+        with self._lock:
+            self._script.extend(actions)
+
+    def set_default(self, action: Action | None) -> None:
+        """The answer once the script is used up (``None``: a 400 saying so)."""
+        with self._lock:
+            self._default = action
+
+    def clear(self) -> None:
+        with self._lock:
+            self._script.clear()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._script)
+
+    @property
+    def requests(self) -> list[Received]:
+        with self._lock:
+            return list(self._requests)
+
+    def _next(self, received: Received) -> tuple[Action, int]:
+        with self._lock:
+            self._requests.append(received)
+            self._ids += 1
+            if self._script:
+                return self._script.popleft(), self._ids
+            return (self._default or _NO_SCRIPT), self._ids
+
+
+# -- the wire format ---------------------------------------------------------------------
+
+
+def message_json(reply: Reply, msg_id: str, model: str) -> dict[str, Any]:
+    """The non-streaming ``Message`` object for ``reply``."""
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [_block_json(b) for b in reply.content],
+        "stop_reason": reply.final_stop_reason,
+        "stop_sequence": None,
+        "usage": reply.usage.as_json(),
+    }
+
+
+def _block_json(block: Text | ToolUse) -> dict[str, Any]:
+    if isinstance(block, Text):
+        return {"type": "text", "text": block.text}
+    return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), max(1, size))]
+
+
+def stream_events(reply: Reply, msg_id: str, model: str) -> list[tuple[str, dict[str, Any]]]:
+    """The SSE events (name, data) of a streamed ``reply``, as the Messages API sends them."""
+    usage = reply.usage
+    start_usage = usage.as_json() | {"output_tokens": 1}
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": msg_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+        )
+    ]
+    if reply.ping:
+        events.append(("ping", {"type": "ping"}))
+    for index, block in enumerate(reply.content):
+        if isinstance(block, Text):
+            start: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": p} for p in _pieces(block.text, reply.chunk)]
+        else:
+            start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+            raw = block.raw_json if block.raw_json is not None else json.dumps(block.input)
+            deltas = [{"type": "input_json_delta", "partial_json": ""}] + [
+                {"type": "input_json_delta", "partial_json": p} for p in _pieces(raw, reply.chunk)
+            ]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": start},
+            )
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reply.final_stop_reason, "stop_sequence": None},
+                "usage": usage.as_json(),  # cumulative, as the API reports it
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _sse(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def error_body(error: HttpError, request_id: str) -> dict[str, Any]:
+    inner: dict[str, Any] = {"type": error.type, "message": error.message}
+    if error.error_code is not None:
+        inner["details"] = {"error_code": error.error_code}
+    return {"type": "error", "error": inner, "request_id": request_id}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, like the real API
+    server_fake: FakeAnthropic
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {"_unparsable": raw.decode(errors="replace")}
+        received = Received(
+            path=self.path,
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=body,
+            at=time.time(),
+        )
+        action, n = self.server_fake._next(received)
+        request_id = f"req_fake_{n:04d}"
+        if self.path.split("?")[0] != "/v1/messages":
+            action = HttpError(status=404, type="not_found_error", message=f"no route {self.path}")
+        if isinstance(action, Disconnect):
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action.delay:
+            time.sleep(action.delay)
+        if isinstance(action, HttpError):
+            headers = {"request-id": request_id, **action.headers}
+            self._send_json(action.status, error_body(action, request_id), headers)
+            return
+        model = str(body.get("model", "claude-fake"))
+        msg_id = f"msg_fake_{n:04d}"
+        if body.get("stream"):
+            self._stream(action, msg_id, model, request_id)
+        else:
+            self._send_json(200, message_json(action, msg_id, model), {"request-id": request_id})
+
+    def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, reply: Reply, msg_id: str, model: str, request_id: str) -> None:
+        events = stream_events(reply, msg_id, model)
+        chunked = not (reply.cut_after is not None and reply.cut_mode == "eof")
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("request-id", request_id)
+        if chunked:
+            self.send_header("transfer-encoding", "chunked")
+        else:
+            self.send_header("connection", "close")  # the body ends when the socket does
+        self.end_headers()
+
+        def write(data: bytes) -> None:
+            if chunked:
+                data = f"{len(data):x}\r\n".encode() + data + b"\r\n"
+            self.wfile.write(data)
+            self.wfile.flush()
+
+        try:
+            for i, (name, data) in enumerate(events):
+                if reply.cut_after is not None and i >= reply.cut_after:
+                    self._cut(chunked)
+                    return
+                if reply.error_after is not None and i >= reply.error_after:
+                    payload = {
+                        "type": "error",
+                        "error": {"type": reply.error_type, "message": reply.error_message},
+                    }
+                    write(_sse("error", payload))
+                    break
+                if reply.event_delay and i:
+                    time.sleep(reply.event_delay)
+                write(_sse(name, data))
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except OSError:
+            self.close_connection = True  # the client went away (cancelled): fine
+
+    def _cut(self, chunked: bool) -> None:
+        """Drop the connection in the middle of the response body."""
+        if chunked:  # announce a chunk and never finish it
+            self.wfile.write(b'400\r\nevent: content_block_delta\ndata: {"ty')
+            self.wfile.flush()
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def running(*actions: Action) -> Iterator[FakeAnthropic]:
+    """A started server with ``actions`` scripted; stopped on exit."""
+    with FakeAnthropic() as server:
+        server.script(*actions)
+        yield server

@@ -1,0 +1,151 @@
+"""SIGKILL during a retry back-off: the restarted process resumes the retry.
+
+A child process runs the runtime with the Anthropic provider against the fake
+server in this (parent) process. The server answers 529 with a ``retry-after``;
+once the ``RetryPending`` record is durable the parent kills the child with
+SIGKILL in the middle of its back-off, lets the server succeed, and starts the
+child again. The run must complete with exactly one committed reply, the
+``RetryPending`` record must still be there, and the retry must not have been
+sent before the back-off that record promised had ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from perdure.storage.lmdb_log import LmdbLog
+from perdure.storage.records import (
+    GenerationCompleted,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+)
+from tests.fake_anthropic import FakeAnthropic, HttpError, Reply, Text
+
+ROOT = Path(__file__).resolve().parents[2]
+BACK_OFF = 4.0  # the server's retry-after: longer than it takes to notice and kill
+
+
+def child_env(url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PERDURE_"))}
+    env.update(
+        ANTHROPIC_API_KEY="sk-ant-test",
+        ANTHROPIC_BASE_URL=url,
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def start_child(log: Path, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    with out.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.providers._kill_child", str(log)],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def read_log(log: Path) -> list[Record]:
+    reader = LmdbLog(log, readonly=True)
+    try:
+        return [c.record for c in reader.read_global()]
+    finally:
+        reader.close()
+
+
+def wait_for_retry_pending(
+    log: Path, child: subprocess.Popen[bytes], out: Path, timeout: float = 90.0
+) -> RetryPending:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise AssertionError(f"the child exited early ({child.returncode}):\n{out.read_text()}")
+        if (log / "data.mdb").exists():
+            pending = [r for r in read_log(log) if isinstance(r, RetryPending)]
+            if pending:
+                return pending[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no RetryPending within {timeout}s:\n{out.read_text()}")
+
+
+def of(kind: type, records: list[Record]) -> list[Any]:
+    return [r for r in records if isinstance(r, kind)]
+
+
+def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with FakeAnthropic() as fake:
+        fake.script(
+            HttpError(
+                status=529,
+                type="overloaded_error",
+                message="Overloaded",
+                headers={"retry-after": str(BACK_OFF)},
+            )
+        )
+        env = child_env(fake.url)
+        out1 = tmp_path / "child1.out"
+        first = start_child(log, env, out1)
+        try:
+            pending = wait_for_retry_pending(log, first, out1)
+            assert len(fake.requests) == 1, "the child retried before it was killed"
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+        assert first.returncode == -signal.SIGKILL
+        assert len(fake.requests) == 1
+
+        fake.script(Reply(content=[Text("Recovered after the crash.")]))
+        out2 = tmp_path / "child2.out"
+        second = start_child(log, env, out2)
+        try:
+            second.wait(timeout=120)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+        output = out2.read_text()
+        assert second.returncode == 0, output
+        requests = fake.requests
+
+    result = json.loads(output.strip().splitlines()[-1])
+    assert result["status"] == "completed", result
+    assert result["text"] == "Recovered after the crash."
+    assert result["recovered_sessions"] == ["s-kill"]
+    # the retry waited out the back-off promised by the record, across the crash
+    assert pending.not_before - pending.at >= BACK_OFF
+    assert len(requests) == 2
+    assert requests[1].at >= pending.not_before - 0.01
+    assert requests[1].body == requests[0].body  # the same request, sent again
+
+    records = read_log(log)
+    assert of(RetryPending, records) == [pending]  # preserved, not rewritten
+    (reply,) = of(GenerationCompleted, records)  # exactly one committed reply
+    assert reply.text == "Recovered after the crash."
+    assert reply.attempt == 2
+    assert reply.generation_id == pending.generation_id
+    runs = of(RunStarted, records)
+    assert [r.resumed_from for r in runs] == [None, runs[0].run_id]
+    assert [(f.run_id, f.status) for f in of(RunFinished, records)] == [
+        (runs[0].run_id, "interrupted"),
+        (runs[1].run_id, "completed"),
+    ]
+    decisions = of(RecoveryDecision, records)
+    assert any(
+        d.subject == pending.generation_id and d.found == "retry back-off" for d in decisions
+    )

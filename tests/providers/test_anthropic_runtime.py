@@ -1,0 +1,491 @@
+"""The Anthropic provider inside the runtime: open_runtime -> SDK -> fake Messages API.
+
+What the runtime commits for each kind of model reply and failure: tool round
+trips (single, parallel, failing tools), durable retries, fatal errors, cut
+streams, usage sums, ephemeral deltas, pause_turn continuation, cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import perdure
+from perdure import Event, ReplayPolicy, Runtime, open_runtime
+from perdure.providers.anthropic import AnthropicProvider
+from perdure.storage.records import (
+    GenerationCompleted,
+    Record,
+    RetryPending,
+    RunFinished,
+    ToolCompleted,
+    Usage,
+)
+from tests.fake_anthropic import (
+    Action,
+    Disconnect,
+    FakeAnthropic,
+    FakeUsage,
+    HttpError,
+    Reply,
+    Text,
+    ToolUse,
+)
+
+# -- tools the model may call ------------------------------------------------------------------
+
+
+@perdure.tool(replay=ReplayPolicy.SAFE)
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@perdure.tool(replay=ReplayPolicy.SAFE)
+async def lookup(key: str) -> str:
+    """Look a key up in a small table."""
+    await trio.sleep(0.01 if key == "alpha" else 0)  # finish out of order
+    return {"alpha": "first letter", "omega": "last letter"}[key]
+
+
+@perdure.tool(replay=ReplayPolicy.NEVER)
+async def deploy(service: str) -> str:
+    """Deploy a service (always fails here)."""
+    raise RuntimeError(f"cluster for {service} is unreachable")
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def runtime(
+    log_dir: Path, provider: AnthropicProvider, **options: Any
+) -> AsyncIterator[Runtime]:
+    options.setdefault("retry_base", 0.01)
+    options.setdefault("retry_cap", 1.0)
+    options.setdefault("tools", [add, lookup, deploy])
+    async with open_runtime(log_dir, provider=provider, seed=7, **options) as rt:
+        yield rt
+
+
+async def ask(rt: Runtime, text: str, *, system: str | None = None) -> tuple[str, RunFinished]:
+    sid = await rt.create_session(system=system)
+    await rt.submit(sid, text)
+    outcome = await rt.wait_idle(sid)
+    assert outcome is not None
+    return sid, outcome
+
+
+async def records(rt: Runtime, sid: str) -> list[Record]:
+    return [c.record for c in await rt.journal.read_session(sid)]
+
+
+def of(kind: type, items: Sequence[Record]) -> list[Any]:
+    return [r for r in items if isinstance(r, kind)]
+
+
+async def ask_collecting(
+    rt: Runtime, text: str, *, system: str | None = None
+) -> tuple[str, list[Event]]:
+    """Submit ``text`` while collecting the session's live events until the run finishes."""
+    sid = await rt.create_session(system=system)
+    events: list[Event] = []
+
+    async def collect(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with aclosing(rt.events(sid)) as stream:
+            async for event in stream:
+                events.append(event)
+                if len(events) == 1:  # the replayed SessionCreated: subscribed
+                    task_status.started()
+                if event.kind == "RunFinished":
+                    return
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(collect)
+        await rt.submit(sid, text)
+    return sid, events
+
+
+# -- replies and tools ----------------------------------------------------------------------
+
+
+async def test_text_reply_completes_the_run(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(Reply(content=[Text("Nothing to do; all is well.")]))
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Anything to do?", system="You are terse.")
+        committed = await records(rt, sid)
+    assert outcome.status == "completed"
+    assert outcome.final_text == "Nothing to do; all is well."
+    (gen,) = of(GenerationCompleted, committed)
+    assert gen.text == outcome.final_text
+    assert gen.stop_reason == "end_turn"
+    body = fake.requests[0].body
+    assert body["system"] == [
+        {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}
+    ]
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Anything to do?"}]}
+    ]
+    assert [t["name"] for t in body["tools"]] == ["add", "lookup", "deploy"]
+    assert [("cache_control" in t) for t in body["tools"]] == [False, False, True]
+    assert body["tools"][0]["input_schema"]["properties"].keys() == {"a", "b"}
+
+
+async def test_single_tool_round_trip(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        Reply(content=[Text("Adding."), ToolUse("toolu_01", "add", {"a": 2, "b": 3})]),
+        Reply(content=[Text("2 + 3 = 5.")]),
+    )
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "What is 2 + 3?")
+        committed = await records(rt, sid)
+    assert outcome.status == "completed"
+    assert outcome.final_text == "2 + 3 = 5."
+    (done,) = of(ToolCompleted, committed)
+    assert done.call_id == "toolu_01"
+    assert done.output == "5"
+    assert not done.is_error
+    second = fake.requests[1].body["messages"]
+    assert second == [
+        {"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Adding."},
+                {"type": "tool_use", "id": "toolu_01", "name": "add", "input": {"a": 2, "b": 3}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "5"}],
+        },
+    ]
+
+
+async def test_parallel_tool_use_round_trip(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        Reply(
+            content=[
+                ToolUse("toolu_a", "lookup", {"key": "alpha"}),
+                ToolUse("toolu_o", "lookup", {"key": "omega"}),
+            ]
+        ),
+        Reply(content=[Text("alpha is first, omega is last.")]),
+    )
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Look up alpha and omega.")
+        committed = await records(rt, sid)
+    assert outcome.status == "completed"
+    assert {r.call_id for r in of(ToolCompleted, committed)} == {"toolu_a", "toolu_o"}
+    assistant, results = fake.requests[1].body["messages"][1:]
+    assert [b["id"] for b in assistant["content"]] == ["toolu_a", "toolu_o"]
+    assert results == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_a", "content": "first letter"},
+            {"type": "tool_result", "tool_use_id": "toolu_o", "content": "last letter"},
+        ],
+    }
+
+
+async def test_failing_tools_are_sent_back_with_is_error(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        Reply(
+            content=[
+                ToolUse("toolu_d", "deploy", {"service": "api"}),
+                ToolUse("toolu_x", "launch_rockets", {}),
+                ToolUse("toolu_s", "add", {"a": 1, "b": 1}),
+            ]
+        ),
+        Reply(content=[Text("The deploy failed; I did not retry it.")]),
+    )
+    async with runtime(log_dir, provider) as rt:
+        _, outcome = await ask(rt, "Deploy the api.")
+    assert outcome.status == "completed"
+    results = fake.requests[1].body["messages"][-1]["content"]
+    by_id = {r["tool_use_id"]: r for r in results}
+    assert by_id["toolu_d"]["is_error"] is True
+    assert "cluster for api is unreachable" in by_id["toolu_d"]["content"]
+    assert by_id["toolu_x"]["is_error"] is True
+    assert "no tool named 'launch_rockets'" in by_id["toolu_x"]["content"]
+    assert "is_error" not in by_id["toolu_s"]
+    assert by_id["toolu_s"]["content"] == "2"
+
+
+async def test_pause_turn_is_continued_with_another_call(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        Reply(content=[Text("Searching the web. ")], stop_reason="pause_turn"),
+        Reply(content=[Text("The answer is 42.")]),
+    )
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "What is the answer?")
+        committed = await records(rt, sid)
+    assert outcome.status == "completed"
+    assert outcome.final_text == "The answer is 42."
+    assert [g.stop_reason for g in of(GenerationCompleted, committed)] == ["pause_turn", "end_turn"]
+    assert fake.requests[1].body["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Searching the web."}],
+    }
+
+
+async def test_refusal_ends_the_run_with_its_stop_reason(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(Reply(content=[Text("I can't help with that.")], stop_reason="refusal"))
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Something bad.")
+        committed = await records(rt, sid)
+    assert outcome.status == "completed"
+    assert [g.stop_reason for g in of(GenerationCompleted, committed)] == ["refusal"]
+
+
+# -- failures -------------------------------------------------------------------------------
+
+RETRYABLE: list[tuple[str, Action]] = [
+    ("429", HttpError(status=429, type="rate_limit_error", message="slow down")),
+    ("529", HttpError(status=529, type="overloaded_error", message="Overloaded")),
+    ("500", HttpError(status=500, type="api_error", message="Internal server error")),
+    ("cut", Reply(content=[Text("PARTIAL text never finished")], chunk=4, cut_after=5)),
+    ("eof", Reply(content=[Text("PARTIAL text never finished")], cut_after=5, cut_mode="eof")),
+    ("sse-error", Reply(content=[Text("PARTIAL text never finished")], error_after=5)),
+    ("disconnect", Disconnect()),
+]
+
+
+@pytest.mark.parametrize(("label", "failure"), RETRYABLE, ids=[r[0] for r in RETRYABLE])
+async def test_retryable_failure_is_retried_durably(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path, label: str, failure: Action
+) -> None:
+    fake.script(failure, Reply(content=[Text("Recovered answer.")]))
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Say something.")
+        committed = await records(rt, sid)
+        state = await rt.load_state(sid)
+    assert outcome.status == "completed"
+    assert outcome.final_text == "Recovered answer."
+    (pending,) = of(RetryPending, committed)
+    assert pending.attempt == 1
+    assert pending.error
+    (gen,) = of(GenerationCompleted, committed)
+    assert gen.attempt == 2
+    # the RetryPending record was committed before the reply (and so before the sleep)
+    assert committed.index(pending) < committed.index(gen)
+    assert state.generations[gen.generation_id].attempt == 2
+    assert len(fake.requests) == 2
+    assert "PARTIAL" not in repr(committed)  # no partial text in any record
+
+
+async def test_retry_after_is_honoured_by_the_back_off(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        HttpError(
+            status=429, type="rate_limit_error", message="slow", headers={"retry-after": "0.4"}
+        ),
+        Reply(content=[Text("ok")]),
+    )
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Go.")
+        (pending,) = of(RetryPending, await records(rt, sid))
+    assert outcome.status == "completed"
+    assert pending.not_before - pending.at >= 0.4
+    first, second = fake.requests
+    assert second.at - first.at >= 0.39
+    assert "429" in pending.error
+    assert "slow" in pending.error
+
+
+FATAL = [
+    (400, "invalid_request_error", "messages.0.content: text content blocks must be non-empty"),
+    (401, "authentication_error", "invalid x-api-key"),
+    (403, "permission_error", "Your API key does not have permission to use this resource"),
+    (404, "not_found_error", "model: claude-nonexistent"),
+    (422, "invalid_request_error", "unprocessable"),
+]
+
+
+@pytest.mark.parametrize(("status", "error_type", "message"), FATAL, ids=[str(f[0]) for f in FATAL])
+async def test_fatal_error_fails_the_run_with_the_server_message(
+    fake: FakeAnthropic,
+    provider: AnthropicProvider,
+    log_dir: Path,
+    status: int,
+    error_type: str,
+    message: str,
+) -> None:
+    fake.script(HttpError(status=status, type=error_type, message=message))
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Go.")
+        committed = await records(rt, sid)
+    assert outcome.status == "failed"
+    assert message in outcome.reason
+    assert str(status) in outcome.reason
+    assert "non-retryable" in outcome.reason
+    assert of(RetryPending, committed) == []
+    assert of(GenerationCompleted, committed) == []
+    assert len(fake.requests) == 1
+
+
+async def test_retries_stop_at_max_model_attempts(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.set_default(HttpError(status=529, type="overloaded_error", message="Overloaded"))
+    async with runtime(log_dir, provider, max_model_attempts=3) as rt:
+        sid, outcome = await ask(rt, "Go.")
+        committed = await records(rt, sid)
+    assert outcome.status == "failed"
+    assert "3 attempts" in outcome.reason
+    assert "Overloaded" in outcome.reason
+    assert [p.attempt for p in of(RetryPending, committed)] == [1, 2]
+    assert len(fake.requests) == 3
+
+
+async def test_cancelling_a_run_stops_the_stream(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(Reply(content=[Text("a very slow answer " * 5)], chunk=3, event_delay=0.05))
+    async with runtime(log_dir, provider) as rt:
+        sid = await rt.create_session()
+        await rt.submit(sid, "Take your time.")
+        await trio.sleep(0.3)
+        await rt.cancel(sid)
+        with trio.fail_after(2):
+            outcome = await rt.wait_idle(sid)
+        committed = await records(rt, sid)
+    assert outcome is not None
+    assert outcome.status == "cancelled"
+    assert of(GenerationCompleted, committed) == []
+
+
+# -- usage ----------------------------------------------------------------------------------
+
+
+async def test_usage_is_summed_per_generation_run_and_session(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        # run 1, turn 1: a stream cut after message_start (its usage counts), then a tool call
+        Reply(
+            content=[Text("lost")],
+            usage=FakeUsage(input_tokens=100, output_tokens=50, cache_read_input_tokens=50),
+            cut_after=3,
+        ),
+        Reply(
+            content=[ToolUse("toolu_1", "add", {"a": 1, "b": 2})],
+            usage=FakeUsage(input_tokens=100, output_tokens=20, cache_creation_input_tokens=7),
+        ),
+        # run 1, turn 2
+        Reply(
+            content=[Text("3")],
+            usage=FakeUsage(input_tokens=130, output_tokens=10, cache_read_input_tokens=100),
+        ),
+        # run 2: an HTTP error (no usage reported), then a reply
+        HttpError(status=529, type="overloaded_error", message="Overloaded"),
+        Reply(content=[Text("hi")], usage=FakeUsage(input_tokens=5, output_tokens=5)),
+    )
+    async with runtime(log_dir, provider) as rt:
+        sid = await rt.create_session()
+        await rt.submit(sid, "1 + 2?")
+        await rt.submit(sid, "Say hi.")
+        await rt.wait_idle(sid)
+        state = await rt.load_state(sid)
+    first, second = (state.submissions[s] for s in ("in1", "in2"))
+    g1, g2 = (state.generations[g] for g in first.generations)
+    assert g1.usage == Usage(
+        input_tokens=200,
+        output_tokens=21,
+        cache_creation_input_tokens=7,
+        cache_read_input_tokens=50,
+    )
+    assert g2.usage == Usage(input_tokens=130, output_tokens=10, cache_read_input_tokens=100)
+    (run1,) = (state.runs[r] for r in first.runs)
+    (run2,) = (state.runs[r] for r in second.runs)
+    assert run1.usage == g1.usage + g2.usage
+    assert run2.usage == Usage(input_tokens=5, output_tokens=5)
+    assert state.usage == run1.usage + run2.usage
+    assert state.usage == Usage(
+        input_tokens=335,
+        output_tokens=36,
+        cache_creation_input_tokens=7,
+        cache_read_input_tokens=150,
+    )
+
+
+# -- ephemeral events -----------------------------------------------------------------------
+
+
+async def test_deltas_are_live_ordered_and_never_stored(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        Reply(content=[Text("PARTIAL then cut")], chunk=4, cut_after=5),
+        Reply(
+            content=[Text("I will add them. "), ToolUse("toolu_1", "add", {"a": 40, "b": 2})],
+            chunk=3,
+        ),
+        Reply(content=[Text("The result is 42.")], chunk=3),
+    )
+    async with runtime(log_dir, provider) as rt:
+        sid, events = await ask_collecting(rt, "Add 40 and 2.")
+        replayed = [e async for e in rt.events(sid, live=False)]
+        stored = await records(rt, sid)
+    ephemeral = [e for e in events if e.ephemeral]
+    assert ephemeral
+    assert all(e.seq is None and e.record is None for e in ephemeral)
+    # attempts are marked, and each attempt's deltas come in order
+    calls = [e.data["attempt"] for e in ephemeral if e.kind == "model_call"]
+    assert calls == [1, 2, 1]
+
+    def streamed(generation_id: str, attempt: int) -> str:
+        return "".join(
+            e.data["text"]
+            for e in ephemeral
+            if e.kind == "text_delta"
+            and e.data["generation_id"] == generation_id
+            and e.data["attempt"] == attempt
+        )
+
+    replies = of(GenerationCompleted, stored)
+    assert streamed(replies[0].generation_id, 1) == "PARTIAL "  # cut: streamed, never committed
+    assert streamed(replies[0].generation_id, 2) == replies[0].text == "I will add them. "
+    assert streamed(replies[1].generation_id, 1) == replies[1].text == "The result is 42."
+    tool_json = "".join(e.data["partial_json"] for e in ephemeral if e.kind == "tool_input_delta")
+    assert tool_json == '{"a": 40, "b": 2}'
+    # every delta of a reply is published before the reply's committed record
+    kinds = [(e.kind, e.data.get("generation_id")) for e in events]
+    for reply in replies:
+        committed_at = next(
+            i for i, e in enumerate(events) if e.kind == "GenerationCompleted" and e.record == reply
+        )
+        last_delta = max(
+            i for i, (k, g) in enumerate(kinds) if k == "text_delta" and g == reply.generation_id
+        )
+        assert last_delta < committed_at
+    # committed events carry sequence numbers, in order
+    seqs = [e.seq for e in events if not e.ephemeral]
+    assert seqs == sorted(seqs)
+    assert None not in seqs
+    # nothing ephemeral is in the log, and no partial text is in any record
+    assert replayed
+    assert all(not e.ephemeral for e in replayed)
+    assert [e.seq for e in replayed] == seqs
+    assert {type(r).__name__ for r in stored}.isdisjoint(
+        {"text_delta", "tool_input_delta", "tool_use_start", "model_call"}
+    )
+    assert "PARTIAL" not in repr(stored)
