@@ -109,11 +109,14 @@ def file_digest(path: Path) -> str | None:
 
 
 def read_bytes(path: Path) -> bytes | None:
+    """A file's content; None if it does not exist."""
     try:
         with open(path, "rb") as f:
             return f.read()
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise WorkspaceError(f"'{path.name}' is a directory, not a file") from None
 
 
 def atomic_write(target: Path, data: bytes) -> None:

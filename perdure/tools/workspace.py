@@ -100,6 +100,8 @@ async def read_file(
         if data is None:
             raise WorkspaceError(f"there is no file '{shown}' in the workspace")
         lines = _fs.decode_text(data, shown).splitlines(keepends=True)
+        if start_line > max(len(lines), 1):
+            raise WorkspaceError(f"'{shown}' has {len(lines)} lines; start_line is {start_line}")
         end = min(len(lines), start_line - 1 + max_lines)
         text = "".join(lines[start_line - 1 : end])
         if start_line > 1 or end < len(lines):

@@ -11,6 +11,7 @@ from attrs import frozen
 
 import perdure
 from perdure.actors.state import SessionState
+from perdure.providers.base import ToolResultBlock
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import RunFinished
 
@@ -41,7 +42,7 @@ async def read_turn(rt: perdure.Runtime, outcome: RunFinished | None = None) -> 
     results: dict[str, tuple[str, bool]] = {}
     for message in await rt.transcript(SESSION):
         for block in message.content:
-            if hasattr(block, "tool_use_id"):
+            if isinstance(block, ToolResultBlock):
                 results[block.tool_use_id] = (block.content, block.is_error)
     return Turn(state, results, outcome)
 
@@ -67,7 +68,7 @@ async def one_turn(
 async def wait_phase(rt: perdure.Runtime, call: str, phase: str) -> None:
     def get(state: Any) -> str | None:
         task = state.tasks.get(call)
-        return None if task is None else task.phase  # type: ignore[no-any-return]
+        return None if task is None else task.phase
 
     with trio.fail_after(10):
         while await rt.state(SESSION, get) != phase:  # noqa: ASYNC110 (a query, not an event)

@@ -150,7 +150,7 @@ TEST_TOOLS = [ledger, note_checked, note_unsure, note_broken, note_plain, transf
 async def _phase(rt: perdure.Runtime, call_id: str) -> str | None:
     def get(state: Any) -> str | None:
         task = state.tasks.get(call_id)
-        return None if task is None else task.phase  # type: ignore[no-any-return]
+        return None if task is None else task.phase
 
     return await rt.state(SESSION, get)  # type: ignore[no-any-return]
 

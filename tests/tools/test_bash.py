@@ -85,7 +85,7 @@ async def test_timeout_kills_the_whole_process_group(workspace: Path) -> None:
     )
     for name in ("shell.pid", "bg.pid"):
         pid = int((workspace / name).read_text())
-        await _until(lambda pid=pid: not _pid_alive(pid))  # type: ignore[misc]
+        await _until(lambda pid=pid: not _pid_alive(pid))
 
 
 async def test_cancellation_kills_the_whole_process_group(workspace: Path, root: Path) -> None:

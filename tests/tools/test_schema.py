@@ -179,7 +179,7 @@ def test_declaration_errors_are_clear() -> None:
     with pytest.raises(UnsupportedType):
         tool(odd)
     with pytest.raises(TypeError, match="must be a ReplayPolicy"):
-        tool(replay="safe")(star)  # type: ignore[arg-type]
+        tool(replay="safe")(star)  # type: ignore[call-overload]
 
 
 def test_registry_refuses_duplicates_and_non_tools() -> None:

@@ -109,6 +109,12 @@ async def test_read_file_whole_and_in_part(ws: Path) -> None:
         await call(ws, "read_file", path="docs/nope.md")
     with pytest.raises(WorkspaceError, match="'docs' is a directory; use list_dir"):
         await call(ws, "read_file", path="docs")
+    with pytest.raises(WorkspaceError, match="has 3 lines; start_line is 9"):
+        await call(ws, "read_file", path="docs/readme.md", start_line=9)
+    with pytest.raises(WorkspaceError, match="'docs' is a directory, not a file"):
+        await call(ws, "edit_file", path="docs", old_text="a", new_text="b")
+    with pytest.raises(WorkspaceError, match="'docs' is a directory, not a file"):
+        await call(ws, "write_file", path="docs", content="b")
     (ws / "blob.bin").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(WorkspaceError, match="not UTF-8 text"):
         await call(ws, "read_file", path="blob.bin")
