@@ -106,6 +106,14 @@ async def note_plain(ctx: ToolContext, note: str) -> str:
     return f"noted {note}"
 
 
+@tool(replay=ReplayPolicy.NEVER, reconcile=_found_in_ledger)
+async def slow_note(ctx: ToolContext, note: str) -> str:
+    """Note something after a while; reconcile looks for the call's key in the ledger."""
+    await trio.sleep(2)
+    await _note(ctx, "slow_note", note=note)
+    return f"noted {note}"
+
+
 async def _transfer_done(ctx: ToolContext, amount: int) -> Reconciled:
     for entry in ledger_entries():
         if entry["key"] == ctx.idempotency_key:
@@ -144,7 +152,16 @@ async def create_object(ctx: ToolContext, name: str) -> str:
     return f"created {created['id']}"
 
 
-TEST_TOOLS = [ledger, note_checked, note_unsure, note_broken, note_plain, transfer, create_object]
+TEST_TOOLS = [
+    ledger,
+    note_checked,
+    note_unsure,
+    note_broken,
+    note_plain,
+    slow_note,
+    transfer,
+    create_object,
+]
 
 
 async def _phase(rt: perdure.Runtime, call_id: str) -> str | None:
@@ -218,6 +235,11 @@ async def main(args: argparse.Namespace) -> None:
             await rt.approve(SESSION, args.pause_and_approve, approved=True, request_id="ok-1")
             (WORKDIR / "marker").write_text("approved")
             await trio.sleep_forever()
+        if args.pause_while:
+            await _wait_phase(rt, args.pause_while, "executing")
+            await rt.pause(SESSION, request_id="pause-1")
+            (WORKDIR / "marker").write_text("paused")
+            await trio.sleep_forever()
         if args.approve:
             await _wait_phase(rt, args.approve, "awaiting_approval")
             await rt.approve(SESSION, args.approve, approved=True, request_id="ok-1")
@@ -240,6 +262,7 @@ if __name__ == "__main__":
     parser.add_argument("--phase-of", help="report this call's phase right after recovery")
     parser.add_argument("--await-approval", help="wait until this call awaits approval, hang")
     parser.add_argument("--pause-and-approve", help="pause, approve this call, then hang")
+    parser.add_argument("--pause-while", help="pause while this call executes, then hang")
     parser.add_argument("--approve", help="approve this call")
     parser.add_argument("--resume", action="store_true", help="resume the paused session")
     ns = parser.parse_args()
