@@ -209,7 +209,7 @@ async def bash_reconcile(
     cwd: str = ".",
 ) -> Reconciled:
     """What became of an interrupted call: see the module docstring for the table."""
-    root = _fs.workspace_root(ctx.workspace)
+    root = await trio.to_thread.run_sync(_fs.workspace_root, ctx.workspace)
     adir = attempt_dir(root, ctx.idempotency_key, ctx.attempt)
     spec = await trio.to_thread.run_sync(_fs.read_json, adir / "command.json")
     if spec is None:

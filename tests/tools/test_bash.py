@@ -146,6 +146,7 @@ async def test_the_same_attempt_is_never_started_twice(workspace: Path) -> None:
         await run(workspace, key="pdk_once", command="true")
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
 def test_process_identity_guards_against_a_reused_pid() -> None:
     me = os.getpid()
     with open(f"/proc/{me}/stat") as f:
