@@ -948,7 +948,8 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
             ToolOutcomeUnknown(
                 session_id=s.session_id,
                 call_id=task.call_id,
-                output=interrupted_text(task.tool_name),
+                # The model reads what the check found (e.g. "still running as pid N").
+                output=interrupted_text(task.tool_name) + f" The tool's own check found: {why}",
                 reason="reconcile: " + why,
                 at=env.now,
             ),

@@ -125,10 +125,14 @@ class Tool:
         return validate(self.input_schema, args)
 
     def needs_approval(self, args: dict[str, Any]) -> bool:
-        """Whether this call waits for a human. A callable policy decides per call."""
+        """Whether this call waits for a human. A callable policy decides per call.
+
+        The policy sees the effective arguments (the model's plus the defaults), so a
+        default the model left out cannot slip past it.
+        """
         if callable(self.requires_approval):
             try:
-                return bool(self.requires_approval(args))
+                return bool(self.requires_approval(self.effective_args(args)))
             except Exception:
                 return True  # a broken policy must fail closed: ask the human
         return self.requires_approval
