@@ -454,3 +454,20 @@ def running(*actions: Action) -> Iterator[FakeAnthropic]:
     with FakeAnthropic() as server:
         server.script(*actions)
         yield server
+
+
+def sent_messages(body: dict[str, Any], *, keep_cache: bool = False) -> list[dict[str, Any]]:
+    """The messages of a request body; by default without cache_control markers, so tests
+    about the conversation need not repeat where the provider placed its breakpoints."""
+    messages: list[dict[str, Any]] = body["messages"]
+    if keep_cache:
+        return messages
+    return [
+        {
+            **m,
+            "content": [
+                {k: v for k, v in block.items() if k != "cache_control"} for block in m["content"]
+            ],
+        }
+        for m in messages
+    ]

@@ -380,15 +380,22 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         for task in tasks:
             if task.phase in ("created", "approved", "denied"):
                 dispatched += _dispatch(s, env, task)
+            elif task.phase == "executing" and task.call_id not in view.tools:
+                dispatched += _recheck(task)
         if dispatched:
             return dispatched
     if not all(t.terminal for t in tasks):
         return NOTHING
     assert gen.reply is not None
     if not tasks:
-        if gen.reply.stop_reason == "pause_turn" and not (s.paused or view.draining):
+        stop = gen.reply.stop_reason
+        if stop == "pause_turn" and not (s.paused or view.draining):
             return _continue_turn(s, env, run.run_id, run.submission_id)
-        return _finish(s, env, "completed", text=gen.reply.text)
+        note = {
+            "max_tokens": "the reply was cut off at the model's output limit (max_tokens)",
+            "refusal": "the model declined to continue (refusal)",
+        }.get(stop, "")
+        return _finish(s, env, "completed", text=gen.reply.text, reason=note)
     for task in tasks:
         result = task.result
         if isinstance(result, ToolCompleted) and result.terminate:
@@ -406,9 +413,22 @@ def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
                 session_id=s.session_id, compensation_id=task.call_id, at=env.now
             )
             return Step((done,))
-        if task.phase in ("created", "approved", "denied") and not (s.paused or view.draining):
+        if s.paused or view.draining:
+            continue
+        if task.phase in ("created", "approved", "denied"):
             return _dispatch(s, env, task)
+        if task.phase == "executing" and task.call_id not in view.tools:
+            return _recheck(task)
     return NOTHING
+
+
+def _recheck(task: Task) -> Step:
+    """An executing call nobody runs: reconcile found it not applied while paused.
+
+    (After a restart, ``recover`` has already decided every executing call, so in a
+    running process this is the only way to meet one.) Ask again before running it.
+    """
+    return Step((), (Reconcile(task.call_id),))
 
 
 def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> Step:
@@ -860,7 +880,10 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
         )
         return Step((pending,), (CallModel(gen.generation_id, msg.attempt + 1, not_before),))
     why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
-    return _finish(s, env, "failed", reason=f"the model call failed after {why}: {msg.error}")
+    failed = _finish(s, env, "failed", reason=f"the model call failed after {why}: {msg.error}")
+    finished = failed.records[0]
+    assert isinstance(finished, RunFinished)
+    return Step((evolve(finished, usage=msg.usage),))
 
 
 def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
@@ -935,13 +958,21 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
         why = "the effect had not happened, and the request was revised since"
         cancelled = _task_result_cancelled(s, env, task, "the request was revised before it ran")
         return Step((decision("do not run it", why), cancelled))
-    if msg.status == "not_applied" and tool is not None and not s.paused:
+    if msg.status == "not_applied" and s.paused:
+        # Keep the call pending; advance asks reconcile again once the session resumes
+        # (the world may change while paused).
+        why = "the effect had not happened; the session is paused"
+        return Step((decision("run it once the session is resumed", why),))
+    if msg.status == "not_applied" and tool is not None:
         step = _execute(s, env, task, tool, task.attempt + 1)
         return (
             Step((decision("run it once, with the same key", "the effect had not happened"),))
             + step
         )
-    why = msg.reason or "reconcile could not tell"
+    if msg.status == "not_applied":
+        why = "the effect had not happened, but its tool is no longer registered"
+    else:
+        why = msg.reason or "reconcile could not tell"
     return Step(
         (
             decision("report outcome unknown", why),

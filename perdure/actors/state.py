@@ -296,6 +296,8 @@ class SessionState:
         run = self.runs.get(r.run_id)
         if run is not None:
             run.finished = r
+            run.usage = run.usage + r.usage
+        self.usage = self.usage + r.usage
         if self.run is not None and self.run.run_id == r.run_id:
             self.run = None
         if r.status == "interrupted":

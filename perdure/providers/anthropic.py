@@ -570,6 +570,11 @@ class AnthropicProvider:
             if self.cache:
                 tools[-1]["cache_control"] = dict(_EPHEMERAL)
             params["tools"] = tools
+        if self.cache and params["messages"]:
+            # A third breakpoint on the newest block caches the conversation prefix, which
+            # in an agent loop is most of each request; the next turn reads it back.
+            last_block = params["messages"][-1]["content"][-1]
+            last_block["cache_control"] = dict(_EPHEMERAL)
         params.update(self.request_options)
         return params
 

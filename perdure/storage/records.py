@@ -116,6 +116,7 @@ class RunFinished:
     status: RunStatus
     final_text: str = ""
     reason: str = ""
+    usage: Usage = field(factory=Usage)  # of a final failed model attempt, if any
     at: float
 
 

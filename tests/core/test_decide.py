@@ -354,3 +354,21 @@ def test_records_of_one_decision_fold_to_the_same_state_as_a_replay() -> None:
     assert [t.phase for t in replayed.tasks.values()] == [t.phase for t in live.tasks.values()]
     assert replayed.conversation == live.conversation
     assert only(s.log, ApprovalDecided) and only(s.log, InputAccepted)
+
+
+def test_usage_of_a_final_failed_attempt_is_kept() -> None:
+    from perdure.storage.records import Usage
+
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    s.result(
+        decide.ModelFailed(
+            generation_id="in1.g1",
+            attempt=1,
+            error="cut",
+            retryable=False,
+            usage=Usage(input_tokens=7, output_tokens=2),
+        )
+    )
+    assert s.state.usage == Usage(input_tokens=7, output_tokens=2)
+    assert s.state.runs["in1.r0"].usage.output_tokens == 2

@@ -35,6 +35,7 @@ from tests.fake_anthropic import (
     Reply,
     Text,
     ToolUse,
+    sent_messages,
 )
 
 # -- tools the model may call ------------------------------------------------------------------
@@ -130,7 +131,7 @@ async def test_text_reply_completes_the_run(
     assert body["system"] == [
         {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}
     ]
-    assert body["messages"] == [
+    assert sent_messages(body) == [
         {"role": "user", "content": [{"type": "text", "text": "Anything to do?"}]}
     ]
     assert [t["name"] for t in body["tools"]] == ["add", "lookup", "deploy"]
@@ -154,7 +155,7 @@ async def test_single_tool_round_trip(
     assert done.call_id == "toolu_01"
     assert done.output == "5"
     assert not done.is_error
-    second = fake.requests[1].body["messages"]
+    second = sent_messages(fake.requests[1].body)
     assert second == [
         {"role": "user", "content": [{"type": "text", "text": "What is 2 + 3?"}]},
         {
@@ -188,7 +189,7 @@ async def test_parallel_tool_use_round_trip(
         committed = await records(rt, sid)
     assert outcome.status == "completed"
     assert {r.call_id for r in of(ToolCompleted, committed)} == {"toolu_a", "toolu_o"}
-    assistant, results = fake.requests[1].body["messages"][1:]
+    assistant, results = sent_messages(fake.requests[1].body)[1:]
     assert [b["id"] for b in assistant["content"]] == ["toolu_a", "toolu_o"]
     assert results == {
         "role": "user",
@@ -215,7 +216,7 @@ async def test_failing_tools_are_sent_back_with_is_error(
     async with runtime(log_dir, provider) as rt:
         _, outcome = await ask(rt, "Deploy the api.")
     assert outcome.status == "completed"
-    results = fake.requests[1].body["messages"][-1]["content"]
+    results = sent_messages(fake.requests[1].body)[-1]["content"]
     by_id = {r["tool_use_id"]: r for r in results}
     assert by_id["toolu_d"]["is_error"] is True
     assert "cluster for api is unreachable" in by_id["toolu_d"]["content"]
@@ -238,7 +239,7 @@ async def test_pause_turn_is_continued_with_another_call(
     assert outcome.status == "completed"
     assert outcome.final_text == "The answer is 42."
     assert [g.stop_reason for g in of(GenerationCompleted, committed)] == ["pause_turn", "end_turn"]
-    assert fake.requests[1].body["messages"][-1] == {
+    assert sent_messages(fake.requests[1].body)[-1] == {
         "role": "assistant",
         "content": [{"type": "text", "text": "Searching the web."}],
     }

@@ -45,6 +45,7 @@ from tests.fake_anthropic import (
     Reply,
     Text,
     ToolUse,
+    sent_messages,
 )
 from tests.providers.conftest import sdk_client
 
@@ -107,7 +108,7 @@ async def test_text_reply_is_streamed_and_returned_whole(
     assert sent.body["stream"] is True
     assert sent.body["model"] == "claude-test"
     assert sent.body["max_tokens"] == 1024
-    assert sent.body["messages"] == [
+    assert sent_messages(sent.body) == [
         {"role": "user", "content": [{"type": "text", "text": "hello"}]}
     ]
 
@@ -238,7 +239,7 @@ async def test_request_mapping_with_cache_breakpoints(
             "cache_control": {"type": "ephemeral"},
         },
     ]
-    assert body["messages"] == [
+    assert sent_messages(body) == [
         {"role": "user", "content": [{"type": "text", "text": "Tidy up."}]},
         {
             "role": "assistant",
@@ -264,6 +265,14 @@ async def test_request_mapping_with_cache_breakpoints(
         # a conversation ending with the assistant (pause_turn) must not end in whitespace
         {"role": "assistant", "content": [{"type": "text", "text": "Searching the web..."}]},
     ]
+    # The third breakpoint sits on the newest block: the conversation prefix is cached.
+    marked = [
+        (i, j)
+        for i, m in enumerate(body["messages"])
+        for j, block in enumerate(m["content"])
+        if "cache_control" in block
+    ]
+    assert marked == [(3, 0)]
 
 
 async def test_tool_results_go_first_and_empty_text_is_dropped(
@@ -282,7 +291,7 @@ async def test_tool_results_go_first_and_empty_text_is_dropped(
     body = fake.requests[0].body
     assert "system" not in body
     assert "tools" not in body
-    assert body["messages"][1]["content"] == [
+    assert sent_messages(body)[1]["content"] == [
         {"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {}}
     ]
     assert [b["type"] for b in body["messages"][2]["content"]] == ["tool_result", "text"]

@@ -92,11 +92,6 @@ def test_unknown_outcome_is_told_to_the_model(tmp_path: Path, tool_name: str, sa
     assert again.summary["outcome"] == "completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: decide._reconciled turns a not_applied answer into 'outcome unknown' "
-    "('reconcile could not tell') when the session is paused",
-)
 def test_not_applied_while_paused_runs_after_resume(tmp_path: Path) -> None:
     wd = Workdir(tmp_path, [use("slow_note", note="x")])
     assert wd.run("--pause-while", FIRST, kill_when=wd.marker).killed  # killed mid-sleep
