@@ -76,7 +76,7 @@ def check_history(
         report.counts[type(c.record).__name__] += 1
         if c.record.session_id:
             by_session[c.record.session_id].append(c)
-    never_calls: set[str] = set()
+    never_calls: set[tuple[str, str]] = set()  # (session id, call id)
     for session_id, records in by_session.items():
         _check_session(report, session_id, records, settled, never_calls)
     if ledger is not None:
@@ -85,7 +85,11 @@ def check_history(
 
 
 def _check_session(
-    report: Report, sid: str, records: list[Committed], settled: bool, never_calls: set[str]
+    report: Report,
+    sid: str,
+    records: list[Committed],
+    settled: bool,
+    never_calls: set[tuple[str, str]],
 ) -> None:
     finals: Counter[str] = Counter()
     final_runs: set[str] = set()
@@ -125,7 +129,7 @@ def _check_session(
         elif isinstance(r, ToolExecuting):
             report.replay_policies.add(r.replay)
             if r.replay == "never":
-                never_calls.add(r.call_id)
+                never_calls.add((sid, r.call_id))
             if r.call_id in completed_at:
                 report.add(f"{sid}: {r.call_id} executed again after it had completed")
             if task_rev.get(r.call_id, goal_rev) < goal_rev:
@@ -174,17 +178,25 @@ def _check_transcript(report: Report, sid: str, records: list[Committed]) -> Non
 
 
 def _check_ledger(
-    report: Report, committed: list[Committed], ledger: list[dict[str, Any]], never: set[str]
+    report: Report,
+    committed: list[Committed],
+    ledger: list[dict[str, Any]],
+    never: set[tuple[str, str]],
 ) -> None:
-    executing = {c.record.call_id for c in committed if isinstance(c.record, ToolExecuting)}
-    effects: Counter[str] = Counter()
+    executing = {
+        (c.record.session_id, c.record.call_id)
+        for c in committed
+        if isinstance(c.record, ToolExecuting)
+    }
+    effects: Counter[tuple[str, str]] = Counter()
     for entry in ledger:
         if entry["event"] != "effect":
             continue
-        effects[entry["call_id"]] += 1
+        key = (entry.get("session_id", "s1"), entry["call_id"])
+        effects[key] += 1
         report.counts["effects"] += 1
-        if entry["call_id"] not in executing:
-            report.add(f"unexpected effect of {entry['call_id']}: no executing record before it")
-    for call_id in never:
-        if effects[call_id] > 1:
-            report.add(f"NEVER tool call {call_id} took effect {effects[call_id]} times")
+        if key not in executing:
+            report.add(f"unexpected effect of {key}: no executing record before it")
+    for key in never:
+        if effects[key] > 1:
+            report.add(f"NEVER tool call {key} took effect {effects[key]} times")

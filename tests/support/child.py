@@ -53,7 +53,12 @@ async def main(plan: dict[str, Any]) -> None:
             for item in inputs:
                 await rt.submit(sid, item["text"], request_id=item["request_id"])
         for action in plan.get("actions", []):
-            await _act(rt, action)
+            try:
+                await _act(rt, action)
+            except perdure.Refused as exc:
+                # A restarted child repeats its actions; one that no longer applies
+                # (e.g. a revision after the run finished) is refused, and that is fine.
+                print(json.dumps({"refused": action["kind"], "why": str(exc)}), flush=True)
         if plan.get("wait", True):
             for sid in sessions:
                 outcome = await rt.wait_idle(sid)
