@@ -359,7 +359,8 @@ class LmdbLog:
     ) -> list[list[Committed] | LogError]:
         results: list[list[Committed] | LogError] = []
         seq = self._next_seq
-        infos: dict[str, dict[str, int]] = {}
+        infos: dict[str, dict[str, int]] = {}  # read for guards, changed for records
+        touched: set[str] = set()  # sessions whose summary must be written
         counts: dict[str, int | None] = {}
         with self.env.begin(write=True) as txn:
             raw = txn.get(_EPOCH, db=self._meta)
@@ -381,6 +382,7 @@ class LmdbLog:
                     sid = record.session_id
                     txn.put(_seq_key(seq), encode(record, seq), db=self._records)
                     if sid:
+                        touched.add(sid)
                         txn.put(_session_key(sid, seq), b"", db=self._by_session)
                         info = self._session_info(txn, sid, infos)
                         if not info["records"]:
@@ -396,8 +398,8 @@ class LmdbLog:
                     committed.append(Committed(seq, record))
                     seq += 1
                 results.append(committed)
-            for sid, info in infos.items():
-                txn.put(sid.encode(), json.dumps(info).encode(), db=self._sessions)
+            for sid in touched:
+                txn.put(sid.encode(), json.dumps(infos[sid]).encode(), db=self._sessions)
             for sid, count in counts.items():
                 if count is None or count <= 0:
                     txn.delete(sid.encode(), db=self._active)
