@@ -328,12 +328,14 @@ class LmdbLog:
 
     def commit(
         self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
-    ) -> list[list[Committed] | LogError]:
+    ) -> list[list[Committed] | Exception]:
         """Write every batch in ONE transaction; return, per batch, its records or why not.
 
-        A batch whose guard fails is left out (the others still commit). MAP_FULL grows
-        the map and retries the whole transaction; a full disk raises ``StorageFull``
-        and nothing of this call is committed.
+        A batch whose guard fails (``StaleGoal``), or with a record that cannot be
+        encoded (the encoder's exception, e.g. for a NaN), is left out and the others
+        still commit: one caller's mistake must not fail the callers it shares a
+        transaction with. MAP_FULL grows the map and retries the whole transaction; a
+        full disk raises ``StorageFull`` and nothing of this call is committed.
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
@@ -356,8 +358,8 @@ class LmdbLog:
 
     def _commit_once(
         self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
-    ) -> list[list[Committed] | LogError]:
-        results: list[list[Committed] | LogError] = []
+    ) -> list[list[Committed] | Exception]:
+        results: list[list[Committed] | Exception] = []
         seq = self._next_seq
         infos: dict[str, dict[str, int]] = {}  # read for guards, changed for records
         touched: set[str] = set()  # sessions whose summary must be written
@@ -377,10 +379,15 @@ class LmdbLog:
                             StaleGoal(guard.session_id, guard.goal_rev, info["goal_rev"])
                         )
                         continue
+                try:
+                    frames = [encode(record, seq + i) for i, record in enumerate(records)]
+                except Exception as exc:  # nothing of this batch was written yet
+                    results.append(exc)
+                    continue
                 committed = []
-                for record in records:
+                for record, frame in zip(records, frames, strict=True):
                     sid = record.session_id
-                    txn.put(_seq_key(seq), encode(record, seq), db=self._records)
+                    txn.put(_seq_key(seq), frame, db=self._records)
                     if sid:
                         touched.add(sid)
                         txn.put(_session_key(sid, seq), b"", db=self._by_session)

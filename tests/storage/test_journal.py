@@ -8,6 +8,8 @@
 * A guarded batch whose goal revision is stale raises ``StaleGoal``, writes nothing
   (no seq, no index entry, no session summary) and leaves the other batches of the
   same transaction intact, including a revision made earlier in that transaction.
+* A batch that cannot be encoded fails alone: the other batches of its
+  transaction commit, and their callers never hear of it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from perdure.storage.lmdb_log import Guard, LmdbLog, StaleGoal
 from perdure.storage.records import (
     Committed,
     GoalRevised,
+    InputAccepted,
     Record,
+    SessionCreated,
     ToolCompleted,
 )
 from tests.storage._check import LogModel, check_log
@@ -195,3 +199,36 @@ async def test_stale_guard_through_the_journal(log: LmdbLog) -> None:
         sub.close()
         seen = [event.seq async for event in sub]
         assert seen == list(range(2, last + 11))  # the refused batch published nothing
+
+
+# -- isolation of a bad batch ------------------------------------------------------------
+
+
+def test_unencodable_batch_fails_alone_in_its_transaction(log: LmdbLog) -> None:
+    good = [tool_result("s1", "g1")]
+    bad = [tool_result("s1", "b1"), tool_result("s1", "b2", at=float("nan"))]
+    also_good = [
+        InputAccepted(
+            session_id="s2", submission_id="u", request_id="r", text="t", body_hash="h", at=2.0
+        )
+    ]
+    r1, r2, r3 = log.commit([(good, None), (bad, None), (also_good, None)])
+    assert isinstance(r2, ValueError)
+    assert isinstance(r1, list)
+    assert isinstance(r3, list)
+    assert [x.seq for x in r1 + r3] == [2, 3]
+    assert [x.record for x in log.read_global(after=1)] == good + also_good
+    assert log.active_sessions() == ["s2"]
+    check_log(log, LogModel())
+
+
+async def test_unencodable_append_does_not_fail_the_others(log: LmdbLog) -> None:
+    batches: dict[int, list[Record]] = {i: [tool_result(f"s{i}", f"c{i}")] for i in range(20)}
+    batches[7] = [SessionCreated(session_id="s7", system="\ud800 lone surrogate", at=1.0)]
+    async with open_journal(log) as journal:
+        outcomes = await append_all(journal, batches)
+        assert journal.stats.transactions < 20  # they did share transactions
+    assert isinstance(outcomes.pop(7), UnicodeEncodeError)
+    assert all(isinstance(o, list) for o in outcomes.values())
+    new = await trio.to_thread.run_sync(check_log, log, LogModel())
+    assert len(new) == 20  # LogOpened and the 19 good appends
