@@ -346,11 +346,19 @@ class LmdbLog:
                 "only the journal's writer thread may write"
             )
         self.write_threads.add(current.ident or 0)
+        adopted = False
         while True:
             try:
                 return self._commit_once(batches)
             except lmdb.MapFullError:
                 self._grow()
+            except lmdb.MapResizedError as exc:
+                # Another process grew the map past ours. Only an owner grows it, so we
+                # were taken over: adopt the size, and the retry's epoch check says so.
+                if adopted:
+                    raise LogError(f"LMDB write failed on {self.path}: {exc}") from exc
+                adopted = True
+                self._adopt_map_size()
             except lmdb.Error as exc:
                 if _is_disk_full(exc):
                     raise StorageFull(f"cannot write to {self.path}: disk full ({exc})") from exc
@@ -437,6 +445,10 @@ class LmdbLog:
             raise StorageFull(f"the log {self.path} reached its maximum map size ({current} bytes)")
         with self._gate.exclusive():
             self.env.set_mapsize(min(current * 2, self._max_map_size))
+
+    def _adopt_map_size(self) -> None:
+        with self._gate.exclusive():
+            self.env.set_mapsize(0)  # 0: the size the map now has on disk
 
     # -- reading (any thread) --------------------------------------------------------
 
