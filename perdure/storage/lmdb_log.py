@@ -454,17 +454,21 @@ class LmdbLog:
 
     @contextmanager
     def _read(self) -> Iterator[lmdb.Transaction]:
-        with self._gate.shared():
-            try:
-                txn = self.env.begin(write=False)
-            except lmdb.MapResizedError:
-                # Another process (the owner) grew the map; adopt its size.
-                self.env.set_mapsize(0)
-                txn = self.env.begin(write=False)
-            try:
-                yield txn
-            finally:
-                txn.abort()
+        while True:
+            with self._gate.shared():
+                try:
+                    txn = self.env.begin(write=False)
+                except lmdb.MapResizedError:
+                    pass
+                else:
+                    try:
+                        yield txn
+                    finally:
+                        txn.abort()
+                    return
+            # Another process (the owner) grew the map. Adopt its size once no read
+            # of ours is open: set_mapsize would invalidate them under their feet.
+            self._adopt_map_size()
 
     def _read_last_seq(self) -> int:
         with self._read() as txn, txn.cursor(db=self._records) as cur:

@@ -6,9 +6,10 @@ tests set ``cwd`` and ``PYTHONPATH``). Modes:
 ``owner PATH [--takeover] [--map-size N]``
     Open the log and a Journal, append one record, print one JSON line
     ``{"pid", "epoch", "seq"}``, then obey commands read from stdin, one a line:
-    ``append`` appends one record and prints ``{"seq": n}``; ``exit`` closes and
-    exits 0. If the log says this process was fenced (taken over), it prints
-    ``{"fenced": message}`` and exits with ``FENCED_EXIT``.
+    ``append [SIZE]`` appends one record (with an output of SIZE bytes) and prints
+    ``{"seq": n}``; ``exit`` closes and exits 0. If the log says this process was
+    fenced (taken over), it prints ``{"fenced": message}`` and exits with
+    ``FENCED_EXIT``.
 
 ``zygote``
     A fork server for the crash sweep: it imports perdure once, then for every
@@ -176,14 +177,17 @@ async def _own(path: str, takeover: bool, map_size: int) -> int:
             print(json.dumps({"pid": pid, "epoch": log.epoch, "seq": first[0].seq}), flush=True)
             n = 0
             while True:
-                command = (await trio.to_thread.run_sync(sys.stdin.readline)).strip()
+                command, _, size = (
+                    (await trio.to_thread.run_sync(sys.stdin.readline)).strip().partition(" ")
+                )
                 if command in ("exit", ""):
                     return 0
                 if command != "append":
                     raise SystemExit(f"owner: unknown command {command!r}")
                 n += 1
+                output = "o" * int(size) if size else "from the owner"
                 record = ToolCompleted(
-                    session_id=f"owner-{pid}", call_id=f"call-{n}", output="from the owner", at=2.0
+                    session_id=f"owner-{pid}", call_id=f"call-{n}", output=output, at=2.0
                 )
                 try:
                     done = await journal.append([record])
