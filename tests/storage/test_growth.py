@@ -43,7 +43,7 @@ async def test_tiny_map_grows_and_keeps_every_record_once_in_order(tmp_path: Pat
         ]
         batches.append(batch)
     batches[150] = [record("big", "huge", 1 << 20)]
-    log = LmdbLog(tmp_path / "log", map_size=TINY)
+    log = await trio.to_thread.run_sync(lambda: LmdbLog(tmp_path / "log", map_size=TINY))
     committed: list[Committed] = []
     reads = 0
     try:
@@ -72,7 +72,7 @@ async def test_tiny_map_grows_and_keeps_every_record_once_in_order(tmp_path: Pat
         assert reads > 0
         everything = await trio.to_thread.run_sync(check_log, log, LogModel())
     finally:
-        log.close()
+        await trio.to_thread.run_sync(log.close)
 
     total = sum(map(len, batches))
     assert len(everything) == 1 + total  # LogOpened, then each record exactly once
@@ -100,7 +100,9 @@ async def test_tiny_map_grows_and_keeps_every_record_once_in_order(tmp_path: Pat
 async def test_max_map_size_is_storage_full_and_keeps_what_was_committed(
     tmp_path: Path,
 ) -> None:
-    log = LmdbLog(tmp_path / "log", map_size=TINY, max_map_size=4 * TINY)
+    log = await trio.to_thread.run_sync(
+        lambda: LmdbLog(tmp_path / "log", map_size=TINY, max_map_size=4 * TINY)
+    )
     try:
         async with open_journal(log) as journal:
             kept = [c for i in range(5) for c in await journal.append([record("s", f"k{i}", 2000)])]
@@ -113,7 +115,7 @@ async def test_max_map_size_is_storage_full_and_keeps_what_was_committed(
         assert everything[1:] == [*kept, *after]
         assert log.stat()["map_size"] == 4 * TINY
     finally:
-        log.close()
+        await trio.to_thread.run_sync(log.close)
 
 
 def test_reader_adopts_a_map_grown_by_another_process(tmp_path: Path) -> None:
