@@ -360,7 +360,7 @@ class LmdbLog:
                 adopted = True
                 self._adopt_map_size()
             except lmdb.Error as exc:
-                if _is_disk_full(exc):
+                if _is_disk_full(exc, self.path):
                     raise StorageFull(f"cannot write to {self.path}: disk full ({exc})") from exc
                 raise LogError(f"LMDB write failed on {self.path}: {exc}") from exc
 
@@ -558,6 +558,25 @@ class LmdbLog:
         return {"map_size": info["map_size"], "next_seq": self._next_seq, "epoch": self.epoch}
 
 
-def _is_disk_full(exc: lmdb.Error) -> bool:
-    text = str(exc)
-    return "No space left" in text or f"[Errno {errno.ENOSPC}]" in text or "ENOSPC" in text
+# Less free space than one LMDB write (64 pages) after a short write means "full".
+_NEARLY_FULL: Final = 64 * 4096
+
+
+def _is_disk_full(exc: lmdb.Error, path: Path) -> bool:
+    """Whether a failed LMDB write means the disk (or quota) is full.
+
+    LMDB returns ENOSPC (py-lmdb's ``DiskError``) only when a write finds no space at
+    all. A write that finds *some* space is cut short, and LMDB reports a short write
+    as EIO ("short write, filesystem full?"); on a filling disk that is the usual
+    case. So EIO counts as full when the filesystem has (almost) no space left.
+    """
+    code = getattr(exc, "code", None)
+    if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if code == errno.EIO:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < _NEARLY_FULL
+    return False
