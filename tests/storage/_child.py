@@ -11,6 +11,9 @@ tests set ``cwd`` and ``PYTHONPATH``). Modes:
     fenced (taken over), it prints ``{"fenced": message}`` and exits with
     ``FENCED_EXIT``.
 
+``fault-script PATH``
+    Appends under ``PERDURE_FAULT`` (see ``_fault_script``).
+
 ``zygote``
     A fork server for the crash sweep: it imports perdure once, then for every
     ``fork {json}`` line on stdin forks a child that runs ``appender`` and answers
@@ -37,7 +40,7 @@ from typing import Any, Final
 import trio
 
 from perdure.storage.journal import open_journal
-from perdure.storage.lmdb_log import DEFAULT_MAP_SIZE, LmdbLog, LogFenced
+from perdure.storage.lmdb_log import DEFAULT_MAP_SIZE, Guard, LmdbLog, LogFenced, StaleGoal
 from perdure.storage.records import (
     GoalRevised,
     InputAccepted,
@@ -163,6 +166,36 @@ def _zygote() -> None:
             raise SystemExit(f"zygote: unknown command {line!r}")
 
 
+# -- the fault point ---------------------------------------------------------------
+
+
+async def _fault_script(path: str) -> None:
+    """Appends named ``a``..``e``, with a refused and a failing append among them.
+
+    Run with ``PERDURE_FAULT=commit@3``: the durable appends are a, c and d, so the
+    process must die right after ``d`` is durable, before it hears so.
+    """
+    log = LmdbLog(path)
+    async with open_journal(log) as journal:
+        for name in "abcde":
+            if name == "b":
+                for refused in (
+                    journal.append([_fault_record("b-stale")], guard=Guard("f", 99)),
+                    journal.append([_fault_record("b-nan", at=float("nan"))]),
+                ):
+                    try:
+                        await refused
+                    except (StaleGoal, ValueError) as exc:
+                        print(json.dumps({"refused": type(exc).__name__}), flush=True)
+                continue
+            await journal.append([_fault_record(name)])
+            print(json.dumps({"ok": name}), flush=True)
+
+
+def _fault_record(name: str, at: float = 1.0) -> Record:
+    return ToolCompleted(session_id="f", call_id=name, output=name, at=at)
+
+
 # -- the owner -----------------------------------------------------------------------
 
 
@@ -203,6 +236,9 @@ def main(argv: list[str]) -> int:
     mode = argv[0]
     if mode == "zygote":
         _zygote()
+        return 0
+    if mode == "fault-script":
+        trio.run(_fault_script, argv[1])
         return 0
     if mode == "owner":
         path = argv[1]

@@ -16,23 +16,25 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("_child.py")
 
 
-def child_env() -> dict[str, str]:
+def child_env(fault: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.pop("PERDURE_FAULT", None)
+    if fault:
+        env["PERDURE_FAULT"] = fault
     return env
 
 
 class Child:
     """A ``_child.py`` process speaking JSON lines on stdout, commands on stdin."""
 
-    def __init__(self, *args: str, stderr_path: Path) -> None:
+    def __init__(self, *args: str, stderr_path: Path, fault: str | None = None) -> None:
         self.stderr_path = stderr_path
         self._stderr = open(stderr_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, str(CHILD), *args],
             cwd=REPO_ROOT,
-            env=child_env(),
+            env=child_env(fault),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -10,11 +10,15 @@
   same transaction intact, including a revision made earlier in that transaction.
 * A batch that cannot be encoded fails alone: the other batches of its
   transaction commit, and their callers never hear of it.
+* The ``commit`` fault point counts durable appends only, and kills the process
+  after the append is durable but before its caller hears so.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
+from pathlib import Path
 
 import pytest
 import trio
@@ -30,6 +34,7 @@ from perdure.storage.records import (
     ToolCompleted,
 )
 from tests.storage._check import LogModel, check_log
+from tests.storage._procs import Child
 
 
 def tool_result(sid: str, call: str, output: str = "ok", at: float = 1.0) -> ToolCompleted:
@@ -232,3 +237,25 @@ async def test_unencodable_append_does_not_fail_the_others(log: LmdbLog) -> None
     assert all(isinstance(o, list) for o in outcomes.values())
     new = await trio.to_thread.run_sync(check_log, log, LogModel())
     assert len(new) == 20  # LogOpened and the 19 good appends
+
+
+# -- the commit fault point --------------------------------------------------------------
+
+
+def test_commit_fault_counts_durable_appends_only(tmp_path: Path) -> None:
+    """PERDURE_FAULT=commit@3 dies after the 3rd DURABLE append: refused ones do not count."""
+    path = tmp_path / "log"
+    child = Child("fault-script", str(path), stderr_path=tmp_path / "err", fault="commit@3")
+    try:
+        told = [child.read(), child.read(), child.read(), child.read()]
+        assert child.wait() == -signal.SIGKILL
+    finally:
+        child.close()
+    assert told == [{"ok": "a"}, {"refused": "StaleGoal"}, {"refused": "ValueError"}, {"ok": "c"}]
+    log = LmdbLog(path)
+    try:
+        calls = [getattr(c.record, "call_id", None) for c in log.read_global()]
+    finally:
+        log.close()
+    # d is durable although its caller never heard so; e was never written.
+    assert calls == [None, "a", "c", "d", None]
