@@ -36,7 +36,7 @@ from tests.storage._check import LogModel, check_log
 from tests.storage._child import batch_mark
 from tests.storage._procs import Child
 
-ITERATIONS = 40
+ITERATIONS = 50
 TIME_BUDGET = 25.0  # seconds; the sweep stops early (after MIN_ITERATIONS) when spent
 MIN_ITERATIONS = 12
 BATCH = 6
