@@ -100,6 +100,7 @@ def test_sigkill_mid_commit_leaves_whole_batches(tmp_path: Path) -> None:
     zygote = Child("zygote", stderr_path=tmp_path / "zygote.err")
     start = time.monotonic()
     iterations = batches = after_commits = 0
+    pid = 0  # the appender alive at this moment, if any
     try:
         for it in range(ITERATIONS):
             if it >= MIN_ITERATIONS and time.monotonic() - start > TIME_BUDGET:
@@ -122,6 +123,7 @@ def test_sigkill_mid_commit_leaves_whole_batches(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
             zygote.send(f"reap {pid}")
             status = zygote.read()
+            pid = 0
             assert status["signal"] == signal.SIGKILL, (
                 f"seed {seed}, iteration {it}: the child died on its own: {status}{zygote.stderr()}"
             )
@@ -140,6 +142,8 @@ def test_sigkill_mid_commit_leaves_whole_batches(tmp_path: Path) -> None:
         zygote.send("quit")
         assert zygote.wait() == 0
     finally:
+        if pid:  # a failed check must not leave an appender running
+            os.kill(pid, signal.SIGKILL)
         zygote.close()
     # Once more from scratch: the whole accumulated log, every index, every checksum.
     log = LmdbLog(path)
