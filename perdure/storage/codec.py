@@ -58,6 +58,10 @@ converter: Final = _make_converter()
 _BY_NAME: Final = {cls.__name__: cls for cls in RECORD_TYPES}
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a record")
+
+
 def _seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
@@ -83,8 +87,11 @@ def decode(seq: int, frame: bytes) -> Record:
     if zlib.crc32(body, zlib.crc32(_seq_bytes(seq))) != expected:
         raise CorruptRecord(seq, "checksum mismatch")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON, NaN/Infinity (never written: encode
+        # refuses them) and integers beyond Python's digit limit; RecursionError, deep
+        # nesting. All mean "damaged", none may escape as anything but CorruptRecord.
         raise CorruptRecord(seq, f"payload is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise CorruptRecord(seq, "payload is not an object")

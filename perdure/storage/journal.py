@@ -105,8 +105,9 @@ class Journal:
                 except BaseException as exc:  # every caller of this transaction must hear it
                     results = [exc] * len(requests)
                 else:
-                    if _faults.ACTIVE:
-                        _faults.hit("commit", count=len(requests))
+                    if _faults.ACTIVE:  # counts durable appends: refused ones are not
+                        durable = sum(isinstance(result, list) for result in results)
+                        _faults.hit("commit", count=durable)
                 assert self._token is not None
                 self._token.run_sync_soon(self._deliver, requests, results)
             if stop:

@@ -328,12 +328,14 @@ class LmdbLog:
 
     def commit(
         self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
-    ) -> list[list[Committed] | LogError]:
+    ) -> list[list[Committed] | Exception]:
         """Write every batch in ONE transaction; return, per batch, its records or why not.
 
-        A batch whose guard fails is left out (the others still commit). MAP_FULL grows
-        the map and retries the whole transaction; a full disk raises ``StorageFull``
-        and nothing of this call is committed.
+        A batch whose guard fails (``StaleGoal``), or with a record that cannot be
+        encoded (the encoder's exception, e.g. for a NaN), is left out and the others
+        still commit: one caller's mistake must not fail the callers it shares a
+        transaction with. MAP_FULL grows the map and retries the whole transaction; a
+        full disk raises ``StorageFull`` and nothing of this call is committed.
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
@@ -344,22 +346,31 @@ class LmdbLog:
                 "only the journal's writer thread may write"
             )
         self.write_threads.add(current.ident or 0)
+        adopted = False
         while True:
             try:
                 return self._commit_once(batches)
             except lmdb.MapFullError:
                 self._grow()
+            except lmdb.MapResizedError as exc:
+                # Another process grew the map past ours. Only an owner grows it, so we
+                # were taken over: adopt the size, and the retry's epoch check says so.
+                if adopted:
+                    raise LogError(f"LMDB write failed on {self.path}: {exc}") from exc
+                adopted = True
+                self._adopt_map_size()
             except lmdb.Error as exc:
-                if _is_disk_full(exc):
+                if _is_disk_full(exc, self.path):
                     raise StorageFull(f"cannot write to {self.path}: disk full ({exc})") from exc
                 raise LogError(f"LMDB write failed on {self.path}: {exc}") from exc
 
     def _commit_once(
         self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
-    ) -> list[list[Committed] | LogError]:
-        results: list[list[Committed] | LogError] = []
+    ) -> list[list[Committed] | Exception]:
+        results: list[list[Committed] | Exception] = []
         seq = self._next_seq
-        infos: dict[str, dict[str, int]] = {}
+        infos: dict[str, dict[str, int]] = {}  # read for guards, changed for records
+        touched: set[str] = set()  # sessions whose summary must be written
         counts: dict[str, int | None] = {}
         with self.env.begin(write=True) as txn:
             raw = txn.get(_EPOCH, db=self._meta)
@@ -376,11 +387,17 @@ class LmdbLog:
                             StaleGoal(guard.session_id, guard.goal_rev, info["goal_rev"])
                         )
                         continue
+                try:
+                    frames = [encode(record, seq + i) for i, record in enumerate(records)]
+                except Exception as exc:  # nothing of this batch was written yet
+                    results.append(exc)
+                    continue
                 committed = []
-                for record in records:
+                for record, frame in zip(records, frames, strict=True):
                     sid = record.session_id
-                    txn.put(_seq_key(seq), encode(record, seq), db=self._records)
+                    txn.put(_seq_key(seq), frame, db=self._records)
                     if sid:
+                        touched.add(sid)
                         txn.put(_session_key(sid, seq), b"", db=self._by_session)
                         info = self._session_info(txn, sid, infos)
                         if not info["records"]:
@@ -396,8 +413,8 @@ class LmdbLog:
                     committed.append(Committed(seq, record))
                     seq += 1
                 results.append(committed)
-            for sid, info in infos.items():
-                txn.put(sid.encode(), json.dumps(info).encode(), db=self._sessions)
+            for sid in touched:
+                txn.put(sid.encode(), json.dumps(infos[sid]).encode(), db=self._sessions)
             for sid, count in counts.items():
                 if count is None or count <= 0:
                     txn.delete(sid.encode(), db=self._active)
@@ -429,21 +446,29 @@ class LmdbLog:
         with self._gate.exclusive():
             self.env.set_mapsize(min(current * 2, self._max_map_size))
 
+    def _adopt_map_size(self) -> None:
+        with self._gate.exclusive():
+            self.env.set_mapsize(0)  # 0: the size the map now has on disk
+
     # -- reading (any thread) --------------------------------------------------------
 
     @contextmanager
     def _read(self) -> Iterator[lmdb.Transaction]:
-        with self._gate.shared():
-            try:
-                txn = self.env.begin(write=False)
-            except lmdb.MapResizedError:
-                # Another process (the owner) grew the map; adopt its size.
-                self.env.set_mapsize(0)
-                txn = self.env.begin(write=False)
-            try:
-                yield txn
-            finally:
-                txn.abort()
+        while True:
+            with self._gate.shared():
+                try:
+                    txn = self.env.begin(write=False)
+                except lmdb.MapResizedError:
+                    pass
+                else:
+                    try:
+                        yield txn
+                    finally:
+                        txn.abort()
+                    return
+            # Another process (the owner) grew the map. Adopt its size once no read
+            # of ours is open: set_mapsize would invalidate them under their feet.
+            self._adopt_map_size()
 
     def _read_last_seq(self) -> int:
         with self._read() as txn, txn.cursor(db=self._records) as cur:
@@ -533,6 +558,25 @@ class LmdbLog:
         return {"map_size": info["map_size"], "next_seq": self._next_seq, "epoch": self.epoch}
 
 
-def _is_disk_full(exc: lmdb.Error) -> bool:
-    text = str(exc)
-    return "No space left" in text or f"[Errno {errno.ENOSPC}]" in text or "ENOSPC" in text
+# Less free space than one LMDB write (64 pages) after a short write means "full".
+_NEARLY_FULL: Final = 64 * 4096
+
+
+def _is_disk_full(exc: lmdb.Error, path: Path) -> bool:
+    """Whether a failed LMDB write means the disk (or quota) is full.
+
+    LMDB returns ENOSPC (py-lmdb's ``DiskError``) only when a write finds no space at
+    all. A write that finds *some* space is cut short, and LMDB reports a short write
+    as EIO ("short write, filesystem full?"); on a filling disk that is the usual
+    case. So EIO counts as full when the filesystem has (almost) no space left.
+    """
+    code = getattr(exc, "code", None)
+    if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if code == errno.EIO:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < _NEARLY_FULL
+    return False

@@ -1,0 +1,261 @@
+"""The Journal and the log's write path: group commit, thread confinement, guards, isolation.
+
+* Group commit really batches: 100 concurrent appenders share far fewer
+  transactions than appends, and each caller still gets its own contiguous seqs
+  whose records read back identical, globally and per session.
+* Every write transaction runs on the Journal's writer thread; ``log.commit`` from
+  any other thread is refused once a writer is bound, and writes nothing.
+* A guarded batch whose goal revision is stale raises ``StaleGoal``, writes nothing
+  (no seq, no index entry, no session summary) and leaves the other batches of the
+  same transaction intact, including a revision made earlier in that transaction.
+* A batch that cannot be encoded fails alone: the other batches of its
+  transaction commit, and their callers never hear of it.
+* The ``commit`` fault point counts durable appends only, and kills the process
+  after the append is durable but before its caller hears so.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+from perdure.storage.journal import Journal, open_journal
+from perdure.storage.lmdb_log import Guard, LmdbLog, StaleGoal
+from perdure.storage.records import (
+    Committed,
+    GoalRevised,
+    InputAccepted,
+    Record,
+    SessionCreated,
+    ToolCompleted,
+)
+from tests.storage._check import LogModel, check_log
+from tests.storage._procs import Child
+
+
+def tool_result(sid: str, call: str, output: str = "ok", at: float = 1.0) -> ToolCompleted:
+    return ToolCompleted(session_id=sid, call_id=call, output=output, at=at)
+
+
+async def append_all(
+    journal: Journal, batches: dict[int, list[Record]]
+) -> dict[int, list[Committed] | Exception]:
+    """Append every batch from its own task, all at once; collect each caller's outcome."""
+    outcomes: dict[int, list[Committed] | Exception] = {}
+
+    async def one(key: int) -> None:
+        try:
+            outcomes[key] = await journal.append(batches[key])
+        except Exception as exc:
+            outcomes[key] = exc
+
+    async with trio.open_nursery() as nursery:
+        for key in batches:
+            nursery.start_soon(one, key)
+    return outcomes
+
+
+# -- group commit ------------------------------------------------------------------------
+
+
+async def test_concurrent_appends_share_transactions_and_get_their_own_seqs(
+    log: LmdbLog,
+) -> None:
+    batches: dict[int, list[Record]] = {
+        i: [tool_result(f"s{i % 7}", f"c{i}.{j}", f"out {i}.{j}") for j in range(1 + i % 4)]
+        for i in range(100)
+    }
+    async with open_journal(log) as journal:
+        outcomes = await append_all(journal, batches)
+        stats = journal.stats
+        everything = await journal.read_global(after=1)
+        per_session = {sid: await journal.read_session(sid) for sid in [f"s{i}" for i in range(7)]}
+
+    total = sum(len(b) for b in batches.values())
+    assert stats.appends == 100
+    assert stats.records == total
+    assert stats.transactions < stats.appends
+    assert stats.transactions <= stats.appends // 2, f"barely batched: {stats}"
+    seen: list[int] = []
+    for key, outcome in outcomes.items():
+        assert isinstance(outcome, list)
+        assert [c.record for c in outcome] == batches[key]
+        first = outcome[0].seq
+        assert [c.seq for c in outcome] == list(range(first, first + len(batches[key])))
+        seen += [c.seq for c in outcome]
+    assert sorted(seen) == list(range(2, 2 + total))  # seq 1 is LogOpened
+    # What the callers were told is exactly what the log holds, globally and per session.
+    told = sorted((c for o in outcomes.values() if isinstance(o, list) for c in o), key=seqof)
+    assert everything == told
+    for sid, records in per_session.items():
+        assert records == [c for c in told if c.record.session_id == sid]
+    await trio.to_thread.run_sync(check_log, log, LogModel())
+
+
+def seqof(c: Committed) -> int:
+    return c.seq
+
+
+async def test_sequential_appends_are_one_transaction_each(log: LmdbLog) -> None:
+    async with open_journal(log) as journal:
+        for i in range(5):
+            done = await journal.append([tool_result("s", f"c{i}")])
+            assert done[0].seq == i + 2
+        assert journal.stats.transactions == journal.stats.appends == 5
+        assert await journal.append([]) == []
+
+
+# -- thread confinement ------------------------------------------------------------------
+
+
+async def test_every_write_transaction_runs_on_the_writer_thread(log: LmdbLog) -> None:
+    async with open_journal(log) as journal:
+        writer = journal.writer_thread
+        assert writer is not None
+        assert writer is not threading.current_thread()
+        await append_all(journal, {i: [tool_result(f"s{i % 3}", f"c{i}")] for i in range(60)})
+        for i in range(5):  # and sequential ones, each in its own transaction
+            await journal.append([tool_result("s", f"d{i}")])
+        assert log.write_threads == {writer.ident}
+        last = await trio.to_thread.run_sync(log.last_seq)
+
+        batch: list[tuple[list[Record], Guard | None]] = [([tool_result("s", "rogue")], None)]
+        with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
+            await trio.to_thread.run_sync(log.commit, batch)
+        with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
+            log.commit(batch)  # the trio thread: refused before any I/O
+        assert log.write_threads == {writer.ident}
+        assert await trio.to_thread.run_sync(log.last_seq) == last
+        assert (await journal.append([tool_result("s", "after")]))[0].seq == last + 1
+
+
+# -- guards ------------------------------------------------------------------------------
+
+
+def test_stale_guard_writes_nothing_and_spares_its_transaction(log: LmdbLog) -> None:
+    (opened,) = log.commit(
+        [([GoalRevised(session_id="s1", goal_rev=2, text="new", request_id="r", at=1.0)], None)]
+    )
+    assert isinstance(opened, list)
+    a = [tool_result("s1", "a1"), tool_result("s1", "a2")]
+    b = [tool_result("s1", "b1")]
+    c = [tool_result("s2", "c1")]
+    d = [tool_result("ghost", "d1")]
+    ra, rb, rc, rd = log.commit(
+        [(a, Guard("s1", 2)), (b, Guard("s1", 1)), (c, None), (d, Guard("ghost", 1))]
+    )
+    assert isinstance(ra, list)
+    assert isinstance(rc, list)
+    assert [x.seq for x in ra + rc] == [3, 4, 5]  # the refused batch took no seq
+    assert isinstance(rb, StaleGoal)
+    assert (rb.expected, rb.found) == (1, 2)
+    assert "goal revision 1" in str(rb)
+    assert isinstance(rd, StaleGoal)
+    assert (rd.expected, rd.found) == (1, 0)
+    assert [x.record for x in log.read_global(after=2)] == a + c
+    assert [x.record for x in log.read_session("s1", after=2)] == a
+    # A session that only appeared in a refused guard must not exist afterwards.
+    assert log.session_info("ghost") is None
+    assert "ghost" not in {info.session_id for info in log.sessions()}
+    assert log.read_session("ghost") == []
+    check_log(log, LogModel())
+
+
+def test_a_revision_earlier_in_the_same_transaction_is_in_force(log: LmdbLog) -> None:
+    revise = [GoalRevised(session_id="s1", goal_rev=1, text="t", request_id="r1", at=1.0)]
+    late = [tool_result("s1", "late")]
+    fresh = [tool_result("s1", "fresh")]
+    r1, r2, r3 = log.commit(
+        [(revise, Guard("s1", 0)), (late, Guard("s1", 0)), (fresh, Guard("s1", 1))]
+    )
+    assert isinstance(r1, list)
+    assert isinstance(r2, StaleGoal)
+    assert (r2.expected, r2.found) == (0, 1)
+    assert isinstance(r3, list)
+    assert [x.record for x in log.read_session("s1")] == revise + fresh
+    check_log(log, LogModel())
+
+
+async def test_stale_guard_through_the_journal(log: LmdbLog) -> None:
+    async with open_journal(log) as journal:
+        sub = journal.bus.subscribe("s1")
+        await journal.append(
+            [GoalRevised(session_id="s1", goal_rev=3, text="t", request_id="r", at=1.0)]
+        )
+        last = await trio.to_thread.run_sync(log.last_seq)
+        batches: dict[int, list[Record]] = {i: [tool_result("s1", f"ok{i}")] for i in range(10)}
+        stale = [tool_result("s1", "stale"), tool_result("s1", "stale2")]
+
+        async def guarded() -> None:
+            with pytest.raises(StaleGoal):
+                await journal.append(stale, guard=Guard("s1", 2))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(guarded)
+            outcomes = await append_all(journal, batches)
+        assert all(isinstance(o, list) for o in outcomes.values())
+        everything = await journal.read_global()
+        assert everything[-1].seq == last + 10
+        assert all(c.record not in stale for c in everything)
+        sub.close()
+        seen = [event.seq async for event in sub]
+        assert seen == list(range(2, last + 11))  # the refused batch published nothing
+
+
+# -- isolation of a bad batch ------------------------------------------------------------
+
+
+def test_unencodable_batch_fails_alone_in_its_transaction(log: LmdbLog) -> None:
+    good = [tool_result("s1", "g1")]
+    bad = [tool_result("s1", "b1"), tool_result("s1", "b2", at=float("nan"))]
+    also_good = [
+        InputAccepted(
+            session_id="s2", submission_id="u", request_id="r", text="t", body_hash="h", at=2.0
+        )
+    ]
+    r1, r2, r3 = log.commit([(good, None), (bad, None), (also_good, None)])
+    assert isinstance(r2, ValueError)
+    assert isinstance(r1, list)
+    assert isinstance(r3, list)
+    assert [x.seq for x in r1 + r3] == [2, 3]
+    assert [x.record for x in log.read_global(after=1)] == good + also_good
+    assert log.active_sessions() == ["s2"]
+    check_log(log, LogModel())
+
+
+async def test_unencodable_append_does_not_fail_the_others(log: LmdbLog) -> None:
+    batches: dict[int, list[Record]] = {i: [tool_result(f"s{i}", f"c{i}")] for i in range(20)}
+    batches[7] = [SessionCreated(session_id="s7", system="\ud800 lone surrogate", at=1.0)]
+    async with open_journal(log) as journal:
+        outcomes = await append_all(journal, batches)
+        assert journal.stats.transactions < 20  # they did share transactions
+    assert isinstance(outcomes.pop(7), UnicodeEncodeError)
+    assert all(isinstance(o, list) for o in outcomes.values())
+    new = await trio.to_thread.run_sync(check_log, log, LogModel())
+    assert len(new) == 20  # LogOpened and the 19 good appends
+
+
+# -- the commit fault point --------------------------------------------------------------
+
+
+def test_commit_fault_counts_durable_appends_only(tmp_path: Path) -> None:
+    """PERDURE_FAULT=commit@3 dies after the 3rd DURABLE append: refused ones do not count."""
+    path = tmp_path / "log"
+    child = Child("fault-script", str(path), stderr_path=tmp_path / "err", fault="commit@3")
+    try:
+        told = [child.read(), child.read(), child.read(), child.read()]
+        assert child.wait() == -signal.SIGKILL
+    finally:
+        child.close()
+    assert told == [{"ok": "a"}, {"refused": "StaleGoal"}, {"refused": "ValueError"}, {"ok": "c"}]
+    log = LmdbLog(path)
+    try:
+        calls = [getattr(c.record, "call_id", None) for c in log.read_global()]
+    finally:
+        log.close()
+    # d is durable although its caller never heard so; e was never written.
+    assert calls == [None, "a", "c", "d", None]
