@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +19,25 @@ def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
     return ws
+
+
+@pytest.fixture
+def make_plan(tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """Build a child-runtime plan (tests.support.child) on a fresh log and workspace."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    def build(
+        script: list[dict[str, Any]], inputs: list[str] | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        texts = inputs if inputs is not None else ["go"]
+        plan: dict[str, Any] = {
+            "log": str(tmp_path / "log"),
+            "workspace": str(ws),
+            "script": script,
+            "sessions": {"s1": [{"text": t, "request_id": f"r{i}"} for i, t in enumerate(texts)]},
+        }
+        plan.update(extra)
+        return plan
+
+    return build

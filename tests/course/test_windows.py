@@ -15,8 +15,7 @@ from perdure.storage.records import (
     RunStarted,
     ToolExecuting,
 )
-from tests.course.conftest import assert_sound
-from tests.support.checker import read_log
+from tests.support.checker import assert_sound, read_log
 from tests.support.ledger_tools import effects
 from tests.support.procs import run_child
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tests.recovery.conftest import assert_sound
+from tests.support.checker import assert_sound
 from tests.support.ledger_tools import effects
 from tests.support.procs import run_child
 

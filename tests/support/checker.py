@@ -200,3 +200,11 @@ def _check_ledger(
     for key in never:
         if effects[key] > 1:
             report.add(f"NEVER tool call {key} took effect {effects[key]} times")
+
+
+def assert_sound(plan: dict[str, Any], *, settled: bool = True) -> Report:
+    """Check a child plan's log and ledger; fail the test with every violation."""
+    ledger = Path(plan["workspace"])
+    report = check(Path(plan["log"]), ledger, settled=settled)
+    assert report.violations == [], "\n".join(report.violations)
+    return report
