@@ -356,7 +356,7 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         return compensating
     run = s.run
     if run is None:
-        if s.queue and not view.draining:
+        if s.queue and not (s.paused or view.draining):
             return _start_run(s, env)
         return NOTHING
     if run.cancel_requested:

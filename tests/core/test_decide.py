@@ -372,3 +372,12 @@ def test_usage_of_a_final_failed_attempt_is_kept() -> None:
     )
     assert s.state.usage == Usage(input_tokens=7, output_tokens=2)
     assert s.state.runs["in1.r0"].usage.output_tokens == 2
+
+
+def test_paused_session_does_not_start_queued_input() -> None:
+    s = Session()
+    s.command(decide.Pause("p"))
+    step, _ = s.command(decide.Submit("r1", "go"))
+    assert kinds(step) == ["InputAccepted"], "no run, no model call while paused"
+    step, _ = s.command(decide.Resume("u"))
+    assert kinds(step) == ["SessionResumed", "RunStarted", "GenerationStarted"]
