@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from os import PathLike
@@ -160,7 +160,7 @@ class Runtime:
 
     async def events(
         self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Committed records with seq > ``after`` from the log, then live events.
 
         No gap and no duplicate between the replay and the live part: live events

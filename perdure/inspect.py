@@ -4,7 +4,7 @@
 program (``GET /v1/sessions/{id}`` and ``perdure show`` both use it):
 
 * which version of the request is in force (``request``: goal revision and text);
-* what is done (``done``: answered inputs, completed tool calls of the current run);
+* what is done (``done``: answered inputs, completed tool calls of the input in progress);
 * what happens next (``next``: one plain sentence per pending step);
 * which side effects are unconfirmed (``unconfirmed``: NEVER calls that are executing
   or were cancelled while executing, and results whose outcome is unknown);
@@ -236,15 +236,14 @@ def summarize(s: SessionState) -> Summary:
         if sub.outcome is not None
     ]
     gen = s.current_generation()
-    completed_now = (
-        [
-            {"call_id": t.call_id, "tool": t.tool_name, "kind": t.result.kind}
-            for t in s.tasks_of(gen)
-            if isinstance(t.result, ToolCompleted)
-        ]
-        if gen is not None
-        else []
-    )
+    completed_now = []
+    if s.run is not None:
+        for gen_id in s.submissions[s.run.submission_id].generations:
+            for t in s.tasks_of(s.generations[gen_id]):
+                if isinstance(t.result, ToolCompleted):
+                    completed_now.append(
+                        {"call_id": t.call_id, "tool": t.tool_name, "kind": t.result.kind}
+                    )
     return {
         "session_id": s.session_id,
         "status": status(s),
@@ -253,7 +252,7 @@ def summarize(s: SessionState) -> Summary:
         "parked": s.parked,
         "last_seq": s.last_seq,
         "request": _request(s),
-        "done": {"inputs": answered, "tool_calls_this_run": completed_now},
+        "done": {"inputs": answered, "tool_calls_this_request": completed_now},
         "next": _next(s),
         "unconfirmed": _unconfirmed(s),
         "current_run": current,
@@ -300,7 +299,7 @@ def render(summary: Summary) -> list[tuple[str, str]]:
         style = "outcome" if item["status"] == "completed" else "warning"
         why = f" — {item['reason']}" if item["reason"] else ""
         out.append((style, f"    {item['submission_id']}: {item['status']}{why}"))
-    for call in done["tool_calls_this_run"]:
+    for call in done["tool_calls_this_request"]:
         out.append(("tool", f"    {call['tool']} [{call['call_id']}] {call['kind']}"))
     out.append(("plain", "  next:"))
     for step in summary["next"]:
