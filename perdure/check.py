@@ -64,7 +64,7 @@ class Report:
     damaged: list[int] = field(factory=list)  # sequence numbers of undecodable records
     counts: Counter[str] = field(factory=Counter)
     replay_policies: set[str] = field(factory=set)
-    never_calls: set[str] = field(factory=set)  # call ids executed under policy NEVER
+    never_calls: set[tuple[str, str]] = field(factory=set)  # (session, call) run as NEVER
     records: int = 0
     sessions: int = 0
     unfinished: list[str] = field(factory=list)  # sessions with work still pending
@@ -180,7 +180,7 @@ def _check_session(
         elif isinstance(r, ToolExecuting):
             report.replay_policies.add(r.replay)
             if r.replay == "never":
-                report.never_calls.add(r.call_id)
+                report.never_calls.add((sid, r.call_id))
             if r.call_id in completed_at:
                 report.add(f"{sid}: {r.call_id} executed again after it had completed")
             if task_rev.get(r.call_id, 0) < goal_rev:

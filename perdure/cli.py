@@ -163,7 +163,7 @@ def serve(
     from perdure._setup import SetupError
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
-    from perdure.storage.lmdb_log import LogError
+    from perdure.storage.lmdb_log import LogBusy, LogError
 
     try:
         token, source, show = resolve_token(log_dir, token_file, os.environ, host)
@@ -173,11 +173,8 @@ def serve(
     prov, tools = _setup(provider, model, tool_specs)
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
-    _say(
-        f"perdure serve: token from {source}; {len(tools)} tool(s): "
-        + ", ".join(t.name for t in tools),
-        "plain",
-    )
+    names = ", ".join(t.name for t in tools) or "none"
+    _say(f"perdure serve: token from {source}; tools: {names}", "plain")
     opts = ServeOptions(
         log=log_dir,
         provider=prov,
@@ -192,6 +189,8 @@ def serve(
     )
     try:
         trio.run(lambda: serve_daemon(opts, _say, show_token=show))
+    except LogBusy as exc:
+        _fail(f"{exc} (perdure serve --takeover takes it over)")
     except LogError as exc:
         _fail(str(exc))
 

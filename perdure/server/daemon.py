@@ -37,7 +37,7 @@ from perdure._runtime import open_runtime
 from perdure._setup import SetupError
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
-from perdure.storage.lmdb_log import Durability
+from perdure.storage.lmdb_log import Durability, LogError
 from perdure.tools.contract import Tool
 
 TOKEN_FILE: Final = "daemon.token"
@@ -133,10 +133,28 @@ async def serve(opts: ServeOptions, say: Say, *, show_token: bool = False) -> No
     """Run the daemon until SIGTERM/SIGINT; see the module docstring."""
     closing = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as top:
-            top.start_soon(_on_signals, signals, closing, top.cancel_scope, say)
-            await _serve(opts, closing, say, show_token)
-            top.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as top:
+                top.start_soon(_on_signals, signals, closing, top.cancel_scope, say)
+                await _serve(opts, closing, say, show_token)
+                top.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The log's errors (busy, fenced, disk full) are for the user, not a traceback.
+            found = _first(group, LogError)
+            if found is not None:
+                raise found from None
+            raise
+
+
+def _first(group: BaseExceptionGroup[BaseException], kind: type[Exception]) -> Exception | None:
+    for exc in group.exceptions:
+        if isinstance(exc, kind):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first(exc, kind)
+            if found is not None:
+                return found
+    return None
 
 
 async def _on_signals(

@@ -38,17 +38,26 @@ def check(log_dir: Path, workspace: Path | None = None, *, settled: bool = True)
 
 
 def _check_ledger(
-    report: Report, committed: list[Committed], ledger: list[dict[str, Any]], never: set[str]
+    report: Report,
+    committed: list[Committed],
+    ledger: list[dict[str, Any]],
+    never: set[tuple[str, str]],
 ) -> None:
-    executing = {c.record.call_id for c in committed if isinstance(c.record, ToolExecuting)}
-    effects: Counter[str] = Counter()
+    # Call ids are unique within a session, so effects are counted per (session, call).
+    executing = {
+        (c.record.session_id, c.record.call_id)
+        for c in committed
+        if isinstance(c.record, ToolExecuting)
+    }
+    effects: Counter[tuple[str, str]] = Counter()
     for entry in ledger:
         if entry["event"] != "effect":
             continue
-        effects[entry["call_id"]] += 1
+        key = (entry["session_id"], entry["call_id"])
+        effects[key] += 1
         report.counts["effects"] += 1
-        if entry["call_id"] not in executing:
-            report.add(f"unexpected effect of {entry['call_id']}: no executing record before it")
-    for call_id in never:
-        if effects[call_id] > 1:
-            report.add(f"NEVER tool call {call_id} took effect {effects[call_id]} times")
+        if key not in executing:
+            report.add(f"unexpected effect of {key}: no executing record before it")
+    for key in never:
+        if effects[key] > 1:
+            report.add(f"NEVER tool call {key} took effect {effects[key]} times")
