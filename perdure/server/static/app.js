@@ -145,6 +145,15 @@ function connect(after) {
   }
 }
 
+function streamOpen(timeoutMs) {
+  const source = view.source;
+  return new Promise((resolve) => {
+    if (!source || source.readyState === EventSource.OPEN) return resolve();
+    source.addEventListener("open", () => resolve(), { once: true });
+    setTimeout(resolve, timeoutMs); // never block the user on it
+  });
+}
+
 function add(node) {
   const list = $("#transcript");
   const detail = $("#detail");
@@ -292,6 +301,7 @@ function onRecord(type, r, seq) {
           ? `run ${r.run_id} interrupted (it continues as a new run)`
           : `run ${r.run_id} ${r.status}${r.reason ? ": " + r.reason : ""}`;
       note(`event run-finished ${r.status}`, text).dataset.run = r.run_id;
+      if (r.status !== "interrupted") loadSessions();
       break;
     }
     case "CancelRequested":
@@ -330,6 +340,7 @@ function onEphemeral(type, data) {
     const li = assistant(data.generation_id);
     if (!li.classList.contains("streaming")) return; // the committed reply is already shown
     li.querySelector(".text").textContent += data.text;
+    li.dataset.deltas = String(Number(li.dataset.deltas || 0) + 1);
     const detail = $("#detail");
     detail.scrollTop = detail.scrollHeight;
   } else if (type === "tool_progress") {
@@ -377,11 +388,13 @@ $("#new-session").addEventListener("submit", async (ev) => {
   if (!text) return;
   try {
     const created = await api("POST", "/v1/sessions", {});
+    await loadSessions();
+    // Listen before asking, so the reply is seen streaming from its first delta.
+    openSession(created.session_id);
+    await streamOpen(2000);
     await api("POST", `/v1/sessions/${encodeURIComponent(created.session_id)}/messages`,
       { text, request_id: requestId() });
     $("#new-text").value = "";
-    await loadSessions();
-    openSession(created.session_id);
   } catch (e) {
     alert(e.message);
   }
