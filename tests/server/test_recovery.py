@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -22,6 +23,7 @@ from tests.support.daemon import (
     ROOT,
     Daemon,
     DaemonError,
+    Stream,
     awaiting_approval,
     follow,
     is_final,
@@ -212,3 +214,50 @@ def test_a_second_daemon_on_the_same_log_is_refused(make_daemon: Callable[..., D
     with first.client() as c:
         assert c.get("/v1/sessions").status_code == 200
     assert json.loads((first.log / "owner.lock").read_text())["pid"] == first.pid
+
+
+async def test_sigterm_ends_streams_and_lets_the_running_tool_finish(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    script = [
+        {
+            "text": "A slow lookup.",
+            "tool_uses": [{"name": "slow_lookup", "input": {"query": "q", "seconds": 1.5}}],
+        },
+        {"text": "Found it."},
+    ]
+    daemon = await trio.to_thread.run_sync(make_daemon(script).start)
+    async with daemon.aclient() as c:
+        await c.post("/v1/sessions", json={"session_id": "g"})
+        await c.post("/v1/sessions/g/messages", json={"text": "go", "request_id": "r"})
+        executing = trio.Event()
+
+        def note(e: Any) -> bool:
+            if e.event == "ToolExecuting":
+                executing.set()
+            return False  # keep reading until the server ends the stream
+
+        stream = Stream()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: follow(c, "g", after=0, until=note, stream=stream))
+                await executing.wait()
+                # An open stream must not hold the shutdown up: it ends (the client may
+                # reconnect to the next process) while the tool is left to finish.
+                began = trio.current_time()
+                await trio.to_thread.run_sync(daemon.stop)
+                # Well under Hypercorn's 5 s grace for open connections: nothing waited on
+                # the stream; the shutdown waited only for the tool (1.5 s).
+                assert trio.current_time() - began < 4.0
+        assert stream.ended
+    assert daemon.proc is not None and daemon.proc.returncode == 0
+    records = [c.record for c in read_log(daemon.log)]
+    [done] = [r for r in records if type(r).__name__ == "ToolCompleted"]
+    assert done.output == "slowly found: q" and not done.is_error  # finished, not cut off
+    assert not any(isinstance(r, RunFinished) for r in records)  # the run goes on later
+    await trio.to_thread.run_sync(daemon.restart)
+    async with daemon.aclient() as c:
+        end = await follow(c, "g", after=stream.seqs[-1])
+    assert end.events[-1].record["final_text"] == "Found it."
+    executions = [r for r in read_log(daemon.log) if type(r.record).__name__ == "ToolExecuting"]
+    assert len(executions) == 1  # the completed tool was not run again
