@@ -34,7 +34,11 @@ STYLES: dict[str, dict[str, object]] = {
 
 def echo(text: str, style: str = "plain", *, nl: bool = True, err: bool = False) -> None:
     """Print with a style; colour only when writing to a terminal (click decides)."""
-    click.secho(text, nl=nl, err=err, **STYLES.get(style, {}))  # type: ignore[arg-type]
+    attributes = STYLES.get(style, {})
+    if attributes:
+        click.secho(text, nl=nl, err=err, **attributes)  # type: ignore[arg-type]
+    else:
+        click.echo(text, nl=nl, err=err)
 
 
 def _say(text: str, style: str = "plain") -> None:
@@ -274,6 +278,7 @@ async def _run_task(
         prefix = accepted.submission_id + "."
         streamed: set[str] = set()
         async with progress.running() as show:
+            show.status("waiting for the model")
             events = rt.events(sid, after=accepted.seq - 1, restarts=True)
             async with aclosing(events) as stream:
                 async for event in stream:

@@ -200,10 +200,9 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
             ),
             "restart" if recovered else "plain",
         )
-        app = cast(
-            ASGIFramework,
-            create_app(rt, token=opts.token, closing=closing, heartbeat=opts.heartbeat),
-        )
+        # create_app reads the page's static files: off the trio loop, like all file I/O.
+        build = partial(create_app, rt, token=opts.token, closing=closing, heartbeat=opts.heartbeat)
+        app = cast(ASGIFramework, await trio.to_thread.run_sync(build))
         config = Config()
         config.bind = [_bind(opts.host, opts.port)]
         config.accesslog = None
