@@ -13,7 +13,7 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
 413    body larger than ``max_body`` (1 MiB)
 423    the session is parked (its actor kept crashing; see ``GET`` the session)
 500    a damaged record (``corrupt_record``, naming its seq) or a bug
-503    the log cannot be written (disk full, ownership lost) or shutting down
+503    the log cannot be written (disk full, ownership lost); ``/healthz`` while stopping
 =====  =====================================================================
 
 Auth: ``Authorization: Bearer <token>`` everywhere but ``/healthz``. A browser
