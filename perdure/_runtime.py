@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from os import PathLike
@@ -29,6 +29,7 @@ from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, UnknownSession
 from perdure.providers.base import Message, Provider
 from perdure.storage.bus import Event
+from perdure.storage.codec import decode
 from perdure.storage.journal import Journal, JournalStats, open_journal
 from perdure.storage.lmdb_log import (
     DEFAULT_MAP_SIZE,
@@ -37,7 +38,7 @@ from perdure.storage.lmdb_log import (
     LogFenced,
     SessionInfo,
 )
-from perdure.storage.records import RunFinished
+from perdure.storage.records import Committed, LogOpened, RunFinished
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
@@ -50,6 +51,8 @@ class Runtime:
         self._sup = supervisor
         self.journal = journal
         self._ctx = ctx
+        self._restarts: list[Committed] | None = None
+        self._restarts_lock = trio.Lock()
 
     @property
     def log_path(self) -> Path:
@@ -79,6 +82,23 @@ class Runtime:
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.journal.sessions()
+
+    async def session_info(self, session_id: str) -> SessionInfo | None:
+        """The log's summary of one session, or None if there is no such session."""
+        return await self.journal.session_info(session_id)
+
+    async def restarts(self) -> list[Committed]:
+        """Every ``LogOpened`` record of the log (each start of a runtime), in order.
+
+        System records have no per-session index, so the first call scans the log's
+        frames once in a worker thread (decoding only the LogOpened ones) and caches
+        the answer; it stays valid while this process owns the log, since only an
+        owner writes LogOpened.
+        """
+        async with self._restarts_lock:
+            if self._restarts is None:
+                self._restarts = await trio.to_thread.run_sync(_scan_restarts, self.journal.log)
+            return list(self._restarts)
 
     async def _command(self, session_id: str, command: decide.Command) -> Any:
         return await self._sup.ask(session_id, lambda: CommandMsg(command))
@@ -150,25 +170,43 @@ class Runtime:
         return list(conversation.messages(state, include_pending=True))
 
     async def events(
-        self, session_id: str, *, after: int = 0, live: bool = True
-    ) -> AsyncIterator[Event]:
+        self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False
+    ) -> AsyncGenerator[Event, None]:
         """Committed records with seq > ``after`` from the log, then live events.
 
         No gap and no duplicate between the replay and the live part: live events
         are buffered from before the replay starts and de-duplicated by sequence
         number. Ephemeral events (``seq is None``) are only ever live.
+
+        ``restarts=True`` also yields, in sequence order, the ``LogOpened`` records
+        (runtime starts) that fall within the session's lifetime, so a viewer can mark
+        where the runtime restarted. They all precede this process's own records, so
+        they belong to the replay part.
         """
-        if await self.journal.session_info(session_id) is None:
+        info = await self.journal.session_info(session_id)
+        if info is None:
             raise UnknownSession(session_id)
+        markers: list[Committed] = []
+        if restarts:
+            markers = [c for c in await self.restarts() if c.seq > max(after, info.first_seq)]
+
+        def marker(c: Committed) -> Event:
+            return Event(session_id, type(c.record).__name__, c.seq, c.record)
+
         with self.journal.bus.subscribe(session_id) as live_feed:
             last = after
             while True:
                 page = await self.journal.read_session(session_id, last, _PAGE)
                 for c in page:
+                    while markers and markers[0].seq < c.seq:
+                        yield marker(markers.pop(0))
                     yield Event(session_id, type(c.record).__name__, c.seq, c.record)
                     last = c.seq
                 if len(page) < _PAGE:
                     break
+            for c in markers:
+                yield marker(c)
+                last = max(last, c.seq)
             if not live:
                 return
             async for event in live_feed:
@@ -181,6 +219,20 @@ class Runtime:
 
 def _rid() -> str:
     return "req-" + uuid.uuid4().hex
+
+
+_LOG_OPENED_TAG = b'"t":"LogOpened"'
+
+
+def _scan_restarts(log: LmdbLog) -> list[Committed]:
+    """The LogOpened records of ``log`` (blocking: run it in a worker thread)."""
+    found = []
+    for seq, frame in log.scan_frames():
+        if _LOG_OPENED_TAG in frame:  # a cheap pre-filter; the decode decides
+            record = decode(seq, frame)
+            if isinstance(record, LogOpened):
+                found.append(Committed(seq, record))
+    return found
 
 
 @asynccontextmanager

@@ -1,48 +1,24 @@
 """The history checker: DESIGN.md's invariants over a whole log and the tools' ledger.
 
-It reads every record of the log (read-only, so it can run beside a live owner)
-and the side-effect ledger written by ``ledger_tools``, and reports violations in
-words. ``check`` returns the list of violations; an empty list means the history
-is sound. It also returns counts so tests can assert the history was not vacuous.
+The log part is ``perdure.check`` (the same code as ``perdure check``); this module
+adds the side-effect ledger written by ``ledger_tools``: every effect must have an
+``executing`` record before it, and a NEVER call takes effect at most once.
+``check`` returns a report whose ``violations`` list is empty when the history is
+sound, with counts so tests can assert the history was not vacuous.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from attrs import define, field
-
-from perdure.actors.conversation import messages
-from perdure.actors.state import SessionState
-from perdure.providers.base import ToolResultBlock, ToolUseBlock
+from perdure.check import Report, check_log, check_records
 from perdure.storage.lmdb_log import LmdbLog
-from perdure.storage.records import (
-    FINAL_RUN_STATUSES,
-    Committed,
-    GenerationStarted,
-    GoalRevised,
-    InputAccepted,
-    RunFinished,
-    RunStarted,
-    ToolCancelled,
-    ToolCompleted,
-    ToolExecuting,
-    ToolOutcomeUnknown,
-    ToolTaskCreated,
-)
+from perdure.storage.records import Committed, ToolExecuting
 from tests.support.ledger_tools import read_ledger
 
-
-@define
-class Report:
-    violations: list[str] = field(factory=list)
-    counts: Counter[str] = field(factory=Counter)
-    replay_policies: set[str] = field(factory=set)
-
-    def add(self, text: str) -> None:
-        self.violations.append(text)
+__all__ = ["Report", "assert_sound", "check", "check_history", "read_log"]
 
 
 def read_log(log_dir: Path) -> list[Committed]:
@@ -55,8 +31,10 @@ def read_log(log_dir: Path) -> list[Committed]:
 
 def check(log_dir: Path, workspace: Path | None = None, *, settled: bool = True) -> Report:
     """Check every invariant. ``settled``: the runtime finished all its work."""
-    ledger = read_ledger(workspace) if workspace is not None else None
-    return check_history(read_log(log_dir), ledger, settled=settled)
+    report = check_log(log_dir, settled="all" if settled else "none")
+    if workspace is not None:
+        _check_ledger(report, read_log(log_dir), read_ledger(workspace), report.never_calls)
+    return report
 
 
 def check_history(
@@ -65,116 +43,18 @@ def check_history(
     *,
     settled: bool = True,
 ) -> Report:
-    """The invariants over records in log order (and, if given, the effect ledger)."""
-    report = Report()
-    for i, c in enumerate(committed, start=1):
-        if c.seq != i:
-            report.add(f"sequence gap: expected {i}, found {c.seq}")
-            break
-    by_session: dict[str, list[Committed]] = defaultdict(list)
-    for c in committed:
-        report.counts[type(c.record).__name__] += 1
-        if c.record.session_id:
-            by_session[c.record.session_id].append(c)
-    never_calls: set[tuple[str, str]] = set()  # (session id, call id)
-    for session_id, records in by_session.items():
-        _check_session(report, session_id, records, settled, never_calls)
+    """The invariants over records held in memory (e.g. the pure-core fuzz's history)."""
+    report = check_records(committed, settled="all" if settled else "none")
     if ledger is not None:
-        _check_ledger(report, committed, ledger, never_calls)
+        _check_ledger(report, committed, ledger, report.never_calls)
     return report
 
 
-def _check_session(
-    report: Report,
-    sid: str,
-    records: list[Committed],
-    settled: bool,
-    never_calls: set[tuple[str, str]],
-) -> None:
-    finals: Counter[str] = Counter()
-    final_runs: set[str] = set()
-    final_subs: set[str] = set()
-    accepted: list[str] = []
-    requests: Counter[str] = Counter()
-    created: dict[str, ToolTaskCreated] = {}
-    results: dict[str, list[Any]] = defaultdict(list)
-    completed_at: dict[str, int] = {}
-    goal_rev = 0
-    task_rev: dict[str, int] = {}
-    for c in records:
-        r = c.record
-        if isinstance(r, InputAccepted):
-            accepted.append(r.submission_id)
-            requests[r.request_id] += 1
-        elif isinstance(r, RunStarted):
-            if r.submission_id in final_subs:
-                report.add(f"{sid}: run {r.run_id} started after its input had a final outcome")
-            if r.resumed_from in final_runs:
-                report.add(f"{sid}: run {r.run_id} resumes the finished run {r.resumed_from}")
-        elif isinstance(r, RunFinished):
-            if r.status in FINAL_RUN_STATUSES:
-                finals[r.submission_id] += 1
-                final_subs.add(r.submission_id)
-                final_runs.add(r.run_id)
-        elif isinstance(r, GoalRevised):
-            goal_rev = r.goal_rev
-        elif isinstance(r, GenerationStarted):
-            if r.goal_rev < goal_rev:
-                report.add(f"{sid}: generation {r.generation_id} started under old revision")
-        elif isinstance(r, ToolTaskCreated):
-            created[r.call_id] = r
-            # A compensation undoes an old goal's action on request: it advances no goal.
-            if not r.compensates:
-                task_rev[r.call_id] = r.goal_rev
-        elif isinstance(r, ToolExecuting):
-            report.replay_policies.add(r.replay)
-            if r.replay == "never":
-                never_calls.add((sid, r.call_id))
-            if r.call_id in completed_at:
-                report.add(f"{sid}: {r.call_id} executed again after it had completed")
-            if task_rev.get(r.call_id, goal_rev) < goal_rev:
-                report.add(f"{sid}: {r.call_id} of an old revision was dispatched after a revision")
-        elif isinstance(r, ToolCompleted | ToolOutcomeUnknown | ToolCancelled):
-            results[r.call_id].append(r)
-            if isinstance(r, ToolCompleted):
-                completed_at[r.call_id] = c.seq
-            if isinstance(r, ToolOutcomeUnknown) and "UNKNOWN" not in r.output:
-                report.add(f"{sid}: unknown outcome of {r.call_id} is not stated plainly")
-    for request_id, n in requests.items():
-        if n > 1:
-            report.add(f"{sid}: request {request_id} accepted {n} times")
-    for sub in accepted:
-        if finals[sub] > 1:
-            report.add(f"{sid}: input {sub} has {finals[sub]} final outcomes")
-        if settled and finals[sub] == 0:
-            report.add(f"{sid}: input {sub} was accepted but never answered (lost)")
-    for call_id, found in results.items():
-        if len(found) > 1:
-            kinds = [type(x).__name__ for x in found]
-            report.add(f"{sid}: {call_id} has {len(found)} results: {kinds}")
-    if settled:
-        for call_id in created:
-            if call_id not in results:
-                report.add(f"{sid}: tool call {call_id} has no result")
-        _check_transcript(report, sid, records)
-
-
-def _check_transcript(report: Report, sid: str, records: list[Committed]) -> None:
-    state = SessionState.fold(sid, records)
-    uses: Counter[str] = Counter()
-    answered: Counter[str] = Counter()
-    for message in messages(state):
-        for block in message.content:
-            if isinstance(block, ToolUseBlock):
-                uses[block.id] += 1
-            elif isinstance(block, ToolResultBlock):
-                answered[block.tool_use_id] += 1
-    for call_id, _n in uses.items():
-        if answered[call_id] != 1:
-            report.add(f"{sid}: transcript pairs {call_id} with {answered[call_id]} results")
-    for task in state.tasks.values():
-        if isinstance(task.result, ToolOutcomeUnknown):
-            report.counts["unknown_stated"] += 1
+def assert_sound(plan: dict[str, Any], *, settled: bool = True) -> Report:
+    """Check a child plan's log and ledger; fail the test with every violation."""
+    report = check(Path(plan["log"]), Path(plan["workspace"]), settled=settled)
+    assert report.violations == [], "\n".join(report.violations)
+    return report
 
 
 def _check_ledger(
@@ -183,6 +63,7 @@ def _check_ledger(
     ledger: list[dict[str, Any]],
     never: set[tuple[str, str]],
 ) -> None:
+    # Call ids are unique within a session, so effects are counted per (session, call).
     executing = {
         (c.record.session_id, c.record.call_id)
         for c in committed
@@ -200,11 +81,3 @@ def _check_ledger(
     for key in never:
         if effects[key] > 1:
             report.add(f"NEVER tool call {key} took effect {effects[key]} times")
-
-
-def assert_sound(plan: dict[str, Any], *, settled: bool = True) -> Report:
-    """Check a child plan's log and ledger; fail the test with every violation."""
-    ledger = Path(plan["workspace"])
-    report = check(Path(plan["log"]), ledger, settled=settled)
-    assert report.violations == [], "\n".join(report.violations)
-    return report

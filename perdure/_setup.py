@@ -1,0 +1,98 @@
+"""What ``perdure run`` and ``perdure serve`` share: turning options into a provider and tools.
+
+``--provider anthropic`` (the default) needs ``ANTHROPIC_API_KEY``; its module is
+imported only on that path, so the scripted provider works without it.
+``--provider scripted:FILE`` replays a JSON script (see ``ScriptedProvider.from_file``).
+``--tools MODULE:ATTR`` names a ``Tool`` or an iterable of tools; without it the
+built-in workspace tools are used when this build has them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from perdure.providers.base import Provider
+from perdure.tools.contract import Tool
+
+DEFAULT_TOOLS = "perdure.tools.workspace:TOOLS"
+
+
+class SetupError(Exception):
+    """A user-facing configuration problem; the message says how to fix it."""
+
+
+def load_provider(spec: str, model: str | None = None) -> Provider:
+    """``anthropic`` or ``scripted:FILE`` -> a provider, or a ``SetupError`` in plain words."""
+    if spec.startswith("scripted:"):
+        from perdure.providers.scripted import ScriptedProvider, ScriptError
+
+        path = spec.removeprefix("scripted:")
+        if not path:
+            raise SetupError("--provider scripted:FILE needs a file name after the colon")
+        try:
+            return ScriptedProvider.from_file(path)
+        except ScriptError as exc:
+            raise SetupError(str(exc)) from None
+    if spec != "anthropic":
+        raise SetupError(f"unknown provider {spec!r}: use 'anthropic' or 'scripted:FILE'")
+    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        raise SetupError(
+            "the Anthropic provider needs an API key: export ANTHROPIC_API_KEY=sk-ant-... "
+            "(or run without a model API: --provider scripted:FILE)"
+        )
+    try:
+        module = importlib.import_module("perdure.providers.anthropic")
+    except ImportError as exc:
+        raise SetupError(
+            f"the Anthropic provider is not available in this build ({exc}); "
+            "use --provider scripted:FILE"
+        ) from None
+    try:
+        provider: Provider = module.provider_from_env(model)
+    except Exception as exc:  # its own clear error (e.g. missing credentials)
+        raise SetupError(str(exc)) from None
+    return provider
+
+
+def _resolve(spec: str) -> Any:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SetupError(f"--tools {spec!r}: expected MODULE:ATTR, e.g. mypkg.tools:TOOLS")
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SetupError(f"--tools {spec!r}: cannot import {module_name}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise SetupError(f"--tools {spec!r}: {module_name} has no {attr}") from None
+    return value
+
+
+def load_tools(specs: Iterable[str]) -> list[Tool]:
+    """Every ``MODULE:ATTR`` resolved to tools (a Tool, or an iterable of Tools)."""
+    tools: list[Tool] = []
+    for spec in specs:
+        value = _resolve(spec)
+        found = [value] if isinstance(value, Tool) else value
+        try:
+            found = list(found)
+        except TypeError:
+            raise SetupError(f"--tools {spec!r} is neither a tool nor a list of tools") from None
+        for t in found:
+            if not isinstance(t, Tool):
+                raise SetupError(f"--tools {spec!r}: {t!r} is not a @perdure.tool")
+        tools.extend(found)
+    return tools
+
+
+def default_tools() -> list[Tool]:
+    """The built-in workspace tools when this build has them, else none."""
+    try:
+        return load_tools([DEFAULT_TOOLS])
+    except SetupError:
+        return []

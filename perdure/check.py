@@ -1,0 +1,246 @@
+"""``perdure check``: verify a log's frames and DESIGN.md's invariants, read-only.
+
+Two passes over one read transaction's view of the log (safe beside a running
+owner: LMDB readers never block the writer):
+
+1. every stored frame is decoded (format byte, CRC over seq + payload, known type
+   and version); a damaged record is reported by its sequence number and the scan
+   goes on, so one bad byte does not hide another; the sequence must be gap-free;
+2. the decoded records are checked against the invariants, per session:
+
+   * every accepted input gets exactly one final run outcome (none lost, none
+     doubled) and a request id is accepted once;
+   * a finished or cancelled run is never resumed, and no run starts for an input
+     that already has its outcome;
+   * a completed tool call is never executed again, and every call has at most one
+     result (exactly one once the session is idle);
+   * an unknown outcome is stated plainly to the model;
+   * no model turn or tool dispatch of an old goal revision happens after a newer
+     revision is in force;
+   * once idle, the transcript pairs every tool call with exactly one result.
+
+``check_log`` returns a ``Report``; an empty ``violations`` list means sound. The
+test suite's history checker (``tests/support/checker.py``) adds the side-effect
+ledger of its test tools on top of this one implementation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from os import PathLike
+from typing import Any, Literal
+
+from attrs import define, field
+
+from perdure.actors.conversation import messages
+from perdure.actors.state import SessionState
+from perdure.providers.base import ToolResultBlock, ToolUseBlock
+from perdure.storage.codec import CorruptRecord, decode
+from perdure.storage.lmdb_log import LmdbLog
+from perdure.storage.records import (
+    FINAL_RUN_STATUSES,
+    Committed,
+    GenerationStarted,
+    GoalRevised,
+    InputAccepted,
+    RunFinished,
+    RunStarted,
+    ToolCancelled,
+    ToolCompleted,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+    ToolTaskCreated,
+)
+
+Settled = Literal["all", "idle", "none"]
+"""How finished the history must be: ``all`` sessions (the runtime finished all its
+work), only the ``idle`` ones (a live or interrupted log), or ``none``."""
+
+
+@define
+class Report:
+    violations: list[str] = field(factory=list)
+    damaged: list[int] = field(factory=list)  # sequence numbers of undecodable records
+    counts: Counter[str] = field(factory=Counter)
+    replay_policies: set[str] = field(factory=set)
+    never_calls: set[tuple[str, str]] = field(factory=set)  # (session, call) run as NEVER
+    records: int = 0
+    sessions: int = 0
+    unfinished: list[str] = field(factory=list)  # sessions with work still pending
+
+    def add(self, text: str) -> None:
+        self.violations.append(text)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check_log(
+    path: str | PathLike[str],
+    *,
+    settled: Settled = "idle",
+    on_frame: Callable[[int], None] | None = None,
+) -> Report:
+    """Check the log at ``path`` (opened read-only). ``on_frame(seq)`` reports progress."""
+    log = LmdbLog(path, readonly=True)
+    try:
+        committed = decode_frames(log.scan_frames(), report := Report(), on_frame)
+    finally:
+        log.close()
+    check_records(committed, settled=settled, report=report)
+    return report
+
+
+def last_seq(path: str | PathLike[str]) -> int:
+    """The log's last sequence number (for a progress bar)."""
+    log = LmdbLog(path, readonly=True)
+    try:
+        return log.last_seq()
+    finally:
+        log.close()
+
+
+def decode_frames(
+    frames: Iterable[tuple[int, bytes]],
+    report: Report,
+    on_frame: Callable[[int], None] | None = None,
+) -> list[Committed]:
+    """Decode every frame; report damaged ones by seq and gaps in the sequence."""
+    out: list[Committed] = []
+    expected = 1
+    for seq, frame in frames:
+        if on_frame is not None:
+            on_frame(seq)
+        if seq != expected:
+            report.add(f"sequence gap: expected record {expected}, found {seq}")
+        expected = seq + 1
+        try:
+            out.append(Committed(seq, decode(seq, frame)))
+        except CorruptRecord as exc:
+            report.damaged.append(seq)
+            report.add(str(exc))
+    return out
+
+
+def check_records(
+    committed: Iterable[Committed], *, settled: Settled = "idle", report: Report | None = None
+) -> Report:
+    """Check the invariants over decoded records (in sequence order)."""
+    report = report if report is not None else Report()
+    by_session: dict[str, list[Committed]] = defaultdict(list)
+    for c in committed:
+        report.records += 1
+        report.counts[type(c.record).__name__] += 1
+        if c.record.session_id:
+            by_session[c.record.session_id].append(c)
+    report.sessions = len(by_session)
+    for session_id, records in by_session.items():
+        _check_session(report, session_id, records, settled, bool(report.damaged))
+    return report
+
+
+def _check_session(
+    report: Report, sid: str, records: list[Committed], settled: Settled, damaged: bool
+) -> None:
+    finals: Counter[str] = Counter()
+    final_runs: set[str] = set()
+    final_subs: set[str] = set()
+    accepted: list[str] = []
+    requests: Counter[str] = Counter()
+    created: dict[str, ToolTaskCreated] = {}
+    results: dict[str, list[Any]] = defaultdict(list)
+    completed_at: dict[str, int] = {}
+    goal_rev = 0
+    task_rev: dict[str, int] = {}
+    for c in records:
+        r = c.record
+        if isinstance(r, InputAccepted):
+            accepted.append(r.submission_id)
+            requests[r.request_id] += 1
+        elif isinstance(r, RunStarted):
+            if r.submission_id in final_subs:
+                report.add(f"{sid}: run {r.run_id} started after its input had a final outcome")
+            if r.resumed_from in final_runs:
+                report.add(f"{sid}: run {r.run_id} resumes the finished run {r.resumed_from}")
+        elif isinstance(r, RunFinished):
+            if r.status in FINAL_RUN_STATUSES:
+                finals[r.submission_id] += 1
+                final_subs.add(r.submission_id)
+                final_runs.add(r.run_id)
+        elif isinstance(r, GoalRevised):
+            goal_rev = r.goal_rev
+        elif isinstance(r, GenerationStarted):
+            if r.goal_rev < goal_rev:
+                report.add(f"{sid}: generation {r.generation_id} started under old revision")
+        elif isinstance(r, ToolTaskCreated):
+            created[r.call_id] = r
+            # A compensation undoes an old goal's action on request: it advances no goal.
+            if not r.compensates:
+                task_rev[r.call_id] = r.goal_rev
+        elif isinstance(r, ToolExecuting):
+            report.replay_policies.add(r.replay)
+            if r.replay == "never":
+                report.never_calls.add((sid, r.call_id))
+            if r.call_id in completed_at:
+                report.add(f"{sid}: {r.call_id} executed again after it had completed")
+            if task_rev.get(r.call_id, goal_rev) < goal_rev:
+                report.add(f"{sid}: {r.call_id} of an old revision was dispatched after a revision")
+        elif isinstance(r, ToolCompleted | ToolOutcomeUnknown | ToolCancelled):
+            results[r.call_id].append(r)
+            if isinstance(r, ToolCompleted):
+                completed_at[r.call_id] = c.seq
+            if isinstance(r, ToolOutcomeUnknown) and "UNKNOWN" not in r.output:
+                report.add(f"{sid}: unknown outcome of {r.call_id} is not stated plainly")
+    for request_id, n in requests.items():
+        if n > 1:
+            report.add(f"{sid}: request {request_id} accepted {n} times")
+    for sub in accepted:
+        if finals[sub] > 1:
+            report.add(f"{sid}: input {sub} has {finals[sub]} final outcomes")
+    for call_id, found in results.items():
+        if len(found) > 1:
+            kinds = [type(x).__name__ for x in found]
+            report.add(f"{sid}: {call_id} has {len(found)} results: {kinds}")
+
+    state: SessionState | None = None
+    if settled != "none":
+        if damaged:
+            # Any damaged record may belong to this session: a fold would be a guess, and
+            # the damage is already reported by its sequence number.
+            return
+        try:
+            state = SessionState.fold(sid, records)
+        except Exception as exc:  # the fold is total on a sound history
+            report.add(f"{sid}: its records do not fold into a state: {type(exc).__name__}: {exc}")
+            return
+        if not (state.idle or state.parked):
+            report.unfinished.append(sid)
+    complete = settled == "all" or (settled == "idle" and state is not None and state.idle)
+    if not complete:
+        return
+    for sub in accepted:
+        if finals[sub] == 0:
+            report.add(f"{sid}: input {sub} was accepted but never answered (lost)")
+    for call_id in created:
+        if call_id not in results:
+            report.add(f"{sid}: tool call {call_id} has no result")
+    _check_transcript(report, sid, state if state is not None else SessionState.fold(sid, records))
+
+
+def _check_transcript(report: Report, sid: str, state: SessionState) -> None:
+    uses: Counter[str] = Counter()
+    answered: Counter[str] = Counter()
+    for message in messages(state):
+        for block in message.content:
+            if isinstance(block, ToolUseBlock):
+                uses[block.id] += 1
+            elif isinstance(block, ToolResultBlock):
+                answered[block.tool_use_id] += 1
+    for call_id in uses:
+        if answered[call_id] != 1:
+            report.add(f"{sid}: transcript pairs {call_id} with {answered[call_id]} results")
+    for task in state.tasks.values():
+        if isinstance(task.result, ToolOutcomeUnknown):
+            report.counts["unknown_stated"] += 1

@@ -1,0 +1,435 @@
+// perdure's web page: sessions, a live transcript per session, approvals.
+// Plain JS, no build step. Auth rides on the HttpOnly cookie set by GET /?token=...,
+// which fetch() and EventSource send by themselves (same origin).
+//
+// The transcript is fed by the session's Server-Sent Events: every committed record
+// carries `id: seq`, so when the daemon restarts, EventSource reconnects by itself
+// with Last-Event-ID and the server replays exactly what was missed (no gap, no
+// duplicate). Text deltas are ephemeral (no id): the committed reply replaces them.
+"use strict";
+
+const RECORD_TYPES = [
+  "SessionCreated", "InputAccepted", "RunStarted", "RunFinished", "GenerationStarted",
+  "RetryPending", "GenerationCompleted", "ToolTaskCreated", "ToolAwaitingApproval",
+  "ApprovalDecided", "ToolExecuting", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
+  "CancelRequested", "GoalRevised", "SessionPaused", "SessionResumed", "RecoveryDecision",
+  "SessionParked", "LogOpened",
+];
+const EPHEMERAL_TYPES = ["model_call", "text_delta", "tool_progress"];
+const PHASE_LABEL = {
+  created: "created", awaiting_approval: "awaiting approval", approved: "approved",
+  denied: "denied", executing: "executing", completed: "completed",
+  outcome_unknown: "outcome unknown", cancelled: "cancelled",
+};
+
+const $ = (sel) => document.querySelector(sel);
+const view = {
+  sid: null,         // the session shown
+  source: null,      // its EventSource
+  lastSeq: 0,        // the last committed seq rendered
+  gens: new Map(),   // generation_id -> assistant <li>
+  calls: new Map(),  // call_id -> tool card element
+  reopen: null,      // timer for a manual reconnect
+  summaryTimer: null,
+};
+
+function requestId() {
+  const bytes = new Uint8Array(12);
+  crypto.getRandomValues(bytes);
+  return "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, init);
+  const data = await resp.json().catch(() => ({}));
+  if (resp.status === 401) {
+    location.href = "/";
+  }
+  if (!resp.ok) {
+    const err = data.error || { code: "http_" + resp.status, message: resp.statusText };
+    throw new Error(err.code + ": " + err.message);
+  }
+  return data;
+}
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function setConn(state, text) {
+  const conn = $("#conn");
+  conn.dataset.state = state;
+  conn.textContent = text;
+}
+
+// -- the session list ----------------------------------------------------------------
+
+async function loadSessions() {
+  try {
+    const data = await api("GET", "/v1/sessions");
+    const list = $("#sessions");
+    list.replaceChildren();
+    for (const s of data.sessions.slice().reverse()) {
+      const li = el("li");
+      li.dataset.sid = s.session_id;
+      li.append(el("span", "", s.session_id));
+      if (s.active) li.append(el("span", "active", "active"));
+      if (s.session_id === view.sid) li.classList.add("selected");
+      li.addEventListener("click", () => openSession(s.session_id));
+      list.append(li);
+    }
+    if (!view.source) setConn("live", "connected");
+  } catch (e) {
+    if (!view.source) setConn("reconnecting", "daemon unreachable, retrying…");
+  }
+}
+
+// -- one session -------------------------------------------------------------------------
+
+function openSession(sid) {
+  if (view.source) view.source.close();
+  clearTimeout(view.reopen);
+  Object.assign(view, { sid, source: null, lastSeq: 0, gens: new Map(), calls: new Map() });
+  location.hash = encodeURIComponent(sid);
+  $("#empty").hidden = true;
+  $("#session-view").hidden = false;
+  $("#sid").textContent = sid;
+  $("#transcript").replaceChildren();
+  $("#summary").replaceChildren();
+  for (const li of document.querySelectorAll("#sessions li")) {
+    li.classList.toggle("selected", li.dataset.sid === sid);
+  }
+  connect(0);
+  refreshSummary();
+}
+
+function connect(after) {
+  const sid = view.sid;
+  const url = `/v1/sessions/${encodeURIComponent(sid)}/events?after=${after}`;
+  const source = new EventSource(url);
+  view.source = source;
+  source.onopen = () => setConn("live", "live");
+  source.onerror = () => {
+    if (view.source !== source) return;
+    setConn("reconnecting", "reconnecting…");
+    // EventSource retries by itself (sending Last-Event-ID); if the browser gave up
+    // (e.g. an error status while the daemon restarted), start over from our last seq.
+    if (source.readyState === EventSource.CLOSED) {
+      clearTimeout(view.reopen);
+      view.reopen = setTimeout(() => { if (view.sid === sid) connect(view.lastSeq); }, 1500);
+    }
+  };
+  for (const type of RECORD_TYPES) {
+    source.addEventListener(type, (ev) => {
+      if (view.source !== source) return;
+      const msg = JSON.parse(ev.data);
+      if (msg.seq <= view.lastSeq) return; // never render a record twice
+      view.lastSeq = msg.seq;
+      onRecord(type, msg.record, msg.seq);
+      scheduleSummary();
+    });
+  }
+  for (const type of EPHEMERAL_TYPES) {
+    source.addEventListener(type, (ev) => {
+      if (view.source !== source) return;
+      onEphemeral(type, JSON.parse(ev.data).data);
+    });
+  }
+}
+
+function streamOpen(timeoutMs) {
+  const source = view.source;
+  return new Promise((resolve) => {
+    if (!source || source.readyState === EventSource.OPEN) return resolve();
+    source.addEventListener("open", () => resolve(), { once: true });
+    setTimeout(resolve, timeoutMs); // never block the user on it
+  });
+}
+
+function add(node) {
+  const list = $("#transcript");
+  const detail = $("#detail");
+  const atBottom = detail.scrollHeight - detail.scrollTop - detail.clientHeight < 80;
+  list.append(node);
+  if (atBottom) detail.scrollTop = detail.scrollHeight;
+  return node;
+}
+
+function note(cls, text) {
+  return add(el("li", cls, text));
+}
+
+function assistant(generationId) {
+  let li = view.gens.get(generationId);
+  if (!li) {
+    li = el("li", "assistant");
+    li.dataset.generation = generationId;
+    li.append(el("div", "text"), el("div", "retry"), el("div", "calls"));
+    view.gens.set(generationId, add(li));
+  }
+  return li;
+}
+
+function toolCard(callId, name, input) {
+  let card = view.calls.get(callId);
+  if (!card) {
+    card = el("div", "tool");
+    card.dataset.call = callId;
+    const head = el("div", "head");
+    head.append(el("strong", "", name || "?"), el("span", "phase"), el("span", "muted", callId));
+    card.append(head);
+    if (input !== undefined) card.append(el("pre", "input", JSON.stringify(input)));
+    card.append(el("div", "note"), el("pre", "output"));
+    view.calls.set(callId, card);
+  }
+  return card;
+}
+
+function setPhase(callId, phase, detail) {
+  const card = view.calls.get(callId);
+  if (!card) return;
+  card.dataset.phase = phase;
+  card.querySelector(".phase").textContent = PHASE_LABEL[phase] || phase;
+  if (detail !== undefined) card.querySelector(".note").textContent = detail;
+  if (phase !== "awaiting_approval") {
+    const actions = card.querySelector(".actions");
+    if (actions) actions.remove();
+  }
+}
+
+function approvalButtons(callId) {
+  const card = view.calls.get(callId);
+  if (!card || card.querySelector(".actions")) return;
+  const actions = el("div", "actions");
+  const decide = (approved) => async () => {
+    for (const b of actions.querySelectorAll("button")) b.disabled = true;
+    try {
+      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/approvals/${encodeURIComponent(callId)}`,
+        { approved, request_id: requestId() });
+    } catch (e) {
+      alert(e.message);
+      for (const b of actions.querySelectorAll("button")) b.disabled = false;
+    }
+  };
+  const approve = el("button", "approve", "Approve");
+  approve.type = "button";
+  approve.addEventListener("click", decide(true));
+  const deny = el("button", "deny", "Deny");
+  deny.type = "button";
+  deny.addEventListener("click", decide(false));
+  actions.append(approve, deny);
+  card.append(actions);
+}
+
+function onRecord(type, r, seq) {
+  switch (type) {
+    case "SessionCreated":
+      note("event", `session created${r.system ? " (system prompt set)" : ""}`);
+      break;
+    case "InputAccepted":
+      add(el("li", "user", r.text)).dataset.submission = r.submission_id;
+      break;
+    case "RunStarted":
+      note("event", r.resumed_from
+        ? `run ${r.run_id} continues ${r.resumed_from} (resume attempt ${r.resume_attempt})`
+        : `run ${r.run_id} started`);
+      break;
+    case "GenerationStarted":
+      assistant(r.generation_id).classList.add("streaming");
+      break;
+    case "RetryPending": {
+      const wait = Math.max(0, r.not_before - r.at).toFixed(1);
+      assistant(r.generation_id).querySelector(".retry").textContent =
+        `model attempt ${r.attempt} failed (${r.error}); retrying in ${wait}s`;
+      break;
+    }
+    case "GenerationCompleted": {
+      const li = assistant(r.generation_id);
+      li.classList.remove("streaming");
+      li.querySelector(".text").textContent = r.text || (r.tool_calls.length ? "" : "(empty reply)");
+      li.querySelector(".retry").textContent = "";
+      const calls = li.querySelector(".calls");
+      for (const call of r.tool_calls) calls.append(toolCard(call.call_id, call.name, call.input));
+      break;
+    }
+    case "ToolTaskCreated": {
+      const card = toolCard(r.call_id, r.tool_name, r.input);
+      if (!card.isConnected) assistant(r.generation_id).querySelector(".calls").append(card);
+      setPhase(r.call_id, "created");
+      break;
+    }
+    case "ToolAwaitingApproval":
+      setPhase(r.call_id, "awaiting_approval", r.reason);
+      approvalButtons(r.call_id);
+      break;
+    case "ApprovalDecided":
+      setPhase(r.call_id, r.approved ? "approved" : "denied",
+        r.approved ? "approved by a human" : "denied by a human");
+      break;
+    case "ToolExecuting":
+      setPhase(r.call_id, "executing",
+        `policy ${r.replay}${r.attempt > 1 ? `, attempt ${r.attempt}` : ""}`);
+      break;
+    case "ToolCompleted": {
+      const how = r.kind === "ok" ? "" : r.kind;
+      setPhase(r.call_id, "completed", how + (r.duration ? ` ${r.duration.toFixed(2)}s` : ""));
+      const card = view.calls.get(r.call_id);
+      if (card) card.querySelector(".output").textContent = r.output;
+      break;
+    }
+    case "ToolOutcomeUnknown": {
+      setPhase(r.call_id, "outcome_unknown", r.reason);
+      const card = view.calls.get(r.call_id);
+      if (card) card.querySelector(".output").textContent = r.output;
+      break;
+    }
+    case "ToolCancelled":
+      setPhase(r.call_id, "cancelled", r.reason);
+      break;
+    case "RunFinished": {
+      const text = r.status === "completed"
+        ? `run ${r.run_id} completed`
+        : r.status === "interrupted"
+          ? `run ${r.run_id} interrupted (it continues as a new run)`
+          : `run ${r.run_id} ${r.status}${r.reason ? ": " + r.reason : ""}`;
+      note(`event run-finished ${r.status}`, text).dataset.run = r.run_id;
+      if (r.status !== "interrupted") loadSessions();
+      break;
+    }
+    case "CancelRequested":
+      note("event", `cancel requested for run ${r.run_id}`);
+      break;
+    case "GoalRevised":
+      note("revision", `request revised (revision ${r.goal_rev}): ${r.text}`);
+      break;
+    case "SessionPaused":
+      note("event", "session paused: nothing new is dispatched");
+      break;
+    case "SessionResumed":
+      note("event", "session resumed");
+      break;
+    case "SessionParked":
+      note("event run-finished failed", `session parked: ${r.reason}`);
+      break;
+    case "LogOpened":
+      note("restart", `⟳ runtime restarted (epoch ${r.epoch}, pid ${r.pid}, ${new Date(r.at * 1000).toLocaleTimeString()})`);
+      break;
+    case "RecoveryDecision": {
+      note("recovery", `recovery: ${r.subject}: found ${r.found} → ${r.action} (${r.reason})`);
+      const card = view.calls.get(r.subject);
+      if (card) card.querySelector(".note").textContent = `recovery: ${r.action}`;
+      break;
+    }
+  }
+}
+
+function onEphemeral(type, data) {
+  if (type === "model_call") {
+    const li = assistant(data.generation_id);
+    li.classList.add("streaming");
+    li.querySelector(".text").textContent = ""; // a new attempt starts from scratch
+  } else if (type === "text_delta") {
+    const li = assistant(data.generation_id);
+    if (!li.classList.contains("streaming")) return; // the committed reply is already shown
+    li.querySelector(".text").textContent += data.text;
+    li.dataset.deltas = String(Number(li.dataset.deltas || 0) + 1);
+    const detail = $("#detail");
+    detail.scrollTop = detail.scrollHeight;
+  } else if (type === "tool_progress") {
+    const card = view.calls.get(data.call_id);
+    if (card) card.querySelector(".note").textContent = data.message;
+  }
+}
+
+// -- the summary (GET /v1/sessions/{id}) ----------------------------------------------
+
+function scheduleSummary() {
+  clearTimeout(view.summaryTimer);
+  view.summaryTimer = setTimeout(refreshSummary, 250);
+}
+
+async function refreshSummary() {
+  const sid = view.sid;
+  if (!sid) return;
+  let s;
+  try {
+    s = await api("GET", `/v1/sessions/${encodeURIComponent(sid)}`);
+  } catch (e) {
+    return;
+  }
+  if (sid !== view.sid) return;
+  const badge = $("#status");
+  badge.textContent = s.status.replace("_", " ");
+  badge.dataset.status = s.status;
+  const box = $("#summary");
+  box.replaceChildren();
+  if (s.request.text !== null) {
+    box.append(el("div", "", `request in force (revision ${s.request.goal_rev}): ${s.request.text}`));
+  }
+  box.append(el("div", "", "next: " + s.next.join("; ")));
+  for (const u of s.unconfirmed) {
+    box.append(el("div", "unconfirmed", `unconfirmed: ${u.tool} [${u.call_id}]: ${u.why}`));
+  }
+}
+
+// -- forms -------------------------------------------------------------------------------
+
+$("#new-session").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const text = $("#new-text").value.trim();
+  if (!text) return;
+  try {
+    const created = await api("POST", "/v1/sessions", {});
+    await loadSessions();
+    // Listen before asking, so the reply is seen streaming from its first delta.
+    openSession(created.session_id);
+    await streamOpen(2000);
+    await api("POST", `/v1/sessions/${encodeURIComponent(created.session_id)}/messages`,
+      { text, request_id: requestId() });
+    $("#new-text").value = "";
+  } catch (e) {
+    alert(e.message);
+  }
+});
+
+$("#send").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const text = $("#text").value.trim();
+  if (!text || !view.sid) return;
+  const base = `/v1/sessions/${encodeURIComponent(view.sid)}`;
+  try {
+    if ($("#as-revision").checked) {
+      await api("POST", base + "/revisions", { text, request_id: requestId() });
+    } else {
+      await api("POST", base + "/messages", { text, request_id: requestId() });
+    }
+    $("#text").value = "";
+  } catch (e) {
+    alert(e.message);
+  }
+});
+
+for (const action of ["pause", "resume", "cancel"]) {
+  $("#" + action).addEventListener("click", async () => {
+    if (!view.sid) return;
+    try {
+      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/${action}`, { request_id: requestId() });
+      scheduleSummary();
+    } catch (e) {
+      alert(e.message);
+    }
+  });
+}
+
+loadSessions();
+setInterval(loadSessions, 3000);
+setInterval(() => { if (view.sid) refreshSummary(); }, 5000);
+if (location.hash.length > 1) openSession(decodeURIComponent(location.hash.slice(1)));

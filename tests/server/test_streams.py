@@ -1,0 +1,130 @@
+"""Many sessions at once, event-stream resume by sequence number, and slow clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import trio
+
+from perdure.storage.lmdb_log import LmdbLog
+from perdure.storage.records import LogOpened
+from tests.server.conftest import WORK_SCRIPT
+from tests.support.checker import check
+from tests.support.daemon import Daemon, Stream, follow, is_final, parse_sse
+
+FINAL = "All done: looked up, booked, and noted."
+
+
+def expected_seqs(log: Path, session_id: str) -> list[int]:
+    """What a stream from 0 must deliver: the session's records plus restart markers."""
+    opened = LmdbLog(log, readonly=True)
+    try:
+        own = [c.seq for c in opened.read_session(session_id)]
+        markers = [
+            c.seq
+            for c in opened.read_global()
+            if isinstance(c.record, LogOpened) and c.seq > own[0]
+        ]
+    finally:
+        opened.close()
+    return sorted(own + markers)
+
+
+async def test_fifty_concurrent_sessions_each_complete_a_multi_tool_run(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    daemon = await trio.to_thread.run_sync(make_daemon(WORK_SCRIPT).start)
+    n = 50
+    finals: dict[str, Stream] = {}
+    limits = httpx.Limits(max_connections=2 * n + 10)
+    async with daemon.aclient(limits=limits) as c:
+
+        async def one(i: int) -> None:
+            sid = f"c{i:02d}"
+            created = await c.post("/v1/sessions", json={"session_id": sid})
+            assert created.status_code == 201, created.text
+            accepted = await c.post(
+                f"/v1/sessions/{sid}/messages", json={"text": f"task {i}", "request_id": "t"}
+            )
+            assert accepted.status_code == 202, accepted.text
+            finals[sid] = await follow(c, sid, after=0, limit=90)
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+    assert len(finals) == n
+    for sid, stream in finals.items():
+        last = stream.events[-1]
+        assert is_final(last) and last.record["status"] == "completed", (sid, last)
+        assert last.record["final_text"] == FINAL
+        assert stream.seqs == sorted(set(stream.seqs)), sid  # in order, no duplicate
+        executed = [e.record["tool_name"] for e in stream.events if e.event == "ToolExecuting"]
+        assert sorted(executed) == ["book", "lookup", "send_note", "slow_lookup"]
+        assert any(e.event == "text_delta" for e in stream.events)
+    assert await trio.to_thread.run_sync(daemon.stop) == 0
+    for sid, stream in finals.items():
+        assert stream.seqs == expected_seqs(daemon.log, sid), sid  # and no gap
+    report = check(daemon.log, daemon.workspace, settled=True)
+    assert report.violations == []
+    assert report.counts["effects"] == 4 * n
+    assert report.counts["RunFinished"] == n
+
+
+async def test_resume_with_last_event_id_has_no_gap_and_no_duplicate(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    daemon = await trio.to_thread.run_sync(make_daemon(WORK_SCRIPT).start)
+    async with daemon.aclient() as c:
+        sid = (await c.post("/v1/sessions", json={})).json()["session_id"]
+        await c.post(f"/v1/sessions/{sid}/messages", json={"text": "go", "request_id": "r"})
+        # Leave in the middle of the run (the first tool is executing) ...
+        first = await follow(c, sid, after=0, until=lambda e: e.event == "ToolExecuting")
+        await trio.sleep(0.3)  # ... while records keep being committed ...
+        # ... and come back the way EventSource does: the same URL plus Last-Event-ID.
+        second = await follow(c, sid, after=0, last_event_id=first.seqs[-1])
+        # A third client resumes from a seq in the middle with ?after=.
+        middle = first.seqs[len(first.seqs) // 2]
+        third = await follow(c, sid, after=middle)
+    assert is_final(second.events[-1])
+    assert second.seqs[0] > first.seqs[-1]
+    joined = first.seqs + second.seqs
+    assert joined == sorted(set(joined))  # no duplicate, in order
+    assert joined == expected_seqs(daemon.log, sid)  # no gap
+    assert third.seqs == [s for s in joined if s > middle]
+
+
+async def test_a_slow_client_is_dropped_and_never_blocks_the_runtime(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    # One reply of 3 MB streams ~190,000 text deltas: far more than the bus buffers
+    # for a subscriber (4096 events) plus what the sockets hold.
+    script = [{"text": "0123456789abcdef" * 190_000}]
+    daemon = await trio.to_thread.run_sync(make_daemon(script).start)
+    async with daemon.aclient() as c, daemon.aclient() as reader:
+        sid = (await c.post("/v1/sessions", json={})).json()["session_id"]
+        stream = Stream()
+        async with reader.stream("GET", f"/v1/sessions/{sid}/events", params={"after": 0}) as slow:
+            assert slow.status_code == 200
+            # The slow client reads nothing while the run goes on.
+            await c.post(f"/v1/sessions/{sid}/messages", json={"text": "go", "request_id": "r"})
+            with trio.fail_after(60):
+                while True:
+                    summary = (await c.get(f"/v1/sessions/{sid}")).json()
+                    if summary["status"] == "idle" and summary["runs"]:
+                        break
+                    await trio.sleep(0.1)
+            assert summary["runs"][0]["status"] == "completed"
+            # Now it reads: what was buffered, then the server ends the response.
+            async for event in parse_sse(slow.aiter_lines(), stream):
+                stream.events.append(event)
+    assert "lagged behind; reconnect with Last-Event-ID" in stream.comments
+    assert not any(is_final(e) for e in stream.events)
+    deltas = sum(e.event == "text_delta" for e in stream.events)
+    assert 0 < deltas < 190_000
+    async with daemon.aclient() as c:
+        rest = await follow(c, sid, last_event_id=stream.seqs[-1])
+    assert is_final(rest.events[-1])
+    assert stream.seqs + rest.seqs == expected_seqs(daemon.log, sid)
