@@ -50,9 +50,15 @@ def _usage(u: Usage) -> dict[str, int]:
 
 
 def status(s: SessionState) -> str:
-    """One word: parked, idle, cancelling, paused, awaiting_approval or running."""
+    """One word: parked, idle, cancelling, paused, awaiting_approval, compensating or running."""
     if s.parked:
         return "parked"
+    compensations = s.open_compensations()
+    if s.run is None and compensations:
+        if s.paused:
+            return "paused"
+        waiting = any(t.phase == "awaiting_approval" for t in compensations)
+        return "awaiting_approval" if waiting else "compensating"
     if s.run is None:
         return "paused" if s.paused and s.queue else "idle" if not s.queue else "running"
     if s.run.cancel_requested:

@@ -549,6 +549,14 @@ class Api:
         rid = request_id_field(await read_json(request, self.max_body))
         return _done(await self.rt.resume(sid, request_id=rid), paused=False)
 
+    @api_errors
+    async def compensate(self, request: Request) -> Response:
+        sid = path_session(request)
+        call_id: str = request.path_params["call_id"]
+        rid = request_id_field(await read_json(request, self.max_body))
+        done = await self.rt.compensate(sid, call_id, request_id=rid)
+        return _done(done, call_id=call_id, compensation_id=done.ref)
+
     # -- events ----------------------------------------------------------------------
 
     @api_errors
@@ -623,10 +631,7 @@ def create_app(
         Route(s + "/revisions", api.revise, methods=["POST"]),
         Route(s + "/pause", api.pause, methods=["POST"]),
         Route(s + "/resume", api.resume, methods=["POST"]),
-        # COMPENSATION: the route for undoing a completed call goes here, once the runtime
-        # has it (rt.compensate(session_id, call_id, request_id=...), issue pending):
-        #   Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
-        # with a body {request_id}, answered like the other commands (200, 404, 409, 423).
+        Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,

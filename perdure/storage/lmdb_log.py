@@ -277,11 +277,17 @@ class LmdbLog:
             if not readonly:
                 self.env.reader_check()
             txn = None if readonly else self.env.begin(write=True)
-            self._records = self.env.open_db(b"records", txn=txn, create=not readonly)
-            self._by_session = self.env.open_db(b"by_session", txn=txn, create=not readonly)
-            self._active = self.env.open_db(b"active", txn=txn, create=not readonly)
-            self._sessions = self.env.open_db(b"sessions", txn=txn, create=not readonly)
-            self._meta = self.env.open_db(b"meta", txn=txn, create=not readonly)
+            try:
+                self._records = self.env.open_db(b"records", txn=txn, create=not readonly)
+                self._by_session = self.env.open_db(b"by_session", txn=txn, create=not readonly)
+                self._active = self.env.open_db(b"active", txn=txn, create=not readonly)
+                self._sessions = self.env.open_db(b"sessions", txn=txn, create=not readonly)
+                self._meta = self.env.open_db(b"meta", txn=txn, create=not readonly)
+            except lmdb.NotFoundError:
+                # A reader that arrives while the first owner is still creating the log.
+                raise FileNotFoundError(
+                    f"the perdure log at {self.path} is not initialised yet"
+                ) from None
             if txn is not None:
                 txn.commit()
             self._next_seq = self._read_last_seq() + 1

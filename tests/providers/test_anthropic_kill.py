@@ -72,10 +72,12 @@ def wait_for_retry_pending(
     while time.monotonic() < deadline:
         if child.poll() is not None:
             raise AssertionError(f"the child exited early ({child.returncode}):\n{out.read_text()}")
-        if (log / "data.mdb").exists():
+        try:
             pending = [r for r in read_log(log) if isinstance(r, RetryPending)]
-            if pending:
-                return pending[0]
+        except FileNotFoundError:  # the child has not created (or finished creating) it yet
+            pending = []
+        if pending:
+            return pending[0]
         time.sleep(0.02)
     raise AssertionError(f"no RetryPending within {timeout}s:\n{out.read_text()}")
 

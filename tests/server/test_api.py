@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from tests.support.daemon import Daemon, Stream, awaiting_approval, follow, idle, wait_for
+from tests.support.ledger_tools import effects
 
 _ids = itertools.count(1)
 
@@ -379,3 +380,48 @@ async def test_idle_streams_get_heartbeats(api_daemon: Daemon) -> None:
 def test_json_everywhere(api_daemon: Daemon, path: str) -> None:
     with api_daemon.client() as c:
         assert c.get(path).headers["content-type"] == "application/json"
+
+
+TICKET_SCRIPT: list[dict[str, Any]] = [
+    {
+        "text": "Opening a ticket and looking around.",
+        "tool_uses": [
+            {"name": "open_ticket", "input": {"title": "review"}},
+            {"name": "lookup", "input": {"query": "q"}},
+        ],
+    },
+    {"text": "Ticket opened."},
+]
+
+
+def test_compensation_undoes_a_completed_call(make_daemon: Any) -> None:
+    daemon = make_daemon(TICKET_SCRIPT, name="tickets").start()
+    with daemon.client() as c:
+        sid = new_session(c)
+        submit(c, sid, "open a review ticket")
+        summary = wait_for(c, sid, idle)
+        opened = next(t for t in summary["tasks"] if t["tool"] == "open_ticket")
+        looked = next(t for t in summary["tasks"] if t["tool"] == "lookup")
+        route = f"/v1/sessions/{sid}/compensations"
+        assert_error(c.post(f"{route}/nope", json={"request_id": "k0"}), 404, "not_found")
+        no_undo = c.post(f"{route}/{looked['call_id']}", json={"request_id": "k1"})
+        assert_error(no_undo, 409, "invalid_state")
+        assert_error(c.post(f"{route}/{opened['call_id']}", json={}), 400, "missing_field")
+        resp = c.post(f"{route}/{opened['call_id']}", json={"request_id": "k2"})
+        assert resp.status_code == 200, resp.text
+        comp = resp.json()["compensation_id"]
+        assert resp.json()["recorded"] is True
+        assert c.post(f"{route}/{opened['call_id']}", json={"request_id": "k2"}).json()["duplicate"]
+        # The compensation is a durable task of its own; this one needs approval.
+        waiting = wait_for(c, sid, awaiting_approval)
+        assert waiting["pending_approvals"][0]["call_id"] == comp
+        approve = c.post(
+            f"/v1/sessions/{sid}/approvals/{comp}", json={"approved": True, "request_id": "a"}
+        )
+        assert approve.status_code == 200, approve.text
+        done = wait_for(c, sid, idle)
+        undo = next(t for t in done["tasks"] if t["call_id"] == comp)
+        assert undo["phase"] == "completed"
+    ledger = [e["tool"] for e in effects(daemon.workspace)]
+    assert ledger.count("open_ticket") == 1
+    assert ledger.count("close_ticket") == 1

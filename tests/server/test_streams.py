@@ -63,7 +63,9 @@ async def test_fifty_concurrent_sessions_each_complete_a_multi_tool_run(
         assert stream.seqs == sorted(set(stream.seqs)), sid  # in order, no duplicate
         executed = [e.record["tool_name"] for e in stream.events if e.event == "ToolExecuting"]
         assert sorted(executed) == ["book", "lookup", "send_note", "slow_lookup"]
-        assert any(e.event == "text_delta" for e in stream.events)
+    # Deltas are ephemeral (live only): a client that subscribed after a turn streamed
+    # missed that turn's text, so under load only some streams can show them.
+    assert any(any(e.event == "text_delta" for e in s.events) for s in finals.values())
     assert await trio.to_thread.run_sync(daemon.stop) == 0
     for sid, stream in finals.items():
         assert stream.seqs == expected_seqs(daemon.log, sid), sid  # and no gap
