@@ -520,5 +520,78 @@ def check(log_dir: Path, settled: bool) -> None:
     raise SystemExit(1)
 
 
+@main.command()
+@click.option(
+    "--tools",
+    "tool_specs",
+    multiple=True,
+    required=True,
+    metavar="MODULE:ATTR",
+    help="Your tools (a @perdure.tool or a list of them); repeatable.",
+)
+@click.option(
+    "--examples",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON object: tool name -> the arguments to call it with (else synthesised).",
+)
+@click.option(
+    "--workspace-template",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A directory copied into each scratch workspace before a run.",
+)
+@click.option(
+    "--world-command",
+    help="A shell command whose output is part of the world (run in the scratch workspace).",
+)
+@click.option("--only", multiple=True, help="Check only these tools (by name).")
+def conformance(
+    tool_specs: tuple[str, ...],
+    examples: Path | None,
+    workspace_template: Path | None,
+    world_command: str | None,
+    only: tuple[str, ...],
+) -> None:
+    """Crash-test your tools against the replay policy they declare."""
+    import json
+
+    from perdure import conformance as conf
+    from perdure._setup import SetupError, load_tools
+
+    specs = _split(tool_specs)
+    try:
+        tools = load_tools(specs)
+    except SetupError as exc:
+        _fail(str(exc), 2)
+    if only:
+        tools = [t for t in tools if t.name in only]
+    if not tools:
+        _fail("no tools to check", 2)
+    given = json.loads(examples.read_text()) if examples else None
+    reports = conf.run(
+        tools,
+        ",".join(specs),
+        examples=given,
+        template=workspace_template,
+        world_command=world_command,
+        progress=lambda text: (
+            echo(f"  … {text}", "plain", err=True) if sys.stderr.isatty() else None
+        ),
+    )
+    for report in reports:
+        policy = report.replay + (" + reconcile" if report.has_reconcile else "")
+        echo(f"{report.tool} ({policy}), called with {report.args}", "title")
+        if report.error:
+            echo(f"  ERROR: {report.error}", "warning")
+            continue
+        for p in report.points:
+            style = "warning" if p.flagged else "tool"
+            echo(f"  {p.point:<36} {p.result:<12} {p.verdict}   [{p.decision}]", style)
+    flagged = [r.tool for r in reports if r.flagged]
+    if flagged:
+        echo(f"FLAGGED: {', '.join(flagged)}", "warning")
+        raise SystemExit(1)
+    echo(f"OK: {len(reports)} tool(s) behave as declared at every crash point", "outcome")
+
+
 if __name__ == "__main__":
     main()
