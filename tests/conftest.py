@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +41,20 @@ def make_plan(tmp_path: Path) -> Callable[..., dict[str, Any]]:
         return plan
 
     return build
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Build real ``perdure serve`` processes (tests.support.daemon); closed at the end."""
+    from tests.support.daemon import Daemon
+
+    made: list[Daemon] = []
+
+    def make(script: list[dict[str, Any]], name: str = "d", **kwargs: Any) -> Daemon:
+        daemon = Daemon(tmp_path / name, script, **kwargs)
+        made.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in made:
+        daemon.close()

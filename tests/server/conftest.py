@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,17 +52,3 @@ def api_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     daemon = Daemon(tmp_path_factory.mktemp("api"), APPROVAL_SCRIPT).start()
     yield daemon
     daemon.close()
-
-
-@pytest.fixture
-def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    made: list[Daemon] = []
-
-    def make(script: list[dict[str, Any]], name: str = "d", **kwargs: Any) -> Daemon:
-        daemon = Daemon(tmp_path / name, script, **kwargs)
-        made.append(daemon)
-        return daemon
-
-    yield make
-    for daemon in made:
-        daemon.close()
