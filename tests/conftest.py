@@ -58,3 +58,6 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield make
     for daemon in made:
         daemon.close()
+
+
+from tests.support.disk import small_disk  # noqa: E402, F401 - a fixture for every suite
