@@ -14,6 +14,7 @@ records alone, and ``recover`` runs. After every step:
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
@@ -27,6 +28,7 @@ from perdure.providers.base import ModelReply
 from perdure.storage.records import Committed, ToolCall
 from tests.core.sim import COURSE_TOOLS
 from tests.support.checker import check_history
+from tests.support.stats import record_stat
 
 TOOL_CHOICES = [
     ("lookup", {"query": "q"}),
@@ -65,6 +67,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.cancelling: set[str] = set()
         self.effects: Counter[str] = Counter()
         self.requests = 0
+        self.steps = 0
+        self.crashes = 0
         self.env = decide.Env(tools=COURSE_TOOLS, now=1000.0, resume_budget=3)
         from perdure.storage.records import SessionCreated
 
@@ -219,6 +223,7 @@ class CoreMachine(RuleBasedStateMachine):
         for call, (kind, _) in sorted(self.tools.items()):
             if kind == "run" and data.draw(st.booleans()):
                 self.effects[call] += 1  # died after the effect, before its result
+        self.crashes += 1
         self.models.clear()
         self.tools.clear()
         self.cancelling.clear()
@@ -227,8 +232,12 @@ class CoreMachine(RuleBasedStateMachine):
 
     # -- invariants ------------------------------------------------------------------------
 
+    def teardown(self) -> None:
+        record_stat("core_fuzz", histories=1, steps=self.steps, crashes=self.crashes)
+
     @invariant()
     def restart_sees_the_same_state(self) -> None:
+        self.steps += 1
         assert projection(SessionState.fold("s1", self.log)) == projection(self.state)
 
     @invariant()
@@ -242,7 +251,7 @@ class CoreMachine(RuleBasedStateMachine):
 
 TestCore = CoreMachine.TestCase
 TestCore.settings = settings(
-    max_examples=300,
+    max_examples=int(os.environ.get("PERDURE_FUZZ_EXAMPLES", "300")),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

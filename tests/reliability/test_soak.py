@@ -21,6 +21,7 @@ import httpx
 from perdure.storage.records import RunFinished
 from tests.support.checker import check, read_log
 from tests.support.daemon import Daemon
+from tests.support.stats import record_stat
 
 TOOLS = [
     ("lookup", {"query": "q"}),
@@ -105,3 +106,4 @@ def test_random_kills_and_pauses_then_everything_completes(
     assert len(completed) == len(accepted), f"seed {seed}: {len(completed)} of {len(accepted)}"
     assert kills + pauses == cycles
     assert report.counts["LogOpened"] == kills + 1
+    record_stat("soak", cycles=cycles, kills=kills, pauses=pauses, inputs=len(accepted))

@@ -16,6 +16,7 @@ import pytest
 
 from tests.reliability import workloads
 from tests.reliability.sweep import sweep
+from tests.support.stats import record_stat
 
 FULL = os.environ.get("PERDURE_SWEEP") == "full"
 
@@ -39,3 +40,11 @@ def test_sweep(workload: workloads.Workload, tmp_path: Path) -> None:
     missing = {r for r in workload.records if stats.records[r] == 0}
     assert not missing, f"record types never produced: {missing}"
     assert stats.records["RecoveryDecision"] > 0, "no recovery decision was ever taken"
+    record_stat(
+        "sweep",
+        workloads=1,
+        commits=stats.commits,
+        points=stats.points,
+        restarts=stats.restarts,
+        compound=stats.compound,
+    )

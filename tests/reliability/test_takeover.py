@@ -22,6 +22,7 @@ from perdure.storage.records import LogOpened
 from tests.support.checker import check, read_log
 from tests.support.daemon import Daemon, DaemonError, idle, wait_for
 from tests.support.ledger_tools import read_ledger
+from tests.support.stats import record_stat
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -78,3 +79,4 @@ def test_stopped_daemon_is_fenced_after_a_takeover(make_daemon: Callable[..., Da
     assert len(set(epochs)) == len(epochs) == 2
     report = check(a.log, a.workspace, settled=True)
     assert report.violations == []
+    record_stat("takeover", takeovers=1, fenced=1)

@@ -41,6 +41,7 @@ from perdure.storage.records import (
     Usage,
 )
 from tests.storage._strategies import JSON_VALUES, TEXT, records_of
+from tests.support.stats import record_stat
 
 SEQS = st.integers(min_value=0, max_value=2**64 - 1)
 ANY_RECORD = st.sampled_from(RECORD_TYPES).flatmap(records_of)
@@ -114,16 +115,24 @@ def test_round_trip_keeps_nested_values_exact() -> None:
 
 # -- garbage in, CorruptRecord out -------------------------------------------------------
 
+_fed = {"inputs": 0, "bit_flips": 0}
+
+
+def teardown_module() -> None:
+    record_stat("decoder_fuzz", **_fed)
+
 
 @settings(max_examples=300, deadline=None)
 @given(frame=st.binary(max_size=300), seq=SEQS)
 def test_arbitrary_bytes_raise_only_corrupt_record(frame: bytes, seq: int) -> None:
+    _fed["inputs"] += 1
     assert_corrupt(seq, frame)
 
 
 @settings(max_examples=300, deadline=None)
 @given(payload=st.binary(max_size=300), seq=SEQS)
 def test_arbitrary_payload_with_valid_checksum(payload: bytes, seq: int) -> None:
+    _fed["inputs"] += 1
     outcome = decode_or_error(seq, frame_of(payload, seq))
     if isinstance(outcome, CorruptRecord):
         assert outcome.seq == seq
@@ -283,6 +292,7 @@ def test_every_single_bit_flip_of_stored_frames_is_detected(stored: LmdbLog) -> 
             assert_corrupt(seq, bytes(damaged))
             flips += 1
     assert flips == sum(len(f) for _, f in frames) * 8
+    _fed["bit_flips"] += flips
 
 
 def test_frame_under_the_wrong_seq_is_detected(stored: LmdbLog) -> None:

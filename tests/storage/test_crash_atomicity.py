@@ -35,6 +35,7 @@ from perdure.storage.records import Committed
 from tests.storage._check import LogModel, check_log
 from tests.storage._child import batch_mark
 from tests.storage._procs import Child
+from tests.support.stats import record_stat
 
 ITERATIONS = 50
 TIME_BUDGET = 25.0  # seconds; the sweep stops early (after MIN_ITERATIONS) when spent
@@ -157,3 +158,4 @@ def test_sigkill_mid_commit_leaves_whole_batches(tmp_path: Path) -> None:
         f"seed {seed}: only {after_commits} of {iterations} children committed anything"
     )
     assert batches > iterations
+    record_stat("mid_commit_kills", kills=iterations, batches=batches)

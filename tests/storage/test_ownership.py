@@ -27,6 +27,7 @@ from perdure.storage.records import LogOpened, ToolCompleted
 from tests.storage._check import LogModel, check_log
 from tests.storage._child import FENCED_EXIT
 from tests.storage._procs import Child
+from tests.support.stats import record_stat
 
 Spawn = Callable[..., Child]
 
@@ -73,6 +74,7 @@ def test_second_live_owner_is_refused_with_the_owners_pid(tmp_path: Path, spawn:
         check_log(log, LogModel())
     finally:
         log.close()
+    record_stat("takeover", refused=1)
 
 
 def test_sigkilled_owner_is_taken_over_without_asking(tmp_path: Path, spawn: Spawn) -> None:
@@ -100,6 +102,7 @@ def test_sigkilled_owner_is_taken_over_without_asking(tmp_path: Path, spawn: Spa
         check_log(log, LogModel())
     finally:
         log.close()
+    record_stat("takeover", takeovers=1)
 
 
 @pytest.mark.parametrize("grow_map", [False, True], ids=["same-map", "map-grown-meanwhile"])
@@ -152,3 +155,4 @@ def test_stopped_owner_is_fenced_after_takeover(
         assert epochs(again) == [1, 2, 3]
     finally:
         again.close()
+    record_stat("takeover", takeovers=1, fenced=1)
