@@ -86,10 +86,11 @@ def main() -> int:
         kind = entry.pop("kind")
         totals[kind].update(entry)
     stats_file.unlink()
+    machine = f"{platform.platform()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     figures = {
         "command": "python -m tests.reliability.report" + (" --full" if args.full else ""),
         "date": started.strftime("%Y-%m-%d"),
-        "machine": f"{platform.platform()}, {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "machine": machine,
         "pytest": summary,
         "violations": 0,
         "totals": {kind: dict(c) for kind, c in sorted(totals.items())},
