@@ -2,6 +2,7 @@
 
     python bench/perdure_bench.py turns LOG K
     python bench/perdure_bench.py census LOG
+    python bench/perdure_bench.py breakdown LOG K
     python bench/perdure_bench.py concurrency LOG SESSIONS K
     python bench/perdure_bench.py build-finished LOG SESSIONS K
     python bench/perdure_bench.py build-interrupted LOG SESSIONS K BLOCK_AT_TURN
@@ -80,6 +81,78 @@ async def turns(log: str, k: int) -> dict[str, Any]:
     result["records"] = after.records - records0
     result["commits_per_turn"] = (after.transactions - txns0) / k
     return result
+
+
+# -- where a turn's time goes (instrumented, not used for the headline figures) -------------
+
+
+async def breakdown(log: str, k: int) -> dict[str, Any]:
+    """Split a turn into LMDB commit, thread hand-offs and trio-thread work.
+
+    Wraps ``LmdbLog.commit`` (writer thread), ``codec.encode`` as the log calls it, and
+    ``Journal.append`` (trio side, from the call to the caller being woken) with
+    timers. The wrappers cost a few perf_counter calls per commit.
+    """
+    from perdure.storage import lmdb_log
+
+    provider = BenchProvider(k)
+    commits: list[float] = []
+    appends: list[float] = []
+    encoded = [0.0]
+    real_encode = lmdb_log.encode
+
+    def timed_encode(record: Any, seq: int) -> bytes:
+        t = time.perf_counter()
+        frame = real_encode(record, seq)
+        encoded[0] += time.perf_counter() - t
+        return frame
+
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        journal, lmdb = rt.journal, rt.journal.log
+        real_commit, real_append = lmdb.commit, journal.append
+
+        def timed_commit(batches: Any) -> Any:
+            t = time.perf_counter()
+            results = real_commit(batches)
+            commits.append(time.perf_counter() - t)
+            return results
+
+        async def timed_append(records: Any, *, guard: Any = None) -> Any:
+            t = time.perf_counter()
+            out = await real_append(records, guard=guard)
+            appends.append(time.perf_counter() - t)
+            return out
+
+        sid = await rt.create_session("breakdown")
+        lmdb.commit = timed_commit  # type: ignore[method-assign]
+        journal.append = timed_append  # type: ignore[method-assign]
+        lmdb_log.encode = timed_encode  # type: ignore[assignment]
+        try:
+            cpu = time.thread_time()
+            await rt.submit(sid, workload.USER_TEXT, request_id="breakdown-1")
+            await rt.wait_idle(sid)
+            cpu = time.thread_time() - cpu
+        finally:
+            lmdb_log.encode = real_encode
+    starts = provider.starts[sid]
+    wall = (starts[-1] - starts[0]) / k
+    n = len(commits)
+    per_turn = n / (k + 1)  # the run has K+1 model turns' worth of commits
+    commit_ms = sum(commits) / n * 1e3
+    append_ms = sum(appends) / len(appends) * 1e3
+    return {
+        "k": k,
+        "turn_ms": wall * 1e3,
+        "commits_per_turn": per_turn,
+        "commit_ms": commit_ms,
+        "encode_ms_per_commit": encoded[0] / n * 1e3,
+        "append_roundtrip_ms": append_ms,
+        "handoff_ms_per_commit": append_ms - commit_ms,
+        "trio_thread_cpu_ms_per_turn": cpu / (k + 1) * 1e3,
+        "outside_appends_ms_per_turn": wall * 1e3 - per_turn * append_ms,
+    }
 
 
 # -- which records each commit of a turn holds (untimed) ----------------------------------
@@ -334,6 +407,8 @@ def main(argv: list[str]) -> None:
     nums = [int(x) for x in rest]
     if cmd == "turns":
         emit(_run(turns, log, *nums))
+    elif cmd == "breakdown":
+        emit(_run(breakdown, log, *nums))
     elif cmd == "census":
         emit(_run(census, log))
     elif cmd == "concurrency":

@@ -264,6 +264,10 @@ class Suite:
             log(f"per-turn trial {t + 1}/{cfg['trials']} (K={k})")
             sz = json.dumps(sizes)
             add("floor", self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz))
+            add(
+                "floor_layout",
+                self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz, "layout"),
+            )
             add(f"perdure_k{k}", self.run("perdure_bench.py", "turns", self.path("turns"), k))
             if self.peers:
                 add(f"langgraph_k{k}", self.peer("peer_langgraph.py", "turns", self.path("lg"), k))
@@ -276,6 +280,18 @@ class Suite:
             add(f"langgraph_k{kl}", self.peer("peer_langgraph.py", "turns", self.path("lg"), kl))
             add(f"dbos_k{kl}", self.peer("peer_dbos.py", "turns", self.path("dbos"), kl))
         return {name: summarize_trials(runs) for name, runs in trials.items()}
+
+    def breakdown(self) -> dict[str, Any]:
+        k = self.cfg["k_small"]
+        log(f"breakdown of a perdure turn (instrumented, K={k})")
+        runs = [
+            self.run("perdure_bench.py", "breakdown", self.path("breakdown"), k)
+            for _ in range(self.cfg["trials"])
+        ]
+        keys = [key for key in runs[0] if key.endswith("_ms") or "_ms_" in key]
+        out: dict[str, Any] = {key: median([r[key] for r in runs]) for key in keys}
+        out["trials"] = runs
+        return out
 
     def concurrency(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -502,7 +518,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     lines.append("")
     lines.append("| system | K | median ms/turn | first 10 | last 10 | last/first | commits/turn |")
     lines.append("|---|---|---|---|---|---|---|")
-    order = [("floor", "floor", "-")]
+    order = [("floor", "floor (raw LMDB)", "-"), ("floor_layout", "floor + perdure's indexes", "-")]
     order += [(f"perdure_k{k}", "perdure", k), (f"langgraph_k{k}", "LangGraph", k)]
     order += [(f"dbos_k{k}", "DBOS", k)]
     order += [(f"perdure_k{kl}", "perdure", kl), (f"langgraph_k{kl}", "LangGraph", kl)]
@@ -514,7 +530,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {name} | {kk} | error | | | | |")
             continue
-        commits = "2 (raw)" if key == "floor" else "-"
+        commits = "2" if key.startswith("floor") else "-"
         if key.startswith("perdure"):
             commits = _fmt(r["trials"][0].get("commits_per_turn"))
         lines.append(
@@ -522,6 +538,16 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             f"{_fmt(r.get('last10_median_ms'))} | {_fmt(r.get('last10_over_first10'))} | "
             f"{commits} |"
         )
+    b = results["breakdown"]
+    lines.append("")
+    lines.append(
+        f"Where a perdure turn goes (K={k}, instrumented run, medians of per-run means): "
+        f"{_fmt(b['turn_ms'])} ms per turn = 2 x [LMDB commit {_fmt(b['commit_ms'])} ms "
+        f"(of which record encoding {_fmt(b['encode_ms_per_commit'])} ms) + hand-off between "
+        f"the trio thread and the writer thread {_fmt(b['handoff_ms_per_commit'])} ms] + "
+        f"trio-side work between commits {_fmt(b['outside_appends_ms_per_turn'])} ms; "
+        f"trio-thread CPU {_fmt(b['trio_thread_cpu_ms_per_turn'])} ms per turn."
+    )
     lines.append("")
     lines.append("### Concurrency (sessions x turns, all at once)")
     lines.append("")
@@ -630,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = results["census"]["value_sizes"]
         steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("per_turn", lambda: suite.per_turn(sizes)),
+            ("breakdown", suite.breakdown),
             ("concurrency", suite.concurrency),
             ("recovery", suite.recovery),
             ("memory", suite.memory),

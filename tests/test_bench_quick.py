@@ -54,6 +54,8 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
         assert _positive(run["median_ms"]) and _positive(run["last10_over_first10"])
         # perdure performs two synced commits per turn (plus a constant per run).
         assert 2 <= run["trials"][0]["commits_per_turn"] < 2.5
+    assert _positive(results["breakdown"]["turn_ms"])
+    assert _positive(results["breakdown"]["commit_ms"])
     census = results["census"]["value_sizes"]
     assert [len(c) for c in census] == [3, 2]
     for sessions, k in cfg["concurrency"]:
