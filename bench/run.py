@@ -339,7 +339,7 @@ class Suite:
             log(f"recovery trial {t + 1}/{cfg['recovery_trials']}")
             for name, source in (("without", empty), ("with_finished", big)):
                 copy = self.path(f"recover-{name}")
-                shutil.copytree(source, copy)
+                copy_synced(source, copy)
                 runs[name].append(self.run("perdure_bench.py", "recover", copy, n_int, k_int))
                 shutil.rmtree(copy)
         out: dict[str, Any] = {"build": built, "log_bytes": sizes}
@@ -379,6 +379,19 @@ def sse_status() -> dict[str, Any]:
         "skipped": "perdure.server is importable, but the SSE benchmark is not written yet: "
         "it needs the daemon's routes and token handling (see bench/README.md)"
     }
+
+
+def copy_synced(source: Path, target: Path) -> None:
+    """Copy a log and flush the copy to disk, so that the copy's dirty pages are not
+    written back by the first fsync of the process under test (which would charge a
+    bigger log with the copy's I/O, not with recovery's)."""
+    shutil.copytree(source, target)
+    for path in [target, *target.rglob("*")]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _du(path: Path) -> int:
