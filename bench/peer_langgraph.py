@@ -150,9 +150,11 @@ async def _concurrency(db: str, sessions: int, k: int) -> dict[str, Any]:
             )
             assert out["messages"][-1].content == workload.FINAL_TEXT
 
+        cpu = time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(sessions)))
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
     return {
         "system": "langgraph",
         "saver": "AsyncSqliteSaver (asyncio, ainvoke)",
@@ -160,6 +162,7 @@ async def _concurrency(db: str, sessions: int, k: int) -> dict[str, Any]:
         "k": k,
         "elapsed_s": elapsed,
         "turns_per_s": sessions * k / elapsed,
+        "cpu_ms_per_turn": cpu / (sessions * k) * 1e3,
     }
 
 

@@ -207,9 +207,11 @@ async def concurrency(log: str, sessions: int, k: int) -> dict[str, Any]:
     ) as rt:
         sids = [await rt.create_session(_sid("c", i)) for i in range(sessions)]
         before = attrs.evolve(rt.stats())  # a copy: the live object keeps counting
+        cpu, trio_cpu = time.process_time(), time.thread_time()
         start = time.perf_counter()
         await _run_sessions(rt, sids, "conc")
         elapsed = time.perf_counter() - start
+        cpu, trio_cpu = time.process_time() - cpu, time.thread_time() - trio_cpu
         after = attrs.evolve(rt.stats())
     txns = after.transactions - before.transactions
     appends = after.appends - before.appends
@@ -220,6 +222,8 @@ async def concurrency(log: str, sessions: int, k: int) -> dict[str, Any]:
         "k": k,
         "elapsed_s": elapsed,
         "turns_per_s": sessions * k / elapsed,
+        "cpu_ms_per_turn": cpu / (sessions * k) * 1e3,
+        "trio_thread_cpu_ms_per_turn": trio_cpu / (sessions * k) * 1e3,
         "commits": txns,
         "commits_per_s": txns / elapsed,
         "appends_per_commit": appends / txns,

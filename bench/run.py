@@ -488,6 +488,15 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             target,
             v >= TARGETS["concurrency"] if sessions == 100 else None,
         )
+        if sessions == 100:
+            ceiling = 1e3 / conc[f"perdure_{key}"]["cpu_ms_per_turn"]
+            row(
+                f"perdure CPU-bound ceiling (1 s / CPU per turn) / (40 x better peer) ({key})",
+                ceiling / (TARGETS["concurrency"] * max(rates)),
+                "(info)",
+                None,
+                "below 1: even with no waiting at all, the target needs less CPU per turn",
+            )
     rec = results["recovery"]
     v = rec["with_finished"]["last_rerun_ms"] / rec["without"]["last_rerun_ms"]
     row(
@@ -564,8 +573,11 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     lines.append("")
     lines.append("### Concurrency (sessions x turns, all at once)")
     lines.append("")
-    lines.append("| system | sessions x K | turns/s | elapsed s | commits/s | records/commit |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append(
+        "| system | sessions x K | turns/s | elapsed s | CPU ms/turn (all threads) "
+        "| commits/s | appends/commit | records/commit |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|")
     for sessions, kk in cfg["concurrency"]:
         key = f"{sessions}x{kk}"
         for sysname, label in (
@@ -577,11 +589,13 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {label} | {key} | error | | | |")
+                lines.append(f"| {label} | {key} | error | | | | | |")
                 continue
             lines.append(
                 f"| {label} | {key} | {_fmt(r['turns_per_s'], 0)} | {_fmt(r['elapsed_s'])} | "
-                f"{_fmt(r.get('commits_per_s'), 0)} | {_fmt(r.get('records_per_commit'), 1)} |"
+                f"{_fmt(r.get('cpu_ms_per_turn'))} | "
+                f"{_fmt(r.get('commits_per_s'), 0)} | {_fmt(r.get('appends_per_commit'), 1)} | "
+                f"{_fmt(r.get('records_per_commit'), 1)} |"
             )
     rec = results["recovery"]
     lines.append("")
