@@ -200,18 +200,25 @@ async def census(log: str) -> dict[str, Any]:
 # -- many sessions at once ------------------------------------------------------------------
 
 
-async def concurrency(log: str, sessions: int, k: int) -> dict[str, Any]:
+async def concurrency(log: str, sessions: int, k: int, gc_off: int = 0) -> dict[str, Any]:
+    """``gc_off=1`` (a diagnostic): the cyclic garbage collector is disabled for the run,
+    to show what the collector's passes over the live session states cost."""
     provider = BenchProvider(k, record=False)
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
         sids = [await rt.create_session(_sid("c", i)) for i in range(sessions)]
         before = attrs.evolve(rt.stats())  # a copy: the live object keeps counting
+        if gc_off:
+            gc.disable()
+        collections = sum(g["collections"] for g in gc.get_stats())
         cpu, trio_cpu = time.process_time(), time.thread_time()
         start = time.perf_counter()
         await _run_sessions(rt, sids, "conc")
         elapsed = time.perf_counter() - start
         cpu, trio_cpu = time.process_time() - cpu, time.thread_time() - trio_cpu
+        collections = sum(g["collections"] for g in gc.get_stats()) - collections
+        gc.enable()
         after = attrs.evolve(rt.stats())
     txns = after.transactions - before.transactions
     appends = after.appends - before.appends
@@ -230,6 +237,8 @@ async def concurrency(log: str, sessions: int, k: int) -> dict[str, Any]:
         "records_per_commit": records / txns,
         "largest_commit_records": after.largest_transaction,
         "single_session_commits_would_be": appends,
+        "gc": "off (diagnostic)" if gc_off else "on",
+        "gc_collections": collections,
     }
 
 

@@ -301,6 +301,10 @@ class Suite:
             out[f"perdure_{key}"] = self.run(
                 "perdure_bench.py", "concurrency", self.path("conc"), sessions, k
             )
+            if (sessions, k) == self.cfg["concurrency"][-1]:
+                out[f"perdure-gc-off_{key}"] = self.run(
+                    "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, 1
+                )
             if self.peers:
                 out[f"langgraph_{key}"] = self.peer(
                     "peer_langgraph.py", "concurrency", self.path("lg"), sessions, k
@@ -580,11 +584,13 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     lines.append("|---|---|---|---|---|---|---|---|")
     for sessions, kk in cfg["concurrency"]:
         key = f"{sessions}x{kk}"
-        for sysname, label in (
+        systems = (
             ("perdure", "perdure"),
+            ("perdure-gc-off", "perdure, cyclic GC off (diagnostic)"),
             ("langgraph", "LangGraph"),
             ("dbos", "DBOS"),
-        ):
+        )
+        for sysname, label in systems:
             r = conc.get(f"{sysname}_{key}")
             if r is None:
                 continue
