@@ -27,6 +27,7 @@ class BenchProvider:
 
     def __init__(self, k: int, *, record: bool = True) -> None:
         self.k = k
+        self.k_by_session: dict[str, int] = {}  # sessions that run another K (warm-up)
         self.record = record
         self.starts: dict[str, list[float]] = {}
 
@@ -34,7 +35,7 @@ class BenchProvider:
         if self.record:
             self.starts.setdefault(request.session_id, []).append(time.perf_counter())
         turns = sum(1 for m in request.messages if m.role == "assistant")
-        if workload.wants_tool(turns, self.k):
+        if workload.wants_tool(turns, self.k_by_session.get(request.session_id, self.k)):
             call = ToolCall(
                 call_id=workload.call_id(turns + 1),
                 name=workload.TOOL_NAME,

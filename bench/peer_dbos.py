@@ -89,6 +89,8 @@ def _describe(db: str) -> dict[str, Any]:
 
 
 async def _turns(db: str, k: int) -> dict[str, Any]:
+    warm = await DBOS.start_workflow_async(agent, workload.WARMUP_TURNS)  # warm-up first
+    await warm.get_result()
     handle = await DBOS.start_workflow_async(agent, k)
     text = await handle.get_result()
     assert text == workload.FINAL_TEXT

@@ -113,9 +113,15 @@ def _pragmas(conn: sqlite3.Connection) -> dict[str, Any]:
 
 def turns(db: str, k: int) -> dict[str, Any]:
     global K
-    K = k
     with SqliteSaver.from_conn_string(db) as saver:
         app = _graph(False).compile(checkpointer=saver)
+        K = workload.WARMUP_TURNS  # warm-up: a short thread first, in the same process
+        app.invoke(
+            {"messages": [HumanMessage(content=workload.USER_TEXT)]},
+            _config("warm-up", K),
+            durability="sync",
+        )
+        K = k
         out = app.invoke(
             {"messages": [HumanMessage(content=workload.USER_TEXT)]},
             _config("t1", k),

@@ -43,18 +43,18 @@ from bench.workload import median  # noqa: E402
 DEFAULT_PEERS = "/tmp/bench-peers/bin/python"
 
 FULL: dict[str, Any] = {
-    "trials": 3,
+    "trials": 5,
     "floor_turns": 200,
     "k_small": 50,
     "k_large": 500,
-    "large_trials": 2,
+    "large_trials": 3,
     "concurrency": [(100, 10), (1000, 10)],
     "finished_sessions": 10_000,
     "finished_k": 10,
     "interrupted_sessions": 100,
     "interrupted_k": 10,
     "block_at_turn": 5,
-    "recovery_trials": 3,
+    "recovery_trials": 5,
     "memory_sessions": 1000,
     "memory_k": 10,
     "stream": [(1, 100, 50), (100, 1, 10)],  # (sessions, subscribers per session, K)
@@ -234,6 +234,7 @@ class Suite:
         self.peers = peers
         self.py = sys.executable
         self._n = 0
+        self.breakdown: dict[str, Any] = {}  # filled by per_turn (interleaved trials)
 
     def path(self, name: str) -> Path:
         self._n += 1
@@ -269,6 +270,7 @@ class Suite:
                 self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz, "layout"),
             )
             add(f"perdure_k{k}", self.run("perdure_bench.py", "turns", self.path("turns"), k))
+            add("breakdown", self.run("perdure_bench.py", "breakdown", self.path("bd"), k))
             if self.peers:
                 add(f"langgraph_k{k}", self.peer("peer_langgraph.py", "turns", self.path("lg"), k))
                 add(f"dbos_k{k}", self.peer("peer_dbos.py", "turns", self.path("dbos"), k))
@@ -279,19 +281,11 @@ class Suite:
             log(f"per-turn peers (K={kl})")
             add(f"langgraph_k{kl}", self.peer("peer_langgraph.py", "turns", self.path("lg"), kl))
             add(f"dbos_k{kl}", self.peer("peer_dbos.py", "turns", self.path("dbos"), kl))
+        breakdown = trials.pop("breakdown")
+        keys = [key for key in breakdown[0] if key.endswith("_ms") or "_ms_" in key]
+        self.breakdown = {key: median([r[key] for r in breakdown]) for key in keys}
+        self.breakdown["trials"] = breakdown
         return {name: summarize_trials(runs) for name, runs in trials.items()}
-
-    def breakdown(self) -> dict[str, Any]:
-        k = self.cfg["k_small"]
-        log(f"breakdown of a perdure turn (instrumented, K={k})")
-        runs = [
-            self.run("perdure_bench.py", "breakdown", self.path("breakdown"), k)
-            for _ in range(self.cfg["trials"])
-        ]
-        keys = [key for key in runs[0] if key.endswith("_ms") or "_ms_" in key]
-        out: dict[str, Any] = {key: median([r[key] for r in runs]) for key in keys}
-        out["trials"] = runs
-        return out
 
     def concurrency(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -567,7 +561,8 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     b = results["breakdown"]
     lines.append("")
     lines.append(
-        f"Where a perdure turn goes (K={k}, instrumented run, medians of per-run means): "
+        f"Where a perdure turn goes (K={k}, instrumented runs interleaved with the trials "
+        f"above, medians of per-run means): "
         f"{_fmt(b['turn_ms'])} ms per turn = 2 x [LMDB commit {_fmt(b['commit_ms'])} ms "
         f"(of which record encoding {_fmt(b['encode_ms_per_commit'])} ms) + hand-off between "
         f"the trio thread and the writer thread {_fmt(b['handoff_ms_per_commit'])} ms] + "
@@ -689,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = results["census"]["value_sizes"]
         steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("per_turn", lambda: suite.per_turn(sizes)),
-            ("breakdown", suite.breakdown),
+            ("breakdown", lambda: suite.breakdown),
             ("concurrency", suite.concurrency),
             ("recovery", suite.recovery),
             ("memory", suite.memory),

@@ -28,6 +28,8 @@ def _tool_output() -> str:
     return out[:200]
 
 
+WARMUP_TURNS: Final = 5  # a short session run first, in the same process, before measuring
+
 TOOL_OUTPUT: Final = _tool_output()
 assert len(TOOL_OUTPUT.encode()) == 200
 
