@@ -77,4 +77,5 @@ def turn_stats(starts: list[float]) -> dict[str, float]:
         "last10_median_ms": median(tail) * 1e3,
         "last10_over_first10": median(tail) / median(head) if head else float("nan"),
         "total_s": starts[-1] - starts[0] if starts else 0.0,
+        "gaps_us": [round(g * 1e6) for g in gaps],
     }
