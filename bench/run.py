@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -147,24 +148,28 @@ def with_pressure(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def kill_when_ready(python: str, script: str, *args: object, timeout: float) -> None:
     """Start a child, wait for its ``{"ready": true}`` line, then SIGKILL it."""
     cmd = [python, str(BENCH / script), *map(str, args)]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    try:
-        for line in proc.stdout:
-            if line.strip() == '{"ready": true}':
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-            if time.monotonic() > deadline:
-                raise ChildFailed(f"{' '.join(cmd)}: not ready after {timeout:.0f}s")
-        else:
-            raise ChildFailed(f"{' '.join(cmd)} exited early:\n{proc.stderr.read()[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=errors, text=True
+        )
+        watchdog = threading.Timer(timeout, proc.kill)  # a hung child ends the wait (EOF)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == '{"ready": true}':
+                    os.kill(proc.pid, signal.SIGKILL)
+                    break
+            else:
+                errors.seek(0)
+                raise ChildFailed(
+                    f"{' '.join(cmd)} ended before it was ready:\n{errors.read()[-3000:]}"
+                )
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
     if proc.returncode != -signal.SIGKILL:
         raise ChildFailed(f"{' '.join(cmd)} was not killed (exit {proc.returncode})")
 

@@ -13,7 +13,7 @@ environments, import exactly the same constants.
 from __future__ import annotations
 
 import itertools
-from typing import Final
+from typing import Any, Final
 
 USER_TEXT: Final = "Look the order up until you are sure, then report its status."
 TOOL_NAME: Final = "lookup"
@@ -61,7 +61,7 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def turn_stats(starts: list[float]) -> dict[str, float]:
+def turn_stats(starts: list[float]) -> dict[str, Any]:
     """Per-turn figures from the model-call timestamps of one session (K+1 calls).
 
     Turn i lasts from model call i to model call i+1: the commit of the reply (with
