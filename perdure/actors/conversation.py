@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from perdure.actors.state import AssistantTurn, Note, Revision, SessionState, UserTurn
+from perdure.actors.state import (
+    AssistantTurn,
+    ConversationItem,
+    Note,
+    Revision,
+    SessionState,
+    UserTurn,
+)
 from perdure.providers.base import (
     Block,
     Message,
@@ -24,9 +31,55 @@ from perdure.storage.records import ToolCompleted
 from perdure.tools.contract import Tool
 
 
-def messages(s: SessionState, *, include_pending: bool = False) -> tuple[Message, ...]:
-    """The conversation so far. Unfinished tool calls are left out unless asked for."""
+class MessageCache:
+    """The messages of the longest *settled* prefix of one state's conversation.
+
+    A prefix is settled when nothing can change how it renders any more: user turns
+    and notes never change; an assistant turn once every call it made has a result;
+    a revision once every call it lists is terminal. ``messages`` renders only what
+    follows the cached prefix, so a model call costs the new turns, not the whole
+    history. The cache belongs to one state object (the session actor's); any other
+    state, e.g. one re-folded after a failed commit, starts it afresh.
+    """
+
+    __slots__ = ("items", "messages", "state")
+
+    def __init__(self) -> None:
+        self.state: SessionState | None = None
+        self.items = 0  # conversation items rendered into ``messages``
+        self.messages: tuple[Message, ...] = ()
+
+
+def _settled(s: SessionState, item: ConversationItem) -> bool:
+    if isinstance(item, AssistantTurn):
+        reply = s.generations[item.generation_id].reply
+        assert reply is not None
+        return all(s.tasks[c.call_id].result is not None for c in reply.tool_calls)
+    if isinstance(item, Revision):
+        return all(s.tasks[call_id].terminal for call_id in item.call_ids)
+    return True
+
+
+def messages(
+    s: SessionState, *, include_pending: bool = False, cache: MessageCache | None = None
+) -> tuple[Message, ...]:
+    """The conversation so far. Unfinished tool calls are left out unless asked for.
+
+    With a ``cache`` (ignored with ``include_pending``) the settled prefix of the
+    conversation is rendered once; the result is the same as without it.
+    """
     out: list[Message] = []
+    start = 0
+    if include_pending:
+        cache = None
+    if cache is not None:
+        if cache.state is s and cache.items <= len(s.conversation):
+            start = cache.items
+            out = list(cache.messages)
+        else:
+            cache.state, cache.items, cache.messages = s, 0, ()
+    settled = cache is not None
+    mark: tuple[int, int, Message | None] | None = None
 
     def add(role: str, blocks: list[Block]) -> None:
         if not blocks:
@@ -36,7 +89,8 @@ def messages(s: SessionState, *, include_pending: bool = False) -> tuple[Message
         else:
             out.append(Message(role, tuple(blocks)))  # type: ignore[arg-type]
 
-    for item in s.conversation:
+    for index in range(start, len(s.conversation)):
+        item = s.conversation[index]
         if isinstance(item, UserTurn):
             add("user", [TextBlock(s.submissions[item.submission_id].text)])
         elif isinstance(item, AssistantTurn):
@@ -60,6 +114,17 @@ def messages(s: SessionState, *, include_pending: bool = False) -> tuple[Message
             add("user", [TextBlock(item.text)])
         elif isinstance(item, Revision):
             add("user", [TextBlock(revision_text(s, item))])
+        if settled:
+            if _settled(s, item):
+                # The last message may still grow by merging with the next item: keep it
+                # as it is now.
+                mark = (index + 1, len(out), out[-1] if out else None)
+            else:
+                settled = False
+    if cache is not None and mark is not None:
+        items, count, last = mark
+        cache.items = items
+        cache.messages = (*out[: count - 1], last) if last is not None else ()
     return tuple(out)
 
 
@@ -92,11 +157,15 @@ def tool_definitions(tools: Mapping[str, Tool]) -> tuple[ToolDefinition, ...]:
 
 
 def request(
-    s: SessionState, tools: Mapping[str, Tool], generation_id: str, attempt: int
+    s: SessionState,
+    tools: Mapping[str, Tool],
+    generation_id: str,
+    attempt: int,
+    cache: MessageCache | None = None,
 ) -> ModelRequest:
     return ModelRequest(
         system=s.system,
-        messages=messages(s),
+        messages=messages(s, cache=cache),
         tools=tool_definitions(tools),
         attempt=attempt,
         session_id=s.session_id,

@@ -828,10 +828,10 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
     if gen is None or s.run is None:
         return NOTHING
     calls: list[ToolCall] = []
-    seen = set(s.tasks)
+    seen: set[str] = set()
     for call in msg.reply.tool_calls:
         call_id = call.call_id
-        while call_id in seen:  # ids must be unique within a session
+        while call_id in s.tasks or call_id in seen:  # ids must be unique within a session
             call_id += "_"
         seen.add(call_id)
         calls.append(evolve(call, call_id=call_id))

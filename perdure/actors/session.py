@@ -118,6 +118,7 @@ class SessionActor:
         self._drains: list[Reply] = []
         self._draining = False
         self._pending: list[Reply] = []  # replies owed if this actor dies
+        self._messages = conversation.MessageCache()  # the model's view, built incrementally
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -288,7 +289,7 @@ class SessionActor:
         state = self.state
         if isinstance(effect, decide.CallModel):
             request = conversation.request(
-                state, self.ctx.tools, effect.generation_id, effect.attempt
+                state, self.ctx.tools, effect.generation_id, effect.attempt, self._messages
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
             nursery.start_soon(

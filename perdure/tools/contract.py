@@ -12,6 +12,7 @@ This module is a leaf: it imports nothing of perdure's runtime.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import inspect
 import json
@@ -140,11 +141,9 @@ class Tool:
     def effective_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The arguments the call will actually run with: the model's, plus JSON defaults."""
         out = dict(args)
-        for name, param in inspect.signature(self.fn).parameters.items():
-            if name in out or name not in self.param_types:
-                continue
-            if param.default is not inspect.Parameter.empty and _is_json(param.default):
-                out[name] = param.default
+        for name, default in _json_defaults(self.fn):
+            if name not in out and name in self.param_types:
+                out[name] = default
         return out
 
     def structure_args(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +170,16 @@ class Tool:
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (handy in unit tests)."""
         return await self.fn(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_defaults(fn: ToolFn) -> tuple[tuple[str, Any], ...]:
+    """The parameters of ``fn`` with a JSON default (a function's signature is fixed)."""
+    return tuple(
+        (name, param.default)
+        for name, param in inspect.signature(fn).parameters.items()
+        if param.default is not inspect.Parameter.empty and _is_json(param.default)
+    )
 
 
 def _is_json(value: Any) -> bool:

@@ -1,0 +1,459 @@
+"""perdure's benchmarks, one child process per measurement, through the public API.
+
+    python bench/perdure_bench.py turns LOG K
+    python bench/perdure_bench.py census LOG
+    python bench/perdure_bench.py breakdown LOG K
+    python bench/perdure_bench.py concurrency LOG SESSIONS K
+    python bench/perdure_bench.py build-finished LOG SESSIONS K
+    python bench/perdure_bench.py build-interrupted LOG SESSIONS K BLOCK_AT_TURN
+    python bench/perdure_bench.py recover LOG SESSIONS K
+    python bench/perdure_bench.py memory LOG SESSIONS K
+    python bench/perdure_bench.py stream LOG SESSIONS SUBSCRIBERS_PER_SESSION K
+
+Each prints one JSON object on its last stdout line (``build-interrupted`` prints
+``{"ready": true}`` once every session is blocked inside its tool, and waits to be
+SIGKILLed). Every runtime uses ``durability="full"``, the default.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import perdure
+from bench import workload
+from bench.agent import BenchProvider, ToolControl, lookup, runtime_options
+from bench.common import current_rss_mib, emit, note
+from perdure.storage.codec import encode
+
+_BATCH = 250  # sessions driven at once while building a big log
+
+
+async def _warm_up(rt: perdure.Runtime, provider: BenchProvider) -> None:
+    """Run a short session first, so that one-time costs are not charged to turn 1."""
+    sid = await rt.create_session("warm-up")
+    provider.k_by_session[sid] = workload.WARMUP_TURNS
+    await rt.submit(sid, workload.USER_TEXT, request_id="warm-up")
+    await rt.wait_idle(sid)
+
+
+def _sid(prefix: str, i: int) -> str:
+    return f"{prefix}-{i:06d}"
+
+
+async def _run_sessions(rt: perdure.Runtime, sids: list[str], tag: str) -> None:
+    """Submit the workload to every session at once and wait until all are idle."""
+
+    async def one(sid: str) -> None:
+        await rt.submit(sid, workload.USER_TEXT, request_id=f"{tag}-{sid}")
+        outcome = await rt.wait_idle(sid)
+        if outcome is None or outcome.status != "completed":
+            raise RuntimeError(f"session {sid} ended {outcome!r}")
+
+    async with trio.open_nursery() as nursery:
+        for sid in sids:
+            nursery.start_soon(one, sid)
+
+
+# -- per-turn latency of one session ----------------------------------------------------
+
+
+async def turns(log: str, k: int) -> dict[str, Any]:
+    provider = BenchProvider(k)
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        await _warm_up(rt, provider)
+        sid = await rt.create_session("turns")
+        before = attrs.evolve(rt.stats())  # a copy: the live object keeps counting
+        appends0, txns0, records0 = before.appends, before.transactions, before.records
+        await rt.submit(sid, workload.USER_TEXT, request_id="turns-1")
+        outcome = await rt.wait_idle(sid)
+        after = attrs.evolve(rt.stats())
+    assert outcome is not None and outcome.status == "completed", outcome
+    assert outcome.final_text == workload.FINAL_TEXT
+    starts = provider.starts[sid]
+    assert len(starts) == k + 1, len(starts)
+    result: dict[str, Any] = {"system": "perdure", "k": k, **workload.turn_stats(starts)}
+    # The whole run (submit, K turns, the answer): 2 commits per turn plus a constant.
+    result["appends"] = after.appends - appends0
+    result["transactions"] = after.transactions - txns0
+    result["records"] = after.records - records0
+    result["commits_per_turn"] = (after.transactions - txns0) / k
+    return result
+
+
+# -- where a turn's time goes (instrumented, not used for the headline figures) -------------
+
+
+async def breakdown(log: str, k: int) -> dict[str, Any]:
+    """Split a turn into LMDB commit, thread hand-offs and trio-thread work.
+
+    Wraps ``LmdbLog.commit`` (writer thread), ``codec.encode`` as the log calls it, and
+    ``Journal.append`` (trio side, from the call to the caller being woken) with
+    timers. The wrappers cost a few perf_counter calls per commit.
+    """
+    from perdure.storage import lmdb_log
+
+    provider = BenchProvider(k)
+    commits: list[float] = []
+    appends: list[float] = []
+    encoded = [0.0]
+    module = vars(lmdb_log)  # the log calls codec.encode through this module's global
+    real_encode = module["encode"]
+
+    def timed_encode(record: Any, seq: int) -> bytes:
+        t = time.perf_counter()
+        frame: bytes = real_encode(record, seq)
+        encoded[0] += time.perf_counter() - t
+        return frame
+
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        journal, lmdb = rt.journal, rt.journal.log
+        real_commit, real_append = lmdb.commit, journal.append
+
+        def timed_commit(batches: Any) -> Any:
+            t = time.perf_counter()
+            results = real_commit(batches)
+            commits.append(time.perf_counter() - t)
+            return results
+
+        async def timed_append(records: Any, *, guard: Any = None) -> Any:
+            t = time.perf_counter()
+            out = await real_append(records, guard=guard)
+            appends.append(time.perf_counter() - t)
+            return out
+
+        await _warm_up(rt, provider)
+        sid = await rt.create_session("breakdown")
+        lmdb.commit = timed_commit  # type: ignore[method-assign]
+        journal.append = timed_append  # type: ignore[method-assign]
+        module["encode"] = timed_encode
+        try:
+            cpu = time.thread_time()
+            await rt.submit(sid, workload.USER_TEXT, request_id="breakdown-1")
+            await rt.wait_idle(sid)
+            cpu = time.thread_time() - cpu
+        finally:
+            module["encode"] = real_encode
+    starts = provider.starts[sid]
+    wall = (starts[-1] - starts[0]) / k
+    n = len(commits)
+    per_turn = n / (k + 1)  # the run has K+1 model turns' worth of commits
+    commit_ms = sum(commits) / n * 1e3
+    append_ms = sum(appends) / len(appends) * 1e3
+    return {
+        "k": k,
+        "turn_ms": wall * 1e3,
+        "commits_per_turn": per_turn,
+        "commit_ms": commit_ms,
+        "encode_ms_per_commit": encoded[0] / n * 1e3,
+        "append_roundtrip_ms": append_ms,
+        "handoff_ms_per_commit": append_ms - commit_ms,
+        "trio_thread_cpu_ms_per_turn": cpu / (k + 1) * 1e3,
+        "outside_appends_ms_per_turn": wall * 1e3 - per_turn * append_ms,
+    }
+
+
+# -- which records each commit of a turn holds (untimed) ----------------------------------
+
+
+async def census(log: str) -> dict[str, Any]:
+    """Record the frames of every transaction of a 5-turn run (instrumented, untimed)."""
+    k = 5
+    provider = BenchProvider(k, record=False)
+    txns: list[list[tuple[str, int]]] = []
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        real = rt.journal.log.commit
+
+        def counting(batches: Any) -> Any:
+            results = real(batches)
+            for committed_batch in results:
+                if isinstance(committed_batch, list):
+                    frames = [
+                        (type(c.record).__name__, len(encode(c.record, c.seq)))
+                        for c in committed_batch
+                    ]
+                    txns.append(frames)
+            return results
+
+        rt.journal.log.commit = counting  # type: ignore[method-assign]
+        sid = await rt.create_session("census")
+        await rt.submit(sid, workload.USER_TEXT, request_id="census-1")
+        await rt.wait_idle(sid)
+    # A steady-state turn: the commit that saves a tool-calling reply, and the next one.
+    for i, frames in enumerate(txns):
+        if i > 2 and frames[0][0] == "GenerationCompleted" and i + 1 < len(txns):
+            turn = [frames, txns[i + 1]]
+            break
+    else:
+        raise RuntimeError(f"no steady-state turn found in {txns}")
+    return {
+        "turn_commits": [[{"record": name, "bytes": size} for name, size in t] for t in turn],
+        "value_sizes": [[size for _, size in t] for t in turn],
+        "all_transactions": len(txns),
+    }
+
+
+# -- many sessions at once ------------------------------------------------------------------
+
+
+async def concurrency(log: str, sessions: int, k: int, gc_off: int = 0) -> dict[str, Any]:
+    """``gc_off=1`` (a diagnostic): the cyclic garbage collector is disabled for the run,
+    to show what the collector's passes over the live session states cost."""
+    provider = BenchProvider(k, record=False)
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        sids = [await rt.create_session(_sid("c", i)) for i in range(sessions)]
+        before = attrs.evolve(rt.stats())  # a copy: the live object keeps counting
+        if gc_off:
+            gc.disable()
+        collections = sum(g["collections"] for g in gc.get_stats())
+        cpu, trio_cpu = time.process_time(), time.thread_time()
+        start = time.perf_counter()
+        await _run_sessions(rt, sids, "conc")
+        elapsed = time.perf_counter() - start
+        cpu, trio_cpu = time.process_time() - cpu, time.thread_time() - trio_cpu
+        collections = sum(g["collections"] for g in gc.get_stats()) - collections
+        gc.enable()
+        after = attrs.evolve(rt.stats())
+    txns = after.transactions - before.transactions
+    appends = after.appends - before.appends
+    records = after.records - before.records
+    return {
+        "system": "perdure",
+        "sessions": sessions,
+        "k": k,
+        "elapsed_s": elapsed,
+        "turns_per_s": sessions * k / elapsed,
+        "cpu_ms_per_turn": cpu / (sessions * k) * 1e3,
+        "trio_thread_cpu_ms_per_turn": trio_cpu / (sessions * k) * 1e3,
+        "commits": txns,
+        "commits_per_s": txns / elapsed,
+        "appends_per_commit": appends / txns,
+        "records_per_commit": records / txns,
+        "largest_commit_records": after.largest_transaction,
+        "single_session_commits_would_be": appends,
+        "gc": "off (diagnostic)" if gc_off else "on",
+        "gc_collections": collections,
+    }
+
+
+# -- recovery ---------------------------------------------------------------------------------
+
+
+async def build_finished(log: str, sessions: int, k: int) -> dict[str, Any]:
+    provider = BenchProvider(k, record=False)
+    start = time.perf_counter()
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        for lo in range(0, sessions, _BATCH):
+            sids = [
+                await rt.create_session(_sid("done", i))
+                for i in range(lo, min(sessions, lo + _BATCH))
+            ]
+            await _run_sessions(rt, sids, "done")
+            if lo and lo % 2000 == 0:
+                note(f"  built {lo} finished sessions")
+        active = await rt.journal.active_sessions()
+    assert not active, active
+    return {"finished_sessions": sessions, "k": k, "build_s": time.perf_counter() - start}
+
+
+async def build_interrupted(log: str, sessions: int, k: int, block_at: int) -> None:
+    provider = BenchProvider(k, record=False)
+    ToolControl.block_at_turn = block_at
+    ToolControl.expected_blocked = sessions
+    ToolControl.all_blocked = trio.Event()
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        sids = [await rt.create_session(_sid("cut", i)) for i in range(sessions)]
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                nursery.start_soon(rt.submit, sid, workload.USER_TEXT)
+        await ToolControl.all_blocked.wait()
+        print('{"ready": true}', flush=True)
+        await trio.sleep_forever()  # the parent SIGKILLs this process now
+
+
+def recover(log: str, sessions: int, k: int) -> dict[str, Any]:
+    """From ``open_runtime`` entry to the first re-issued action of the last interrupted run.
+
+    The re-issued action is the SAFE tool's re-run (attempt 2), which notes its start
+    time. Imports and interpreter start-up are not counted; the open, the log read, the
+    supervisor's scan of the ``active`` index, every actor's fold and recovery commit are.
+    """
+    provider = BenchProvider(k, record=False)
+    marks: dict[str, float] = {}
+
+    async def main() -> None:
+        ToolControl.expected_reruns = sessions
+        ToolControl.all_rerun = trio.Event()
+        marks["enter"] = time.perf_counter()
+        async with perdure.open_runtime(
+            log, provider=provider, tools=[lookup], **runtime_options(k)
+        ) as rt:
+            marks["yielded"] = time.perf_counter()
+            recovered = len(rt.recovered_sessions)
+            with trio.fail_after(120):
+                await ToolControl.all_rerun.wait()
+            marks["recovered"] = recovered
+            marks["rss_after_recovery_mib"] = current_rss_mib()
+
+    trio.run(main)
+    reruns = sorted(ToolControl.reruns.values())
+    enter = marks["enter"]
+    return {
+        "interrupted_sessions": sessions,
+        "recovered_sessions": int(marks["recovered"]),
+        "reruns": len(reruns),
+        "first_rerun_ms": (reruns[0] - enter) * 1e3,
+        "last_rerun_ms": (reruns[-1] - enter) * 1e3,
+        "open_runtime_yield_ms": (marks["yielded"] - enter) * 1e3,
+        "rss_after_recovery_mib": marks["rss_after_recovery_mib"],
+    }
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+async def memory(log: str, sessions: int, k: int) -> dict[str, Any]:
+    """RSS per idle session: sessions whose actors are started (created, run once, idle)."""
+    provider = BenchProvider(k, record=False)
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        # Warm up every code path once so that the delta is the sessions' own memory.
+        await _run_sessions(rt, [await rt.create_session("warm")], "warm")
+        gc.collect()
+        before = current_rss_mib()
+        sids = [await rt.create_session(_sid("idle", i)) for i in range(sessions)]
+        await _run_sessions(rt, sids, "idle")
+        gc.collect()
+        await trio.sleep(0.2)
+        after = current_rss_mib()
+        actors = len(rt._sup.actors)
+    return {
+        "sessions": sessions,
+        "k": k,
+        "actors_alive": actors,
+        "rss_before_mib": before,
+        "rss_after_mib": after,
+        "kib_per_idle_session": (after - before) * 1024 / sessions,
+    }
+
+
+# -- streaming, in-process --------------------------------------------------------------------
+
+
+async def stream(log: str, sessions: int, per_session: int, k: int) -> dict[str, Any]:
+    """Delay from a record's commit to its arrival at ``rt.events`` subscribers (in-process).
+
+    The commit time is taken in the Journal's writer thread right after LMDB's commit
+    returned (an instrumentation wrapper on the log, for this measurement only).
+    """
+    provider = BenchProvider(k, record=False)
+    committed_at: dict[int, float] = {}
+    delays: list[float] = []
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], **runtime_options(k)
+    ) as rt:
+        real = rt.journal.log.commit
+
+        def stamping(batches: Any) -> Any:
+            results = real(batches)
+            now = time.perf_counter()
+            for committed_batch in results:
+                if isinstance(committed_batch, list):
+                    for c in committed_batch:
+                        committed_at[c.seq] = now
+            return results
+
+        rt.journal.log.commit = stamping  # type: ignore[method-assign]
+        sids = [await rt.create_session(_sid("st", i)) for i in range(sessions)]
+
+        async def subscriber(sid: str, after: int) -> None:
+            async for event in rt.events(sid, after=after):
+                if event.seq is None:
+                    continue
+                delays.append(time.perf_counter() - committed_at[event.seq])
+                if event.kind == "RunFinished":
+                    return
+
+        bus = rt.journal.bus
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                info = await rt.journal.session_info(sid)
+                assert info is not None
+                for _ in range(per_session):
+                    nursery.start_soon(subscriber, sid, info.last_seq)
+            # Start the runs once every subscriber has reached its live feed (rt.events
+            # subscribes lazily, after replaying the log), so that every delay measured is
+            # a live delivery. (Reads the bus's subscriber sets: a benchmark-only peek.)
+            for _ in range(10_000):
+                live = sum(len(bus._by_session.get(sid, ())) for sid in sids)
+                if live >= len(sids) * per_session:
+                    break
+                await trio.sleep(0.001)
+            else:
+                raise RuntimeError("the subscribers did not all go live")
+            await _run_sessions(rt, sids, "stream")
+    return {
+        "scope": "in-process (rt.events subscribers), not SSE",
+        "sessions": sessions,
+        "subscribers": len(sids) * per_session,
+        "k": k,
+        "deliveries": len(delays),
+        "p50_ms": workload.quantile(delays, 0.5) * 1e3,
+        "p99_ms": workload.quantile(delays, 0.99) * 1e3,
+        "max_ms": max(delays) * 1e3 if delays else float("nan"),
+    }
+
+
+def _run(fn: Callable[..., Any], *args: Any) -> Any:
+    return trio.run(fn, *args)
+
+
+def main(argv: list[str]) -> None:
+    cmd, log, *rest = argv
+    nums = [int(x) for x in rest]
+    if cmd == "turns":
+        emit(_run(turns, log, *nums))
+    elif cmd == "breakdown":
+        emit(_run(breakdown, log, *nums))
+    elif cmd == "census":
+        emit(_run(census, log))
+    elif cmd == "concurrency":
+        emit(_run(concurrency, log, *nums))
+    elif cmd == "build-finished":
+        emit(_run(build_finished, log, *nums))
+    elif cmd == "build-interrupted":
+        _run(build_interrupted, log, *nums)
+    elif cmd == "recover":
+        emit(recover(log, *nums))
+    elif cmd == "memory":
+        emit(_run(memory, log, *nums))
+    elif cmd == "stream":
+        emit(_run(stream, log, *nums))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
