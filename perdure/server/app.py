@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from importlib import resources
@@ -215,6 +216,25 @@ def sse_frame(event: Event) -> bytes:
     return f"{head}event: {event.kind}\ndata: {data}\n\n".encode()
 
 
+class FrameCache:
+    """Committed records encoded once for all the subscribers of one runtime's streams."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self.size = size
+        self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    def frame(self, event: Event) -> bytes:
+        if event.seq is None:
+            return sse_frame(event)
+        key = (event.session_id, event.seq)
+        found = self._frames.get(key)
+        if found is None:
+            found = self._frames[key] = sse_frame(event)
+            if len(self._frames) > self.size:
+                self._frames.popitem(last=False)
+        return found
+
+
 def message_json(message: ModelMessage) -> dict[str, Any]:
     blocks: list[dict[str, Any]] = []
     for b in message.content:
@@ -273,17 +293,34 @@ class EventStreamResponse(Response):
             pass  # the client went away mid-write; nothing to tell it
 
     async def _pump(self, write: Callable[[bytes], Awaitable[None]]) -> None:
-        events = self.api.rt.events(
-            self.session_id, after=self.after, live=self.live, restarts=True
-        )
-        try:
-            async with aclosing(events) as stream:
-                async for event in stream:
-                    await write(sse_frame(event))
-        except EventStreamLagged:
-            # The runtime dropped us rather than wait: end, so the client reconnects
-            # from the last id it received.
-            await write(b": lagged behind; reconnect with Last-Event-ID\n\n")
+        """Forward the session's events; frames that pile up while a write is in
+        progress go out together in the next write (one send for a burst of commits)."""
+        frames_in, frames_out = trio.open_memory_channel[bytes](256)
+
+        async def read() -> None:
+            events = self.api.rt.events(
+                self.session_id, after=self.after, live=self.live, restarts=True
+            )
+            async with frames_in:
+                try:
+                    async with aclosing(events) as stream:
+                        async for event in stream:
+                            await frames_in.send(self.api.frames.frame(event))
+                except EventStreamLagged:
+                    # The runtime dropped us rather than wait: end, so the client
+                    # reconnects from the last id it received.
+                    await frames_in.send(b": lagged behind; reconnect with Last-Event-ID\n\n")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            async for frame in frames_out:
+                batch = [frame]
+                while True:
+                    try:
+                        batch.append(frames_out.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await write(b"".join(batch))
 
     async def _until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
         while True:
@@ -397,6 +434,7 @@ class Api:
         self.closing = closing
         self.heartbeat = heartbeat
         self.max_body = max_body
+        self.frames = FrameCache()
         self.retry_ms = retry_ms
         static = resources.files("perdure.server") / "static"
         self.static = {name: (static / name).read_bytes() for name in _STATIC}
