@@ -2,7 +2,9 @@
 
 It reads every record of the log (read-only, so it can run beside a live owner)
 and the side-effect ledger written by ``ledger_tools``, and reports violations in
-words. ``check`` returns the list of violations; an empty list means the history
+words. The log is an LMDB directory or a PostgreSQL URL; only LMDB promises a
+gap-free global sequence (PostgreSQL's sequence may skip numbers), so only there
+is that checked. ``check`` returns the list of violations; an empty list means the history
 is sound. It also returns counts so tests can assert the history was not vacuous.
 """
 
@@ -17,6 +19,7 @@ from attrs import define, field
 from perdure.actors.conversation import messages
 from perdure.actors.state import SessionState
 from perdure.providers.base import ToolResultBlock, ToolUseBlock
+from perdure.storage.backend import is_postgres
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
     FINAL_RUN_STATUSES,
@@ -45,18 +48,26 @@ class Report:
         self.violations.append(text)
 
 
-def read_log(log_dir: Path) -> list[Committed]:
-    log = LmdbLog(log_dir, readonly=True)
+def read_log(log: Path | str) -> list[Committed]:
+    if is_postgres(log):
+        from perdure.storage.pg_log import PgLog
+
+        pg = PgLog(str(log), readonly=True)
+        try:
+            return pg.read_global()
+        finally:
+            pg.close()
+    lmdb_log = LmdbLog(log, readonly=True)
     try:
-        return log.read_global()
+        return lmdb_log.read_global()
     finally:
-        log.close()
+        lmdb_log.close()
 
 
-def check(log_dir: Path, workspace: Path | None = None, *, settled: bool = True) -> Report:
+def check(log: Path | str, workspace: Path | None = None, *, settled: bool = True) -> Report:
     """Check every invariant. ``settled``: the runtime finished all its work."""
     ledger = read_ledger(workspace) if workspace is not None else None
-    return check_history(read_log(log_dir), ledger, settled=settled)
+    return check_history(read_log(log), ledger, settled=settled, gap_free=not is_postgres(log))
 
 
 def check_history(
@@ -64,12 +75,20 @@ def check_history(
     ledger: list[dict[str, Any]] | None = None,
     *,
     settled: bool = True,
+    gap_free: bool = True,
 ) -> Report:
-    """The invariants over records in log order (and, if given, the effect ledger)."""
+    """The invariants over records in log order (and, if given, the effect ledger).
+
+    ``gap_free``: the global sequence must run 1, 2, 3, ... (LMDB). Otherwise it
+    must only increase strictly (PostgreSQL allows gaps).
+    """
     report = Report()
     for i, c in enumerate(committed, start=1):
-        if c.seq != i:
+        if gap_free and c.seq != i:
             report.add(f"sequence gap: expected {i}, found {c.seq}")
+            break
+        if not gap_free and i > 1 and c.seq <= committed[i - 2].seq:
+            report.add(f"sequence not increasing: {committed[i - 2].seq} then {c.seq}")
             break
     by_session: dict[str, list[Committed]] = defaultdict(list)
     for c in committed:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ def _write(ctx: ToolContext, event: str, tool: str, **extra: Any) -> None:
         "key": ctx.idempotency_key,
         "attempt": ctx.attempt,
         "session_id": ctx.session_id,
+        "pid": os.getpid(),
+        "t": time.time(),
         **extra,
     }
     fd = os.open(ctx.workspace / LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
