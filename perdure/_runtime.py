@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
@@ -179,14 +179,16 @@ class Runtime:
             raise UnknownSession(session_id)
         with self.journal.bus.subscribe(session_id) as live_feed:
             last = after
-            async for event in self._replay(session_id, last):
-                last = event.seq or last
-                yield event
+            async with aclosing(self._replay(session_id, last)) as replay:
+                async for event in replay:
+                    last = event.seq or last
+                    yield event
             if not live:
                 return
             if self.journal.log.multi_node:
-                async for event in self._follow(session_id, live_feed, last):
-                    yield event
+                async with aclosing(self._follow(session_id, live_feed, last)) as follow:
+                    async for event in follow:
+                        yield event
                 return
             async for event in live_feed:
                 if event.seq is not None:
@@ -232,9 +234,10 @@ class Runtime:
                     continue
                 if event is not None and event.seq is not None and event.seq <= last:
                     continue
-                async for c in self._replay(session_id, last):
-                    last = c.seq or last
-                    yield c
+                async with aclosing(self._replay(session_id, last)) as replay:
+                    async for c in replay:
+                        last = c.seq or last
+                        yield c
 
 
 def _rid() -> str:
