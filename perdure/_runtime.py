@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
@@ -197,7 +197,7 @@ class Runtime:
                     last = event.seq
                 yield event
 
-    async def _replay(self, session_id: str, after: int) -> AsyncIterator[Event]:
+    async def _replay(self, session_id: str, after: int) -> AsyncGenerator[Event, None]:
         last = after
         while True:
             page = await self.journal.read_session(session_id, last, _PAGE)
@@ -209,7 +209,7 @@ class Runtime:
 
     async def _follow(
         self, session_id: str, feed: Subscription, after: int
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Live part with several nodes: the log is the source of committed records.
 
         Any node may be writing the session (it may even move between nodes while we

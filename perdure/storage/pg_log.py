@@ -195,6 +195,7 @@ class PgLog:
         self._pool_size = read_connections
         self._writer: threading.Thread | None = None
         self._wconn: psycopg.Connection[Any] | None = None
+        self._writer_pid: int | None = None
         self.write_threads: set[int] = set()
         self.epoch = 0
         self._closed = False
@@ -237,13 +238,24 @@ class PgLog:
     # -- connections -----------------------------------------------------------------
 
     def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+        """A connection whose lock waits are bounded by half a lease TTL.
+
+        A node paused (or cut off) in the middle of a transaction holds the lease rows
+        it locked; ``idle_in_transaction_session_timeout`` makes the server end that
+        transaction, so a takeover waits at most that long instead of forever.
+        """
+        limit_ms = max(100, int(self._lease_ttl * 500))
         try:
-            return psycopg.connect(
+            conn = psycopg.connect(
                 self.url,
-                autocommit=autocommit,
+                autocommit=True,
                 connect_timeout=max(1, math.ceil(self._connect_timeout)),
                 application_name=f"perdure:{self._node_id}"[:63],
             )
+            conn.execute(f"SET lock_timeout = {limit_ms}")
+            conn.execute(f"SET idle_in_transaction_session_timeout = {limit_ms}")
+            conn.autocommit = autocommit
+            return conn
         except psycopg.Error as exc:
             raise LogError(f"cannot connect to {self.location}: {exc}") from exc
 
@@ -279,6 +291,7 @@ class PgLog:
             if self.durability == "fast":
                 conn.execute("SET synchronous_commit = off")
                 conn.commit()
+            self._writer_pid = conn.info.backend_pid
         return conn
 
     # -- schema and node registration ------------------------------------------------
@@ -837,7 +850,6 @@ class PgLog:
         not listening, so every follower re-reads. Followers poll anyway, so a lost
         connection delays streaming, it never loses records.
         """
-        own = self._wconn.info.backend_pid if self._wconn is not None else None
         backoff = 0.1
         while not stop.is_set():
             try:
@@ -849,7 +861,7 @@ class PgLog:
                     backoff = 0.1
                     while not stop.is_set():
                         for note in conn.notifies(timeout=0.25):
-                            if own is not None and note.pid == own:
+                            if note.pid == self._writer_pid:
                                 continue  # our own commits reach followers through the bus
                             if note.payload == "*":
                                 wake(None)

@@ -116,7 +116,7 @@ async def test_clean_shutdown_hands_an_unfinished_session_over(pg_url: str) -> N
                             break
         # a is gone (its leases released); b's heartbeat claims s1 within TTL/3.
         with trio.fail_after(TTL * 2):
-            while "s1" not in b.taken_over_sessions:
+            while "s1" not in b.taken_over_sessions:  # noqa: ASYNC110
                 await trio.sleep(0.05)
         await b.approve(sid, "toolu_001_1", request_id="yes")
         outcome = await b.wait_idle(sid)
