@@ -412,38 +412,47 @@ class PgLog:
         sessions = sorted(written)
         with self._lock:
             held = {sid: self._held[sid].epoch for sid in sessions if sid in self._held}
+        total = sum(len(records) for records, _ in batches)
+        leases: dict[str, tuple[str, int]] = {}
+        infos: dict[str, dict[str, int]] = {}
         try:
-            with conn.cursor() as cur:
-                leases: dict[str, tuple[str, int]] = {}
-                infos: dict[str, dict[str, int]] = {}
-                if sessions:
-                    cur.execute(
-                        "SELECT session_id, owner, epoch FROM perdure_leases "
-                        "WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE",
-                        (sessions,),
-                    )
-                    leases = {sid: (owner, epoch) for sid, owner, epoch in cur}
-                    cur.execute(
-                        "SELECT session_id, first_seq, last_seq, records, goal_rev, "
-                        "open_submissions FROM perdure_sessions WHERE session_id = ANY(%s)",
-                        (sessions,),
-                    )
-                    for sid, first, last, n, rev, count in cur:
-                        infos[sid] = {
-                            "first_seq": first,
-                            "last_seq": last,
-                            "records": n,
-                            "goal_rev": rev,
-                            "open": count,
-                        }
-                total = sum(len(records) for records, _ in batches)
-                cur.execute("SELECT nextval('perdure_seq') FROM generate_series(1, %s)", (total,))
-                seqs = sorted(int(row[0]) for row in cur)
-                results, rows, touched = self._apply(batches, seqs, held, leases, infos)
-                if not rows:
-                    conn.rollback()
-                    return results
-                cur.execute(
+            # Round trip 1 (pipelined): lock the lease rows (with the summaries), THEN
+            # draw the seqs; the server runs them in this order.
+            with conn.pipeline():
+                locked = conn.execute(
+                    """SELECT l.session_id, l.owner, l.epoch, s.first_seq, s.last_seq,
+                              s.records, s.goal_rev, s.open_submissions
+                         FROM perdure_leases l
+                         LEFT JOIN perdure_sessions s USING (session_id)
+                        WHERE l.session_id = ANY(%s)
+                        ORDER BY l.session_id FOR UPDATE OF l""",
+                    (sessions,),
+                )
+                drawn = conn.execute(
+                    "SELECT nextval('perdure_seq') FROM generate_series(1, %s)", (total,)
+                )
+            for sid, owner, epoch, first_seq, last_seq, n, rev, count in locked.fetchall():
+                leases[sid] = (owner, epoch)
+                if first_seq is not None:
+                    infos[sid] = {
+                        "first_seq": first_seq,
+                        "last_seq": last_seq,
+                        "records": n,
+                        "goal_rev": rev,
+                        "open": count,
+                    }
+            seqs = sorted(int(row[0]) for row in drawn.fetchall())
+            results, rows, touched = self._apply(batches, seqs, held, leases, infos)
+            if not rows:
+                conn.rollback()
+                return results
+            order = sorted(touched)
+            payload = ",".join(order)
+            if len(payload.encode()) > _NOTIFY_MAX:
+                payload = "*"
+            # Round trip 2 (pipelined): the records, the summaries, the notification.
+            with conn.pipeline():
+                conn.execute(
                     "INSERT INTO perdure_records (seq, session_id, frame, node) "
                     "SELECT s, sid, f, %s FROM unnest(%s::bigint[], %s::text[], %s::bytea[]) "
                     "AS t(s, sid, f)",
@@ -454,9 +463,8 @@ class PgLog:
                         [r[2] for r in rows],
                     ),
                 )
-                if touched:
-                    order = sorted(touched)
-                    cur.execute(
+                if order:
+                    conn.execute(
                         """INSERT INTO perdure_sessions AS s (session_id, first_seq, last_seq,
                                records, goal_rev, open_submissions)
                            SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[],
@@ -474,10 +482,7 @@ class PgLog:
                             [max(0, infos[s]["open"]) for s in order],
                         ),
                     )
-                    payload = ",".join(order)
-                    if len(payload.encode()) > _NOTIFY_MAX:
-                        payload = "*"
-                    cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
         except BaseException:
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()
