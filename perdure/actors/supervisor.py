@@ -74,6 +74,7 @@ class Supervisor:
         self._lost: dict[str, str] = {}
         self.recovered: list[str] = []
         self.taken_over: list[str] = []  # sessions claimed by the heartbeat after start
+        self._draining = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -101,6 +102,8 @@ class Supervisor:
                 lost = await self.journal.renew()
                 for session_id in lost:
                     self._lose(session_id, "its lease expired and another node took it over")
+                if self._draining:
+                    continue  # shutting down: keep what we hold, take nothing new
                 claimed = await self.journal.claim()
             except LogError as exc:
                 log.warning("lease heartbeat failed (%s); retrying", exc)
@@ -274,6 +277,7 @@ class Supervisor:
 
     async def drain(self) -> None:
         """Ask every session to stop dispatching and wait until their tools are done."""
+        self._draining = True
         async with trio.open_nursery() as nursery:
             for session_id in list(self.mailboxes):
                 nursery.start_soon(self._drain_one, session_id, Drain)

@@ -216,13 +216,15 @@ def open_log(
     map_size: int | None = None,
     node_id: str | None = None,
     lease_ttl: float | None = None,
+    readonly: bool = False,
     **options: Any,
 ) -> LogBackend:
     """Open the log at ``location``: a directory (LMDB) or a ``postgresql://`` URL.
 
-    Blocking: call it from a worker thread in async code. Options that belong to
-    the other backend are refused, so a typo in a deployment is not silently
-    ignored.
+    Blocking: call it from a worker thread in async code. ``readonly`` opens it for
+    inspection beside a live owner (no ownership taken, nothing written). Options
+    that belong to the other backend are refused, so a typo in a deployment is not
+    silently ignored.
     """
     if is_postgres(location):
         if map_size is not None:
@@ -238,6 +240,7 @@ def open_log(
             takeover=takeover,
             clock=clock,
             node_id=node_id,
+            readonly=readonly,
             **extra,
         )
     named = (("node_id", node_id), ("lease_ttl", lease_ttl))
@@ -254,4 +257,5 @@ def open_log(
         takeover=takeover,
         clock=clock,
         map_size=map_size if map_size is not None else DEFAULT_MAP_SIZE,
+        readonly=readonly,
     )
