@@ -443,6 +443,7 @@ class PgLog:
                     }
             seqs = sorted(int(row[0]) for row in drawn.fetchall())
             results, rows, touched = self._apply(batches, seqs, held, leases, infos)
+            self._forget_fenced(results, held)
             if not rows:
                 conn.rollback()
                 return results
@@ -578,6 +579,15 @@ class PgLog:
                 committed.append(Committed(seq, record))
             results.append(committed)
         return results, rows, touched
+
+    def _forget_fenced(self, results: CommitResult, held: dict[str, int]) -> None:
+        """A fenced session is no longer ours: drop it, so nothing here uses it again."""
+        with self._lock:
+            for result in results:
+                if isinstance(result, SessionFenced):
+                    current = self._held.get(result.session_id)
+                    if current is not None and current.epoch == held.get(result.session_id):
+                        del self._held[result.session_id]
 
     def _fence_reason(
         self, sessions: list[str], held: dict[str, int], leases: dict[str, tuple[str, int]]

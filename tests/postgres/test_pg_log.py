@@ -317,13 +317,28 @@ def test_expired_lease_is_taken_over_and_the_old_owner_fenced(open_pg: Open) -> 
     assert isinstance(theirs, SessionFenced)
     assert theirs.session_id == "s1"
     assert "node node-b holds it at epoch 2" in str(theirs)
-    assert a.renew() == ["s1"]  # the heartbeat says so (s2 is kept)
-    assert a.held() == {"s2": 1}
-    assert a.confirm("s1") is False  # and a tool of s1 would not start
+    assert a.held() == {"s2": 1}  # the fenced commit dropped s1 at once
+    assert a.confirm("s1") is False  # so a tool of s1 would not start
+    with pytest.raises(NotOwner, match="node-b"):
+        a.acquire("s1")  # and a command for it is sent to its owner
+    assert a.renew() == []  # s2 is renewed; s1 is no longer counted
     (theirs_ok,) = b.commit([([tool_result("s1", "new owner")], None)])
     assert isinstance(theirs_ok, list)
     assert [c.record.call_id for c in b.read_session("s1")] == ["before", "new owner"]  # type: ignore[union-attr]
     assert theirs_ok[0].seq > first[0].seq
+
+
+def test_renew_reports_a_lease_taken_over(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=0.5)
+    b = open_pg(node_id="b", lease_ttl=30)
+    a.acquire("s1")
+    a.acquire("s2")
+    time.sleep(0.7)
+    b.acquire("s1")
+    assert a.renew() == ["s1"]  # s2 expired too, but nobody took it: still a's
+    assert a.held() == {"s2": 1}
+    (ok,) = a.commit([([tool_result("s2", "late but safe")], None)])
+    assert isinstance(ok, list)
 
 
 def test_claim_takes_a_fair_share_of_orphans(open_pg: Open) -> None:
