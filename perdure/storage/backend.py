@@ -29,7 +29,8 @@ Ownership hooks (the part that differs between one owner and many nodes):
                      expired), up to a fair share over the live nodes.
 ``renew()``          extend the leases held; return the sessions whose lease was lost.
 ``confirm(sid)``     whether the lease is certainly still held (checked before a
-                     tool is started); LMDB: always.
+                     tool is started); LMDB: always. ``is_fresh(sid)`` is its
+                     non-blocking part: True when no database call is needed.
 ``listen(wake, stop)`` block, calling ``wake(session ids or None)`` whenever another
                      process committed records (LISTEN/NOTIFY); LMDB returns at once.
 """
@@ -199,6 +200,8 @@ class LogBackend(Protocol):
     def renew(self) -> list[str]: ...
 
     def confirm(self, session_id: str) -> bool: ...
+
+    def is_fresh(self, session_id: str) -> bool: ...
 
     def listen(self, wake: Wake, stop: threading.Event) -> None: ...
 

@@ -142,6 +142,23 @@ RETURNING l.session_id, l.epoch
 """
 
 
+# End the transactions of a lease's owner that hold its row past the lock limit, when
+# the lease may be taken (expired, or takeover of an older node). Its connections are
+# found by application_name, which perdure sets to "perdure:<node id>".
+_EVICT: Final = """
+SELECT pg_terminate_backend(a.pid)
+  FROM perdure_leases l
+  JOIN pg_stat_activity a ON a.application_name = left('perdure:' || l.owner, 63)
+ WHERE l.session_id = %(sid)s
+   AND l.owner <> %(node)s
+   AND (l.expires_at < statement_timestamp()
+        OR (%(takeover)s AND l.owner IN (
+                SELECT node_id FROM perdure_nodes WHERE epoch < %(node_epoch)s)))
+   AND a.xact_start < statement_timestamp() - %(wait_ms)s * interval '1 millisecond'
+   AND a.pid <> pg_backend_pid()
+"""
+
+
 @attrs.frozen
 class _Held:
     epoch: int
@@ -187,6 +204,7 @@ class PgLog:
         self._clock = clock
         self._node_id = node_id or _default_node_id()
         self._lease_ttl = float(lease_ttl)
+        self._lock_limit_ms = max(100, int(self._lease_ttl * 500))  # half a TTL
         self._poll_interval = poll_interval
         self._connect_timeout = connect_timeout
         self._held: dict[str, _Held] = {}
@@ -242,9 +260,12 @@ class PgLog:
 
         A node paused (or cut off) in the middle of a transaction holds the lease rows
         it locked; ``idle_in_transaction_session_timeout`` makes the server end that
-        transaction, so a takeover waits at most that long instead of forever.
+        transaction, so a takeover waits at most that long instead of forever. A node
+        stopped while the server still waits for the rest of a request (mid-pipeline,
+        mid-message) is not "idle"; a taker whose lock wait times out then ends that
+        node's transaction itself (``_EVICT``), once its lease has expired.
         """
-        limit_ms = max(100, int(self._lease_ttl * 500))
+        limit_ms = self._lock_limit_ms
         try:
             conn = psycopg.connect(
                 self.url,
@@ -711,16 +732,22 @@ class PgLog:
         raise LogError(f"session {session_id}: could not take its lease (it kept changing hands)")
 
     def _try_acquire(self, conn: psycopg.Connection[Any], session_id: str) -> int | None:
-        row = conn.execute(
-            _ACQUIRE,
-            {
-                "sid": session_id,
-                "node": self._node_id,
-                "ttl": self._lease_ttl,
-                "takeover": self.takeover,
-                "node_epoch": self.epoch,
-            },
-        ).fetchone()
+        params = {
+            "sid": session_id,
+            "node": self._node_id,
+            "ttl": self._lease_ttl,
+            "takeover": self.takeover,
+            "node_epoch": self.epoch,
+            "wait_ms": self._lock_limit_ms,
+        }
+        try:
+            row = conn.execute(_ACQUIRE, params).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            # The lease row is locked by a transaction that does not end. If it is the
+            # (expired) owner's, that node is stopped or cut off mid-commit: end its
+            # transaction, whose commit could only be fenced anyway, and try once more.
+            conn.execute(_EVICT, params)
+            row = conn.execute(_ACQUIRE, params).fetchone()
         return None if row is None else int(row[0])
 
     def claim(self) -> list[str]:
@@ -801,6 +828,12 @@ class PgLog:
                     del self._held[sid]
                     lost.append(sid)
         return sorted(lost)
+
+    def is_fresh(self, session_id: str) -> bool:
+        """Whether the lease is certainly ours without asking the database (non-blocking)."""
+        with self._lock:
+            held = self._held.get(session_id)
+        return held is not None and time.monotonic() < held.fresh_until
 
     def confirm(self, session_id: str) -> bool:
         """Whether the lease is certainly still ours: locally fresh, or renewed right now."""

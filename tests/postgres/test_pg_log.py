@@ -14,7 +14,8 @@ Against a real server (a throwaway cluster, a fresh database per test):
   the owner); once expired it is taken with a higher epoch and the old owner's
   batches for it fail with ``SessionFenced`` while its other sessions commit;
   ``renew`` reports the loss; ``claim`` takes a fair share of orphans; ``close``
-  hands leases over at once; ``takeover`` takes them from older nodes;
+  hands leases over at once; ``takeover`` takes them from older nodes; a transaction
+  of an expired owner stuck on the lease row is ended by the taker, a live one's not;
 * a write connection killed under the log fails one call, then the log reconnects;
 * the schema is created once under concurrent opens, and a newer one is refused;
 * LISTEN/NOTIFY tells a node which sessions another node committed.
@@ -339,6 +340,28 @@ def test_renew_reports_a_lease_taken_over(open_pg: Open) -> None:
     assert a.held() == {"s2": 1}
     (ok,) = a.commit([([tool_result("s2", "late but safe")], None)])
     assert isinstance(ok, list)
+
+
+def test_a_stuck_transaction_of_an_expired_owner_is_ended_by_the_taker(
+    open_pg: Open, pg_url: str
+) -> None:
+    """A node stopped mid-commit keeps its lease rows locked; the taker ends that."""
+    a = open_pg(node_id="node-a", lease_ttl=0.4)
+    a.acquire("s1")
+    with psycopg.connect(pg_url, application_name="perdure:node-a") as stuck:
+        # Like a node stopped mid-pipeline: the row is locked, the server waits on.
+        stuck.execute("SET idle_in_transaction_session_timeout = 0")
+        stuck.execute("SELECT 1 FROM perdure_leases WHERE session_id = 's1' FOR UPDATE")
+        live = open_pg(node_id="node-c", lease_ttl=0.4)
+        with pytest.raises(LogError, match="lock timeout"):
+            live.acquire("s1")  # not expired yet: nobody may end a live owner's work
+        assert stuck.execute("SELECT 1").fetchone() == (1,)
+        time.sleep(0.5)
+        b = open_pg(node_id="node-b", lease_ttl=0.4)  # it waits half a TTL for the lock
+        b.acquire("s1")
+        assert b.held() == {"s1": 2}
+        with pytest.raises(psycopg.OperationalError):
+            stuck.execute("SELECT 1")
 
 
 def test_claim_takes_a_fair_share_of_orphans(open_pg: Open) -> None:
