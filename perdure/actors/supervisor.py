@@ -250,6 +250,7 @@ class Supervisor:
         error = NotOwnerRefused(message)
         actor.fail_pending(error)
         _refuse_queued(box, error)
+        box.receive.close()  # a caller still holding the box is refused by ask()
         if not actor.started:
             status.started(_Lost(reason))
 
@@ -272,7 +273,14 @@ class Supervisor:
         """Send a message built by ``make`` to the session and wait for its reply."""
         box = await self.mailbox(session_id)
         message = make()
-        await box.send.send(message)
+        try:
+            await box.send.send(message)
+        except trio.BrokenResourceError:
+            # The session went away (its lease was lost) between lookup and send.
+            reason = self._lost.get(session_id, "its lease was lost")
+            raise NotOwnerRefused(
+                f"session {session_id} is no longer run by this node: {reason}"
+            ) from None
         return await message.reply.wait()
 
     async def drain(self) -> None:
