@@ -33,6 +33,17 @@ nodes' clocks do not matter); ``claim`` takes orphaned active sessions (lease fr
 or expired) up to a fair share over the live nodes. ``close`` releases every lease
 at once, so a clean shutdown hands sessions over without waiting for expiry.
 
+A node stopped or cut off in the middle of a commit holds its lease rows locked;
+the server ends such a transaction after half a TTL idle, and a node that wants an
+expired lease whose row stays locked ends the old owner's transaction itself.
+
+Limits: a tool already running when its node was paused may still finish its side
+effect after the session moved (nothing can fence an effect in flight; the new owner
+treats the call as ``executing``, i.e. by its replay policy, and a downstream
+service can deduplicate by the idempotency key). ``takeover=True`` takes leases
+before they expire, so that protection is void for a node taken over that way.
+Ephemeral events (streamed text, tool progress) stay on the node that produced them.
+
 ``durability="fast"`` sets ``synchronous_commit = off`` on the writer connection: a
 crash of the *database server* may lose the last commits (never part of one); a
 killed perdure process loses nothing either way.
