@@ -1,8 +1,9 @@
 """perdure: a durable runtime for LLM agents.
 
 Execution state (runs, model turns, tool tasks and their phases, replay policies,
-idempotency keys) goes to an append-only LMDB log before anything depends on it,
-so a restarted process continues exactly the work that was pending.
+idempotency keys) goes to an append-only log (LMDB, or PostgreSQL shared by several
+nodes) before anything depends on it, so a restarted process continues exactly the
+work that was pending.
 """
 
 from perdure._runtime import Runtime, open_runtime
@@ -10,9 +11,9 @@ from perdure.actors.decide import Accepted, Done, Refused
 from perdure.actors.session import SessionParkedError
 from perdure.actors.supervisor import UnknownSession
 from perdure.providers.base import Message, ModelReply, ModelRequest, ProviderError
+from perdure.storage.backend import LogBusy, LogError, LogFenced, SessionFenced, StorageFull
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord
-from perdure.storage.lmdb_log import LogBusy, LogError, LogFenced, StorageFull
 from perdure.storage.records import RunFinished
 from perdure.tools.contract import (
     Reconciled,
@@ -43,6 +44,7 @@ __all__ = [
     "ReplayPolicy",
     "RunFinished",
     "Runtime",
+    "SessionFenced",
     "SessionParkedError",
     "StorageFull",
     "Tool",

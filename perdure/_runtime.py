@@ -6,6 +6,10 @@ yields: by the time your code runs, pending work has already been re-issued.
 On a normal exit it stops dispatching and lets running tools finish (up to
 ``shutdown_grace`` seconds) so that a deploy is a non-event; their results are
 committed before the log is closed.
+
+The log is a location: a directory (LMDB, one process) or a ``postgresql://`` URL
+(PostgreSQL, several processes sharing sessions through leases; see
+``perdure.storage.pg_log``). Everything above the log is the same code.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
@@ -28,17 +32,10 @@ from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, UnknownSession
 from perdure.providers.base import Message, Provider
-from perdure.storage.bus import Event
-from perdure.storage.codec import decode
-from perdure.storage.journal import Journal, JournalStats, open_journal
-from perdure.storage.lmdb_log import (
-    DEFAULT_MAP_SIZE,
-    Durability,
-    LmdbLog,
-    LogFenced,
-    SessionInfo,
-)
-from perdure.storage.records import Committed, LogOpened, RunFinished
+from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
+from perdure.storage.bus import Event, Subscription
+from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
+from perdure.storage.records import Committed, RunFinished
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
@@ -51,12 +48,24 @@ class Runtime:
         self._sup = supervisor
         self.journal = journal
         self._ctx = ctx
-        self._restarts: list[Committed] | None = None
-        self._restarts_lock = trio.Lock()
 
     @property
     def log_path(self) -> Path:
-        return self.journal.log.path
+        """The LMDB directory (for a PostgreSQL log, see ``location``)."""
+        path = getattr(self.journal.log, "path", None)
+        if not isinstance(path, Path):
+            raise AttributeError(f"{self.location} is not a directory log")
+        return path
+
+    @property
+    def location(self) -> str:
+        """Where the log is: a directory, or a PostgreSQL URL (without its password)."""
+        return self.journal.log.location
+
+    @property
+    def node_id(self) -> str:
+        """This process's name among the nodes sharing a PostgreSQL log."""
+        return self.journal.log.node_id
 
     @property
     def epoch(self) -> int:
@@ -64,8 +73,13 @@ class Runtime:
 
     @property
     def recovered_sessions(self) -> list[str]:
-        """Sessions that had unfinished work when this runtime started."""
+        """Sessions that had unfinished work when this runtime started (and it runs)."""
         return list(self._sup.recovered)
+
+    @property
+    def taken_over_sessions(self) -> list[str]:
+        """Sessions this node took over from a dead node after it started (PostgreSQL)."""
+        return list(self._sup.taken_over)
 
     def stats(self) -> JournalStats:
         return self.journal.stats
@@ -88,17 +102,12 @@ class Runtime:
         return await self.journal.session_info(session_id)
 
     async def restarts(self) -> list[Committed]:
-        """Every ``LogOpened`` record of the log (each start of a runtime), in order.
+        """Every ``LogOpened`` record of the log (each start of a runtime or node), in order.
 
-        System records have no per-session index, so the first call scans the log's
-        frames once in a worker thread (decoding only the LogOpened ones) and caches
-        the answer; it stays valid while this process owns the log, since only an
-        owner writes LogOpened.
+        System records are indexed under the empty session id, so this is a range
+        scan of them alone, not of the history.
         """
-        async with self._restarts_lock:
-            if self._restarts is None:
-                self._restarts = await trio.to_thread.run_sync(_scan_restarts, self.journal.log)
-            return list(self._restarts)
+        return await trio.to_thread.run_sync(self.journal.log.read_system)
 
     async def _command(self, session_id: str, command: decide.Command) -> Any:
         return await self._sup.ask(session_id, lambda: CommandMsg(command))
@@ -190,24 +199,18 @@ class Runtime:
         if restarts:
             markers = [c for c in await self.restarts() if c.seq > max(after, info.first_seq)]
 
-        def marker(c: Committed) -> Event:
-            return Event(session_id, type(c.record).__name__, c.seq, c.record)
-
         with self.journal.bus.subscribe(session_id) as live_feed:
             last = after
-            while True:
-                page = await self.journal.read_session(session_id, last, _PAGE)
-                for c in page:
-                    while markers and markers[0].seq < c.seq:
-                        yield marker(markers.pop(0))
-                    yield Event(session_id, type(c.record).__name__, c.seq, c.record)
-                    last = c.seq
-                if len(page) < _PAGE:
-                    break
-            for c in markers:
-                yield marker(c)
-                last = max(last, c.seq)
+            async with aclosing(self._replay(session_id, last, markers)) as replay:
+                async for event in replay:
+                    last = max(last, event.seq or last)
+                    yield event
             if not live:
+                return
+            if self.journal.log.multi_node:
+                async with aclosing(self._follow(session_id, live_feed, last)) as follow:
+                    async for event in follow:
+                        yield event
                 return
             async for event in live_feed:
                 if event.seq is not None:
@@ -216,23 +219,63 @@ class Runtime:
                     last = event.seq
                 yield event
 
+    async def _replay(
+        self, session_id: str, after: int, markers: list[Committed] | None = None
+    ) -> AsyncGenerator[Event, None]:
+        """The session's records after ``after``, with ``markers`` merged in seq order."""
+        pending = list(markers or ())
+
+        def event(c: Committed) -> Event:
+            return Event(session_id, type(c.record).__name__, c.seq, c.record)
+
+        last = after
+        while True:
+            page = await self.journal.read_session(session_id, last, _PAGE)
+            for c in page:
+                while pending and pending[0].seq < c.seq:
+                    yield event(pending.pop(0))
+                yield event(c)
+                last = c.seq
+            if len(page) < _PAGE:
+                break
+        for c in pending:
+            yield event(c)
+
+    async def _follow(
+        self, session_id: str, feed: Subscription, after: int
+    ) -> AsyncGenerator[Event, None]:
+        """Live part with several nodes: the log is the source of committed records.
+
+        Any node may be writing the session (it may even move between nodes while we
+        follow), so committed records are always read from the log after the last
+        seq yielded; this node's bus, another node's NOTIFY (a ``WAKE`` nudge) or the
+        poll interval only say *when* to read. Per-session seqs increase in commit
+        order, so reading after the last one seen gives no gap and no duplicate.
+        Ephemeral events come from this node's bus only.
+        """
+        last = after
+        poll = self.journal.log.poll_interval
+        with self.journal.follow(session_id, feed):
+            while True:
+                event: Event | None = None
+                with trio.move_on_after(poll):
+                    try:
+                        event = await feed.__anext__()
+                    except StopAsyncIteration:
+                        return
+                if event is not None and event.seq is None and event.kind != WAKE:
+                    yield event
+                    continue
+                if event is not None and event.seq is not None and event.seq <= last:
+                    continue
+                async with aclosing(self._replay(session_id, last)) as replay:
+                    async for c in replay:
+                        last = c.seq or last
+                        yield c
+
 
 def _rid() -> str:
     return "req-" + uuid.uuid4().hex
-
-
-_LOG_OPENED_TAG = b'"t":"LogOpened"'
-
-
-def _scan_restarts(log: LmdbLog) -> list[Committed]:
-    """The LogOpened records of ``log`` (blocking: run it in a worker thread)."""
-    found = []
-    for seq, frame in log.scan_frames():
-        if _LOG_OPENED_TAG in frame:  # a cheap pre-filter; the decode decides
-            record = decode(seq, frame)
-            if isinstance(record, LogOpened):
-                found.append(Committed(seq, record))
-    return found
 
 
 @asynccontextmanager
@@ -250,25 +293,41 @@ async def open_runtime(
     retry_base: float = 1.0,
     retry_cap: float = 60.0,
     shutdown_grace: float = 10.0,
-    map_size: int = DEFAULT_MAP_SIZE,
+    map_size: int | None = None,
     clock: Callable[[], float] = time.time,
     seed: int | None = None,
+    node_id: str | None = None,
+    lease_ttl: float | None = None,
 ) -> AsyncIterator[Runtime]:
-    """Open the runtime on ``log`` (a directory), recover it, and yield a ``Runtime``.
+    """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
-    ``durability="fast"`` skips the meta-page fsync: a power loss may undo the last
-    commits (never a partial one); a killed process loses nothing in either mode.
-    ``takeover=True`` takes the log from an owner that is alive but stuck (stopped,
-    hung); that owner is fenced and can never write again.
+    ``log`` is a directory (an LMDB log, the default ``.perdure``) or a
+    ``postgresql://`` URL. ``durability="fast"`` skips the meta-page fsync (LMDB) or
+    sets ``synchronous_commit = off`` (PostgreSQL): a power loss (a database crash)
+    may undo the last commits, never part of one; a killed process loses nothing in
+    either mode. ``takeover=True`` takes the log from an owner that is alive but
+    stuck (stopped, hung), or with PostgreSQL every session from the nodes that
+    started before this one, without waiting for their leases to expire; whoever is
+    taken over is fenced and can never write again. PostgreSQL only: ``node_id``
+    names this process among the nodes (default: host-pid-random), ``lease_ttl``
+    (seconds, default 10) is how long a dead node's sessions wait to be taken over.
+    ``map_size`` is LMDB's initial map size.
     """
     by_name = registry(tools)
     opened = partial(
-        LmdbLog, log, durability=durability, takeover=takeover, map_size=map_size, clock=clock
+        open_log,
+        log,
+        durability=durability,
+        takeover=takeover,
+        map_size=map_size,
+        clock=clock,
+        node_id=node_id,
+        lease_ttl=lease_ttl,
     )
-    lmdb_log = await trio.to_thread.run_sync(opened)
+    the_log = await trio.to_thread.run_sync(opened)
     root = None if workspace is None else await trio.Path(workspace).resolve()
     try:
-        async with open_journal(lmdb_log) as journal:
+        async with open_journal(the_log) as journal:
             ctx = ActorContext(
                 journal=journal,
                 provider=provider,
@@ -306,7 +365,7 @@ async def open_runtime(
             if body_error is not None:
                 raise body_error
     finally:
-        await trio.to_thread.run_sync(lmdb_log.close)
+        await trio.to_thread.run_sync(the_log.close)
 
 
 def _find(group: BaseExceptionGroup[Any], kind: type[BaseException]) -> BaseException | None:

@@ -36,8 +36,8 @@ from attrs import define, field
 from perdure.actors.conversation import messages
 from perdure.actors.state import SessionState
 from perdure.providers.base import ToolResultBlock, ToolUseBlock
+from perdure.storage.backend import is_postgres, open_log
 from perdure.storage.codec import CorruptRecord, decode
-from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
     FINAL_RUN_STATUSES,
     Committed,
@@ -84,9 +84,10 @@ def check_log(
     on_frame: Callable[[int], None] | None = None,
 ) -> Report:
     """Check the log at ``path`` (opened read-only). ``on_frame(seq)`` reports progress."""
-    log = LmdbLog(path, readonly=True)
+    log = open_log(path, readonly=True)
     try:
-        committed = decode_frames(log.scan_frames(), report := Report(), on_frame)
+        gap_free = not is_postgres(path)  # a PostgreSQL sequence may skip numbers
+        committed = decode_frames(log.scan_frames(), report := Report(), on_frame, gap_free)
     finally:
         log.close()
     check_records(committed, settled=settled, report=report)
@@ -95,7 +96,7 @@ def check_log(
 
 def last_seq(path: str | PathLike[str]) -> int:
     """The log's last sequence number (for a progress bar)."""
-    log = LmdbLog(path, readonly=True)
+    log = open_log(path, readonly=True)
     try:
         return log.last_seq()
     finally:
@@ -106,15 +107,19 @@ def decode_frames(
     frames: Iterable[tuple[int, bytes]],
     report: Report,
     on_frame: Callable[[int], None] | None = None,
+    gap_free: bool = True,
 ) -> list[Committed]:
-    """Decode every frame; report damaged ones by seq and gaps in the sequence."""
+    """Decode every frame; report damaged ones by seq, and gaps (or, where gaps are
+    allowed, a sequence that does not increase)."""
     out: list[Committed] = []
     expected = 1
     for seq, frame in frames:
         if on_frame is not None:
             on_frame(seq)
-        if seq != expected:
+        if gap_free and seq != expected:
             report.add(f"sequence gap: expected record {expected}, found {seq}")
+        elif not gap_free and seq < expected:
+            report.add(f"sequence not increasing: record {seq} after {expected - 1}")
         expected = seq + 1
         try:
             out.append(Committed(seq, decode(seq, frame)))

@@ -54,10 +54,9 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 log_option = click.option(
     "--log",
     "log_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".perdure"),
+    default=".perdure",
     show_default=True,
-    help="The log directory (an LMDB environment).",
+    help="The log: a directory (LMDB) or a postgresql:// URL.",
 )
 provider_option = click.option(
     "--provider",
@@ -149,7 +148,7 @@ def demo(keep: bool) -> None:
     help="fast: no meta-page fsync (a power loss may undo the last commits).",
 )
 def serve(
-    log_dir: Path,
+    log_dir: str,
     host: str,
     port: int,
     provider: str,
@@ -228,7 +227,7 @@ def run(
     workspace: Path,
     model: str | None,
     provider: str,
-    log_dir: Path,
+    log_dir: str,
     tool_specs: tuple[str, ...],
     session_id: str | None,
     request_id: str | None,
@@ -254,7 +253,7 @@ def run(
 async def _run_task(
     task: str,
     workspace: Path,
-    log_dir: Path,
+    log_dir: str,
     provider: Any,
     tools: list[Any],
     session_id: str | None,
@@ -272,7 +271,7 @@ async def _run_task(
         sid = await rt.create_session(session_id)
         rid = request_id or "run-" + hashlib.sha256(f"{sid}\x00{task}".encode()).hexdigest()[:24]
         accepted = await rt.submit(sid, task, request_id=rid)
-        echo(f"session {sid}, input {accepted.submission_id} (log {rt.log_path})", "dim")
+        echo(f"session {sid}, input {accepted.submission_id} (log {rt.location})", "dim")
         if accepted.duplicate:
             echo("this task was already submitted: following it to its outcome", "dim")
         prefix = accepted.submission_id + "."
@@ -413,7 +412,7 @@ def _short(text: str, limit: int = 160) -> str:
 # -- read-only commands ------------------------------------------------------------------
 
 
-def _open_readonly(log_dir: Path) -> Any:
+def _open_readonly(log_dir: str) -> Any:
     from perdure.storage.lmdb_log import LmdbLog
 
     try:
@@ -424,7 +423,7 @@ def _open_readonly(log_dir: Path) -> Any:
 
 @main.command()
 @log_option
-def sessions(log_dir: Path) -> None:
+def sessions(log_dir: str) -> None:
     """List the sessions of a log (read-only)."""
     log = _open_readonly(log_dir)
     try:
@@ -449,7 +448,7 @@ def sessions(log_dir: Path) -> None:
 @click.argument("session")
 @log_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON only.")
-def show(session: str, log_dir: Path, as_json: bool) -> None:
+def show(session: str, log_dir: str, as_json: bool) -> None:
     """Show a session's timeline (restarts and recovery decisions included) and summary."""
     from perdure.actors.state import SessionState
     from perdure.inspect import render, summarize
@@ -462,7 +461,7 @@ def show(session: str, log_dir: Path, as_json: bool) -> None:
         if log.session_info(session) is None:
             _fail(f"no session {session!r} in {log_dir} (see: perdure sessions)", 2)
         records = log.read_session(session)
-        system = [c for c in log.read_global() if not c.record.session_id]
+        system = log.read_system()
     except CorruptRecord as exc:
         _fail(f"{exc} (run: perdure check --log {log_dir})")
     finally:
@@ -487,12 +486,13 @@ def show(session: str, log_dir: Path, as_json: bool) -> None:
     is_flag=True,
     help="Every session must be finished (no pending work) — e.g. after a clean shutdown.",
 )
-def check(log_dir: Path, settled: bool) -> None:
+def check(log_dir: str, settled: bool) -> None:
     """Verify every record's checksum and the design's invariants (read-only)."""
     from perdure.check import check_log, last_seq
+    from perdure.storage.backend import is_postgres
 
-    if not (log_dir / "data.mdb").exists():
-        _fail(f"no perdure log at {log_dir} (use --log DIR)", 2)
+    if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
+        _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
     total = last_seq(log_dir)
     with click.progressbar(
         length=total, label="checking records", file=sys.stderr, hidden=not sys.stderr.isatty()

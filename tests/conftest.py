@@ -1,4 +1,4 @@
-"""Shared fixtures: a fresh log directory and workspace per test."""
+"""Shared fixtures: a fresh log directory and workspace per test; a PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.pg import PgCluster, PgUnavailable, database_of
 
 
 @pytest.fixture
@@ -19,6 +21,27 @@ def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
     return ws
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One throwaway PostgreSQL server for the whole run (skips if none can start)."""
+    try:
+        cluster = PgCluster().start()
+    except PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL cannot be started here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> Iterator[str]:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    url = pg_cluster.new_database()
+    yield url
+    pg_cluster.drop_database(database_of(url))
 
 
 @pytest.fixture

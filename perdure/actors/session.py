@@ -6,6 +6,10 @@ what it means, fold the resulting records into the state, commit them through th
 Journal, and only THEN perform the effects (start a model call, run a tool, cancel
 one) and answer the caller. If a commit fails, the optimistic fold is undone by
 re-reading the session's log, no effect is performed, and the caller hears why.
+A fenced commit (the log or, with several nodes, this session's lease went to
+another owner) and a commit whose outcome is unknown (the database connection
+broke during COMMIT) end the actor instead: the supervisor stops the former and
+restarts the latter from the log, exactly as after a crash.
 
 Children (generation and tool actors) run in the session's nursery and report on
 the session's mailbox; the session decides what their results mean.
@@ -24,7 +28,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import make_context, run_reconcile, run_tool
-from perdure.storage.lmdb_log import Guard, LogError, LogFenced
+from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced
 from perdure.storage.records import Committed
 
 log = logging.getLogger("perdure.session")
@@ -204,8 +208,8 @@ class SessionActor:
         try:
             committed = await self._commit(step)
         except LogError as exc:
-            if isinstance(exc, LogFenced):
-                raise
+            if isinstance(exc, LogFenced | CommitUnknown):
+                raise  # fenced: stop; unknown: restart from the log (fold + recover)
             reply.fail(exc)
             return
         finally:
@@ -218,7 +222,7 @@ class SessionActor:
         step = decide.on_result(self.state, self._env(), result)
         try:
             await self._commit(step)
-        except LogFenced:
+        except (LogFenced, CommitUnknown):
             raise
         except LogError as exc:
             # Nothing is lost: hold the result (its key stays "running" so nothing is
@@ -305,8 +309,11 @@ class SessionActor:
                 self.ctx, self.session_id, task.call_id, executing.idempotency_key, task.attempt
             )
             scope = self._tools[effect.call_id] = trio.CancelScope()
-            actor = run_tool if isinstance(effect, decide.RunTool) else run_reconcile
-            nursery.start_soon(actor, tool, tctx, dict(executing.args), self.mailbox.send, scope)
+            args = dict(executing.args)
+            if isinstance(effect, decide.RunTool):
+                nursery.start_soon(run_tool, self.ctx, tool, tctx, args, self.mailbox.send, scope)
+            else:
+                nursery.start_soon(run_reconcile, tool, tctx, args, self.mailbox.send, scope)
         elif isinstance(effect, decide.CancelTool):
             tool_scope = self._tools.get(effect.call_id)
             if tool_scope is not None:

@@ -10,6 +10,15 @@ An actor that raises is restarted from its log. One that keeps failing
 ``SessionParked`` record says why, callers get a clear refusal, and no other
 session is affected. Losing ownership of the log (``LogFenced``) is different: it
 stops the whole runtime at once.
+
+Ownership of sessions goes through the log's lease hooks, so this code is the
+same for one owner (LMDB, where every lease is granted) and for many nodes
+(PostgreSQL). A session's actor starts only once this process holds its lease;
+a command for a session another live node holds is refused with ``not_owner``
+naming that node. With a multi-node log a heartbeat renews the leases every
+third of their TTL and claims orphaned active sessions (a dead node's); a
+session whose lease is lost (the heartbeat says so, or a commit is fenced) has
+its actor stopped at once, its callers refused, and nothing else is touched.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import trio
 from perdure.actors.context import ActorContext
 from perdure.actors.decide import Refused
 from perdure.actors.session import Drain, Mailbox, SessionActor, SessionParkedError
-from perdure.storage.lmdb_log import LogError, check_session_id
+from perdure.storage.backend import LogError, NotOwner, SessionFenced, check_session_id
 from perdure.storage.records import SessionCreated, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
@@ -34,6 +43,21 @@ log = logging.getLogger("perdure.supervisor")
 class UnknownSession(Refused):
     def __init__(self, session_id: str) -> None:
         super().__init__("not_found", f"no session {session_id!r} in this log")
+
+
+class NotOwnerRefused(Refused):
+    """The session is leased by another node (``code == "not_owner"``)."""
+
+    def __init__(self, message: str, owner: str | None = None) -> None:
+        super().__init__("not_owner", message)
+        self.owner = owner
+
+
+class _Lost:
+    """What ``_supervise`` reports when the lease went before the actor started."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 class Supervisor:
@@ -46,19 +70,59 @@ class Supervisor:
         self._starting: dict[str, trio.Event] = {}
         self._create_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._lost: dict[str, str] = {}
         self.recovered: list[str] = []
+        self.taken_over: list[str] = []  # sessions claimed by the heartbeat after start
+        self._draining = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._watch_fence)
-            active = await self.journal.active_sessions()
-            async with trio.open_nursery() as boot:
-                for session_id in active:
-                    boot.start_soon(self._boot_one, session_id)
-            self.recovered = active
+            claimed = await self.journal.claim()
+            await self._boot(claimed)
+            self.recovered = claimed
             task_status.started()
+            if self.journal.log.multi_node:
+                await self._heartbeat()
             await trio.sleep_forever()
+
+    async def _boot(self, sessions: list[str]) -> None:
+        async with trio.open_nursery() as boot:
+            for session_id in sessions:
+                boot.start_soon(self._boot_one, session_id)
+
+    async def _heartbeat(self) -> None:
+        """Renew the leases, stop sessions whose lease is gone, run orphans we claim."""
+        period = self.journal.log.lease_ttl / 3
+        while True:
+            await trio.sleep(period)
+            try:
+                lost = await self.journal.renew()
+                for session_id in lost:
+                    self._lose(session_id, "its lease expired and another node took it over")
+                if self._draining:
+                    continue  # shutting down: keep what we hold, take nothing new
+                claimed = await self.journal.claim()
+            except LogError as exc:
+                log.warning("lease heartbeat failed (%s); retrying", exc)
+                continue
+            if claimed:
+                log.info("took over sessions %s", claimed)
+                self.taken_over += claimed
+                self._nursery_start(self._boot, claimed)
+
+    def _nursery_start(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    def _lose(self, session_id: str, reason: str) -> None:
+        """The lease is gone: stop the session's actor now (its tools too)."""
+        self._lost[session_id] = reason
+        scope = self._scopes.get(session_id)
+        if scope is not None:
+            scope.cancel()
 
     async def _watch_fence(self) -> None:
         await self.journal.fenced.wait()
@@ -79,6 +143,7 @@ class Supervisor:
         async with self._create_lock:
             if session_id in self.mailboxes or await self.journal.session_info(session_id):
                 return False
+            await self._acquire(session_id)
             record = SessionCreated(session_id=session_id, system=system, at=self.ctx.clock())
             await self.journal.append([record])
             return True
@@ -98,9 +163,13 @@ class Supervisor:
         try:
             if await self.journal.session_info(session_id) is None:
                 raise UnknownSession(session_id)
+            await self._acquire(session_id)
             box = Mailbox.open()
             assert self._nursery is not None
+            self._lost.pop(session_id, None)
             parked = await self._nursery.start(self._supervise, session_id, box)
+            if isinstance(parked, _Lost):
+                raise NotOwnerRefused(f"session {session_id}: {parked.reason}")
             if parked is not None:
                 raise Refused("parked", f"session {session_id} is parked: {parked}")
             self.mailboxes[session_id] = box
@@ -108,6 +177,12 @@ class Supervisor:
         finally:
             del self._starting[session_id]
             starting.set()
+
+    async def _acquire(self, session_id: str) -> None:
+        try:
+            await self.journal.acquire(session_id)
+        except NotOwner as exc:
+            raise NotOwnerRefused(str(exc), exc.owner) from None
 
     async def _supervise(
         self, session_id: str, box: Mailbox, *, task_status: trio.TaskStatus[Any]
@@ -117,12 +192,22 @@ class Supervisor:
         while True:
             actor = SessionActor(session_id, self.ctx, box)
             self.actors[session_id] = actor
+            scope = self._scopes[session_id] = trio.CancelScope()
             try:
-                await actor.run(task_status=status)
+                with scope:
+                    await actor.run(task_status=status)
+                    return
+                reason = self._lost.get(session_id, "its lease was lost")
+                self._release_lost(session_id, actor, box, status, reason)
                 return
             except Exception as exc:
                 if self.journal.fence_error is not None:
                     raise self.journal.fence_error from None
+                fenced = _find(exc, SessionFenced)
+                if fenced is not None:
+                    log.warning("session %s stopped: %s", session_id, fenced)
+                    self._release_lost(session_id, actor, box, status, str(fenced))
+                    return
                 if actor.started:
                     status = trio.TASK_STATUS_IGNORED
                 now = self.ctx.clock()
@@ -146,6 +231,29 @@ class Supervisor:
                     return
                 await trio.sleep(min(0.05 * 2 ** len(failures), 2.0))
 
+    def _release_lost(
+        self,
+        session_id: str,
+        actor: SessionActor,
+        box: Mailbox,
+        status: trio.TaskStatus[Any],
+        reason: str,
+    ) -> None:
+        """Forget a session whose lease is gone; everyone waiting on it is refused."""
+        if self._scopes.get(session_id) is not None:
+            del self._scopes[session_id]
+        if self.mailboxes.get(session_id) is box:
+            del self.mailboxes[session_id]
+        if self.actors.get(session_id) is actor:
+            del self.actors[session_id]
+        message = f"session {session_id} is no longer run by this node: {reason}"
+        error = NotOwnerRefused(message)
+        actor.fail_pending(error)
+        _refuse_queued(box, error)
+        box.receive.close()  # a caller still holding the box is refused by ask()
+        if not actor.started:
+            status.started(_Lost(reason))
+
     async def _park(self, session_id: str, reason: str) -> None:
         self.parked[session_id] = reason
         self.mailboxes.pop(session_id, None)
@@ -159,25 +267,25 @@ class Supervisor:
 
     async def _refuse_forever(self, box: Mailbox, reason: str) -> None:
         """Answer whatever was already queued for a parked session, then stop listening."""
-        error = SessionParkedError(f"session parked: {reason}")
-        while True:
-            try:
-                message = box.receive.receive_nowait()
-            except trio.WouldBlock:
-                return
-            reply = getattr(message, "reply", None)
-            if reply is not None:
-                reply.fail(error)
+        _refuse_queued(box, SessionParkedError(f"session parked: {reason}"))
 
     async def ask(self, session_id: str, make: Callable[[], Any]) -> Any:
         """Send a message built by ``make`` to the session and wait for its reply."""
         box = await self.mailbox(session_id)
         message = make()
-        await box.send.send(message)
+        try:
+            await box.send.send(message)
+        except trio.BrokenResourceError:
+            # The session went away (its lease was lost) between lookup and send.
+            reason = self._lost.get(session_id, "its lease was lost")
+            raise NotOwnerRefused(
+                f"session {session_id} is no longer run by this node: {reason}"
+            ) from None
         return await message.reply.wait()
 
     async def drain(self) -> None:
         """Ask every session to stop dispatching and wait until their tools are done."""
+        self._draining = True
         async with trio.open_nursery() as nursery:
             for session_id in list(self.mailboxes):
                 nursery.start_soon(self._drain_one, session_id, Drain)
@@ -185,6 +293,28 @@ class Supervisor:
     async def _drain_one(self, session_id: str, drain: Any) -> None:
         with contextlib.suppress(Refused, SessionParkedError, LogError):
             await self.ask(session_id, drain)
+
+
+def _refuse_queued(box: Mailbox, error: BaseException) -> None:
+    while True:
+        try:
+            message = box.receive.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return
+        reply = getattr(message, "reply", None)
+        if reply is not None:
+            reply.fail(error)
+
+
+def _find(exc: BaseException, kind: type[SessionFenced]) -> SessionFenced | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 def _summary(exc: BaseException) -> str:

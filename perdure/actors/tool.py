@@ -2,7 +2,9 @@
 
 The session committed the call's ``executing`` record before starting this actor;
 the actor runs the tool under its timeout and a cancel scope the session owns,
-and reports what happened. The session commits the result.
+and reports what happened. The session commits the result. With several nodes,
+it first confirms that this node still holds the session's lease (a node that was
+paused past its lease must not start a tool the new owner is recovering).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import trio
 from perdure import _faults
 from perdure.actors.context import ActorContext
 from perdure.actors.decide import ReconcileFinished, Result, ToolFinished
+from perdure.storage.backend import SessionFenced
 from perdure.storage.bus import Event
 from perdure.tools.contract import Tool, ToolContext, ToolResult, render_result
 
@@ -44,6 +47,7 @@ def _describe(exc: BaseException) -> str:
 
 
 async def run_tool(
+    ctx: ActorContext,
     tool: Tool,
     tctx: ToolContext,
     args: dict[str, Any],
@@ -52,6 +56,10 @@ async def run_tool(
 ) -> None:
     if _faults.ACTIVE:
         _faults.hit("tool.before", tool.name)
+    if not await ctx.journal.confirm(tctx.session_id):
+        # Another node took the session over while this one was paused or cut off:
+        # the new owner recovers the call from its executing record. Never run it here.
+        raise SessionFenced(tctx.session_id, "its lease was lost before the tool started")
     started = time.monotonic()
     report: dict[str, Any]
     with scope:

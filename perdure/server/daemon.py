@@ -37,6 +37,7 @@ from perdure._runtime import open_runtime
 from perdure._setup import SetupError
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
+from perdure.storage.backend import is_postgres
 from perdure.storage.lmdb_log import Durability, LogError
 from perdure.tools.contract import Tool
 
@@ -46,7 +47,7 @@ Say = Callable[[str, str], None]  # (text, style)
 
 @frozen(kw_only=True)
 class ServeOptions:
-    log: Path
+    log: str  # a directory (LMDB) or a postgresql:// URL
     provider: Provider
     tools: list[Tool]
     token: str
@@ -70,7 +71,7 @@ def is_loopback(host: str) -> bool:
 
 
 def resolve_token(
-    log: Path, token_file: Path | None, env: Mapping[str, str], host: str
+    log: str | Path, token_file: Path | None, env: Mapping[str, str], host: str
 ) -> tuple[str, str, bool]:
     """``(token, where it came from, show it)``; refuses what would be unsafe.
 
@@ -94,6 +95,12 @@ def resolve_token(
             f"refusing to listen on {host} (not a loopback address) with a generated token: "
             "give one explicitly with --token-file FILE or PERDURE_TOKEN"
         )
+    if is_postgres(log):
+        raise SetupError(
+            "a PostgreSQL log has no directory to keep a generated token in: give one with "
+            "--token-file FILE or PERDURE_TOKEN (the same on every node)"
+        )
+    log = Path(log)
     path = log / TOKEN_FILE
     try:
         token = path.read_text().strip()
@@ -190,7 +197,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
     ) as rt:
         recovered = rt.recovered_sessions
         say(
-            f"perdure serve: log {rt.log_path} (epoch {rt.epoch}); "
+            f"perdure serve: log {rt.location} (epoch {rt.epoch}); "
             + (
                 f"recovered {len(recovered)} session(s) with unfinished work: "
                 + ", ".join(recovered[:10])

@@ -9,13 +9,20 @@ numbers and publishes the records to the EventBus. Nothing is published before i
 is durable, and deliveries happen in commit order.
 
 Reads run in trio worker threads, each in its own short read transaction.
+
+The Journal works over any ``LogBackend``. With a multi-node backend
+(PostgreSQL) two things are added: a losing lease fences only its session
+(``SessionFenced`` fails that session's append; the runtime goes on), and a
+listener thread turns other nodes' commits into wake-ups for the event streams
+that follow those sessions (``follow``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -23,11 +30,19 @@ import trio
 from attrs import define, field
 
 from perdure import _faults
-from perdure.storage.bus import Event, EventBus
-from perdure.storage.lmdb_log import Guard, LmdbLog, LogError, LogFenced, SessionInfo
+from perdure.storage.backend import (
+    Guard,
+    LogBackend,
+    LogError,
+    LogFenced,
+    SessionFenced,
+    SessionInfo,
+)
+from perdure.storage.bus import Event, EventBus, Subscription
 from perdure.storage.records import Committed, Record
 
 _STOP: Final = object()
+WAKE: Final = "_wake"  # the kind of the (never yielded) event that nudges a follower
 
 
 @define
@@ -48,9 +63,9 @@ class JournalStats:
 
 
 class Journal:
-    """Single writer over an ``LmdbLog``. Use ``open_journal`` to run one."""
+    """Single writer over a ``LogBackend``. Use ``open_journal`` to run one."""
 
-    def __init__(self, log: LmdbLog, bus: EventBus | None = None) -> None:
+    def __init__(self, log: LogBackend, bus: EventBus | None = None) -> None:
         self.log = log
         self.bus = bus if bus is not None else EventBus()
         self.stats = JournalStats()
@@ -61,6 +76,9 @@ class Journal:
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
         self._stopped = trio.Event()
+        self._followers: dict[str, set[Subscription]] = {}
+        self._listen_stop = threading.Event()
+        self._listener: threading.Thread | None = None
 
     # -- writing ---------------------------------------------------------------------
 
@@ -121,7 +139,11 @@ class Journal:
         for request, result in zip(requests, results, strict=True):
             if isinstance(result, BaseException):
                 request.error = result
-                if isinstance(result, LogFenced) and self.fence_error is None:
+                if (
+                    isinstance(result, LogFenced)
+                    and not isinstance(result, SessionFenced)
+                    and self.fence_error is None
+                ):
                     self.fence_error = result
                     self.fenced.set()
             else:
@@ -162,6 +184,59 @@ class Journal:
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await trio.to_thread.run_sync(self.log.session_info, session_id)
 
+    # -- ownership (multi-node backends; trivial for LMDB) ----------------------------
+
+    async def acquire(self, session_id: str) -> None:
+        """Become the session's writer, or raise ``NotOwner`` naming the node that is."""
+        if not self.log.multi_node:
+            self.log.acquire(session_id)  # granted at once: the log's owner lock fences
+            return
+        await trio.to_thread.run_sync(self.log.acquire, session_id)
+
+    async def claim(self) -> list[str]:
+        """The active sessions this process should run now (and now holds)."""
+        return await trio.to_thread.run_sync(self.log.claim)
+
+    async def renew(self) -> list[str]:
+        """Extend the leases held; return the sessions whose lease was lost."""
+        return await trio.to_thread.run_sync(self.log.renew)
+
+    async def confirm(self, session_id: str) -> bool:
+        """Whether this process certainly still holds the session (before a tool starts)."""
+        if not self.log.multi_node or self.log.is_fresh(session_id):
+            return True
+        return await trio.to_thread.run_sync(self.log.confirm, session_id)
+
+    @contextlib.contextmanager
+    def follow(self, session_id: str, subscription: Subscription) -> Iterator[None]:
+        """Nudge ``subscription`` (an event of kind ``WAKE``) when another node commits
+        records of ``session_id``. Only multi-node backends ever nudge."""
+        followers = self._followers.setdefault(session_id, set())
+        followers.add(subscription)
+        try:
+            yield
+        finally:
+            followers.discard(subscription)
+            if not followers:
+                self._followers.pop(session_id, None)
+
+    def _wake(self, sessions: frozenset[str] | None) -> None:
+        # On the trio thread. None: notifications may have been missed; wake everyone.
+        keys = self._followers.keys() if sessions is None else sessions
+        for sid in list(keys):
+            for sub in tuple(self._followers.get(sid, ())):
+                sub._offer(Event(sid, WAKE))
+
+    def _listen(self) -> None:
+        token = self._token
+        assert token is not None
+
+        def wake(sessions: frozenset[str] | None) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._wake, sessions)
+
+        self.log.listen(wake, self._listen_stop)
+
     # -- lifecycle -------------------------------------------------------------------
 
     @property
@@ -173,6 +248,11 @@ class Journal:
         self._thread = threading.Thread(target=self._writer, name="perdure-journal", daemon=True)
         self.log.bind_writer(self._thread)
         self._thread.start()
+        if self.log.multi_node:
+            self._listener = threading.Thread(
+                target=self._listen, name="perdure-listener", daemon=True
+            )
+            self._listener.start()
 
     async def _stop(self) -> None:
         self._closed = True
@@ -184,10 +264,13 @@ class Journal:
         # every caller has been answered when this returns.
         await self._stopped.wait()
         await trio.to_thread.run_sync(thread.join)
+        self._listen_stop.set()
+        if self._listener is not None:
+            await trio.to_thread.run_sync(self._listener.join)
 
 
 @asynccontextmanager
-async def open_journal(log: LmdbLog, bus: EventBus | None = None) -> AsyncIterator[Journal]:
+async def open_journal(log: LogBackend, bus: EventBus | None = None) -> AsyncIterator[Journal]:
     """Run a Journal over ``log`` for the duration of the block (the log stays open)."""
     journal = Journal(log, bus)
     journal._start()

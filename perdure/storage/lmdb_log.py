@@ -15,6 +15,9 @@ appends a ``LogOpened`` record; every later write transaction checks that the
 epoch is still its own, so an owner that was stopped and then taken over can
 never write again (it gets ``LogFenced``).
 
+The ownership hooks of ``LogBackend`` are trivial here: the whole-log lock and the
+epoch already make this process the only writer, so every session lease is granted.
+
 Thread rules: ``commit`` must only be called from the Journal's writer thread (an
 LMDB write transaction begins, writes and commits on one thread). Reads may run on
 any thread; each read transaction begins and ends within one call.
@@ -32,82 +35,44 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-import attrs
 import lmdb
 
+from perdure.storage.backend import (
+    Durability,
+    Guard,
+    LogBusy,
+    LogError,
+    LogFenced,
+    SessionInfo,
+    StaleGoal,
+    StorageFull,
+    Wake,
+    check_session_id,
+)
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
 
-Durability = Literal["full", "fast"]
+__all__ = [  # the shared types are re-exported for code written before backend.py
+    "DEFAULT_MAP_SIZE",
+    "Durability",
+    "Guard",
+    "LmdbLog",
+    "LogBusy",
+    "LogError",
+    "LogFenced",
+    "SessionInfo",
+    "StaleGoal",
+    "StorageFull",
+    "check_session_id",
+]
 
 LAYOUT_VERSION: Final = b"1"
 DEFAULT_MAP_SIZE: Final = 256 << 20
 _SEP: Final = b"\x00"
+SYSTEM: Final = ""  # the index key of records that belong to no session (no session id is "")
 _EPOCH: Final = b"epoch"
-_MAX_SESSION_ID: Final = 128
-
-
-class LogError(Exception):
-    """Base class of the log's documented errors."""
-
-
-class LogBusy(LogError):
-    """Another live process owns the log."""
-
-
-class LogFenced(LogError):
-    """This process lost ownership of the log (it was taken over); it must stop writing."""
-
-
-class StorageFull(LogError):
-    """The disk (or the map, beyond its limit) is full; the commit did not happen."""
-
-
-class StaleGoal(LogError):
-    """A guarded append was prepared under an older goal revision and was refused."""
-
-    def __init__(self, session_id: str, expected: int, found: int) -> None:
-        super().__init__(
-            f"session {session_id}: append prepared under goal revision {expected}, "
-            f"but revision {found} is in force; nothing was written"
-        )
-        self.expected = expected
-        self.found = found
-
-
-@attrs.frozen
-class Guard:
-    """A condition checked inside the write transaction before a batch is written."""
-
-    session_id: str
-    goal_rev: int
-
-
-@attrs.frozen
-class SessionInfo:
-    session_id: str
-    first_seq: int
-    last_seq: int
-    records: int
-    goal_rev: int
-    open_submissions: int
-
-
-def check_session_id(session_id: str) -> str:
-    """Session ids are short, printable and NUL-free (they are part of index keys and URLs)."""
-    ok = (
-        0 < len(session_id) <= _MAX_SESSION_ID
-        and session_id.isascii()
-        and all(c.isalnum() or c in "._:-" for c in session_id)
-    )
-    if not ok:
-        raise ValueError(
-            f"invalid session id {session_id!r}: use 1-{_MAX_SESSION_ID} characters "
-            "among letters, digits and . _ : -"
-        )
-    return session_id
 
 
 def _seq_key(seq: int) -> bytes:
@@ -314,6 +279,7 @@ class LmdbLog:
             )
             seq = self._next_seq
             txn.put(_seq_key(seq), encode(opened, seq), db=self._records)
+            txn.put(_session_key(SYSTEM, seq), b"", db=self._by_session)
         self._next_seq = seq + 1
         self._lock.write_owner(
             {"pid": os.getpid(), "host": socket.gethostname(), "epoch": self.epoch}
@@ -325,6 +291,38 @@ class LmdbLog:
             env.close()
         if self._lock is not None:
             self._lock.release()
+
+    # -- the LogBackend face ---------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def node_id(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    multi_node = False
+    lease_ttl = float("inf")
+    poll_interval = float("inf")
+
+    def acquire(self, session_id: str) -> None:
+        """Every session is this process's: the log's owner lock already fences."""
+
+    def claim(self) -> list[str]:
+        return self.active_sessions()
+
+    def renew(self) -> list[str]:
+        return []
+
+    def confirm(self, session_id: str) -> bool:
+        return True
+
+    def is_fresh(self, session_id: str) -> bool:
+        return True
+
+    def listen(self, wake: Wake, stop: threading.Event) -> None:
+        """Nobody else writes this log: there is nothing to listen to."""
 
     # -- writing (writer thread only) ------------------------------------------------
 
@@ -402,7 +400,9 @@ class LmdbLog:
                 for record, frame in zip(records, frames, strict=True):
                     sid = record.session_id
                     txn.put(_seq_key(seq), frame, db=self._records)
-                    if sid:
+                    if not sid:  # a system record: indexed under the empty session id
+                        txn.put(_session_key(SYSTEM, seq), b"", db=self._by_session)
+                    else:
                         touched.add(sid)
                         txn.put(_session_key(sid, seq), b"", db=self._by_session)
                         info = self._session_info(txn, sid, infos)
@@ -501,6 +501,10 @@ class LmdbLog:
                 if limit is not None and len(out) >= limit:
                     break
         return out
+
+    def read_system(self, after: int = 0) -> list[Committed]:
+        """The system records (runtime starts: ``LogOpened``) with seq > ``after``."""
+        return self.read_session(SYSTEM, after)
 
     def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
         """All records with seq > ``after`` in order, system records included."""

@@ -6,6 +6,11 @@ of its tools, ``model.after`` — runs in a fresh directory: a child is killed a
 point, a second child recovers on the same log and finishes, and the history
 checker verifies DESIGN.md's invariants. Compound crashes kill the recovering
 child again after its m-th commit, for m in 1..M, before a final clean recovery.
+
+On PostgreSQL (``cluster`` given) every run gets a fresh database, snapshots are
+template copies of it, and every child opens with ``takeover=True``: a restart of
+the only node takes the dead node's leases at once instead of waiting for them to
+expire (the multi-node tests wait for real expiry).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from attrs import define, field
 
 from tests.reliability.workloads import Workload
 from tests.support.checker import check
+from tests.support.pg import PgCluster, database_of
 from tests.support.procs import run_child
 
 
@@ -36,11 +42,50 @@ class SweepStats:
     records: Counter[str] = field(factory=Counter)
 
 
-def _fresh(root: Path, name: str) -> tuple[Path, Path]:
-    base = root / name
-    shutil.rmtree(base, ignore_errors=True)
-    (base / "ws").mkdir(parents=True)
-    return base / "log", base / "ws"
+class _Logs:
+    """Fresh logs and snapshots: directories (LMDB) or databases (PostgreSQL)."""
+
+    def __init__(self, root: Path, cluster: PgCluster | None) -> None:
+        self.root = root
+        self.cluster = cluster
+        self._databases: dict[str, str] = {}
+
+    def fresh(self, name: str) -> tuple[str, Path]:
+        base = self.root / name
+        shutil.rmtree(base, ignore_errors=True)
+        (base / "ws").mkdir(parents=True)
+        if self.cluster is None:
+            return str(base / "log"), base / "ws"
+        self._drop(name)
+        url = self.cluster.new_database()
+        self._databases[name] = url
+        return url, base / "ws"
+
+    def _drop(self, name: str) -> None:
+        old = self._databases.pop(name, None)
+        if old is not None and self.cluster is not None:
+            self.cluster.drop_database(database_of(old))
+
+    def snapshot(self, log: str, ws: Path, name: str) -> None:
+        """Copy the run's directory (workspace, and LMDB log) and, on PostgreSQL, its database."""
+        target = self.root / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(ws.parent, target)
+        if self.cluster is not None:
+            self._drop(name)
+            self._databases[name] = self.cluster.new_database(template=database_of(log))
+
+    def restore(self, log: str, ws: Path, name: str) -> None:
+        shutil.rmtree(ws.parent)
+        shutil.copytree(self.root / name, ws.parent)
+        if self.cluster is not None:
+            db = database_of(log)
+            self.cluster.drop_database(db)
+            self.cluster.new_database(db, template=database_of(self._databases[name]))
+
+    def close(self) -> None:
+        for name in list(self._databases):
+            self._drop(name)
 
 
 def _verify(stats: SweepStats, w: Workload, plan: dict[str, Any], outcome: Any, where: str) -> None:
@@ -48,7 +93,7 @@ def _verify(stats: SweepStats, w: Workload, plan: dict[str, Any], outcome: Any, 
         status = outcome.outcome(sid)["status"]
         if status != w.final_status:
             stats.violations.append(f"{w.name} @ {where}: {sid} ended {status}")
-    report = check(Path(plan["log"]), Path(plan["workspace"]))
+    report = check(plan["log"], Path(plan["workspace"]))
     stats.violations += [f"{w.name} @ {where}: {v}" for v in report.violations]
     stats.policies |= report.replay_policies
     stats.records.update(report.counts)
@@ -62,11 +107,35 @@ def sweep(
     compound_sample: int = 2,
     compound_depth: int = 3,
     seed: int = 0,
+    cluster: PgCluster | None = None,
+) -> SweepStats:
+    logs = _Logs(root, cluster)
+    try:
+        return _sweep(w, logs, commit_sample, compound_sample, compound_depth, seed)
+    finally:
+        logs.close()
+
+
+def _sweep(
+    w: Workload,
+    logs: _Logs,
+    commit_sample: int | None,
+    compound_sample: int,
+    compound_depth: int,
+    seed: int,
 ) -> SweepStats:
     rng = random.Random(seed)
     stats = SweepStats(w.name)
-    log, ws = _fresh(root, "clean")
-    clean_plan = w.plan(str(log), str(ws))
+    pg = logs.cluster is not None
+
+    def plan_for(log: str, ws: Path) -> dict[str, Any]:
+        plan = w.plan(log, str(ws))
+        if pg:
+            plan["options"] = {**plan["options"], "takeover": True}
+        return plan
+
+    log, ws = logs.fresh("clean")
+    clean_plan = plan_for(log, ws)
     clean = run_child(clean_plan)
     stats.commits = clean.appends
     _verify(stats, w, clean_plan, clean, "clean run")
@@ -77,8 +146,8 @@ def sweep(
     points += [f"tool.{when}:{t}" for t in w.tools for when in ("before", "after")]
     points.append("model.after")
     for point in points:
-        log, ws = _fresh(root, "point")
-        plan = w.plan(str(log), str(ws))
+        log, ws = logs.fresh("point")
+        plan = plan_for(log, ws)
         first = run_child(plan, fault=point)
         if not first.killed:
             stats.not_fired.append(point)
@@ -88,16 +157,13 @@ def sweep(
         stats.restarts += 1
         _verify(stats, w, plan, second, point)
     for n in rng.sample(range(1, stats.commits + 1), min(compound_sample, stats.commits)):
-        log, ws = _fresh(root, "compound")
-        plan = w.plan(str(log), str(ws))
+        log, ws = logs.fresh("compound")
+        plan = plan_for(log, ws)
         if not run_child(plan, fault=f"commit@{n}").killed:
             continue
-        snapshot = root / "snapshot"
-        shutil.rmtree(snapshot, ignore_errors=True)
-        shutil.copytree(log.parent, snapshot)
+        logs.snapshot(log, ws, "snapshot")
         for m in range(1, compound_depth + 1):
-            shutil.rmtree(log.parent)
-            shutil.copytree(snapshot, log.parent)
+            logs.restore(log, ws, "snapshot")
             recovering = run_child(plan, fault=f"commit@{m}")
             if recovering.killed:
                 stats.compound += 1

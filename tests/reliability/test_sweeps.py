@@ -5,6 +5,9 @@ Every commit point of each workload (a sample for the 20-session one), every
 compound crashes (a second kill during recovery). Any violation fails. The
 larger run is ``PERDURE_SWEEP=full python -m pytest tests/reliability/test_sweeps.py``
 (all commit points everywhere, more compound crashes).
+
+The same sweeps run on the PostgreSQL backend for a few workloads (all of them with
+``PERDURE_SWEEP=full``): the recovery rules must not depend on the log.
 """
 
 from __future__ import annotations
@@ -19,17 +22,25 @@ from tests.reliability.sweep import sweep
 from tests.support.stats import record_stat
 
 FULL = os.environ.get("PERDURE_SWEEP") == "full"
+ON_POSTGRES = workloads.ALL if FULL else (workloads.SEQUENTIAL, workloads.REVISION)
+CASES = [pytest.param(w, "lmdb", id=f"lmdb-{w.name.replace(' ', '-')}") for w in workloads.ALL] + [
+    pytest.param(w, "postgres", id=f"postgres-{w.name.replace(' ', '-')}") for w in ON_POSTGRES
+]
 
 
-@pytest.mark.parametrize("workload", workloads.ALL, ids=lambda w: w.name.replace(" ", "-"))
-def test_sweep(workload: workloads.Workload, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("workload", "backend"), CASES)
+def test_sweep(
+    workload: workloads.Workload, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     many = len(workload.sessions) > 1
+    cluster = request.getfixturevalue("pg_cluster") if backend == "postgres" else None
     stats = sweep(
         workload,
         tmp_path,
         commit_sample=None if FULL or not many else 10,
         compound_sample=8 if FULL else 2,
         compound_depth=6 if FULL else 3,
+        cluster=cluster,
     )
     assert stats.violations == [], "\n".join(stats.violations)
     assert stats.not_fired == [], f"fault points that never fired: {stats.not_fired}"

@@ -2,18 +2,23 @@
 
 The log part is ``perdure.check`` (the same code as ``perdure check``); this module
 adds the side-effect ledger written by ``ledger_tools``: every effect must have an
-``executing`` record before it, and a NEVER call takes effect at most once.
+``executing`` record before it, and a NEVER call takes effect at most once. The log
+is an LMDB directory or a PostgreSQL URL; only LMDB promises a gap-free global
+sequence (PostgreSQL's sequence may skip numbers), so for PostgreSQL the sequence
+must only increase.
 ``check`` returns a report whose ``violations`` list is empty when the history is
 sound, with counts so tests can assert the history was not vacuous.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from perdure.check import Report, check_log, check_records
+from perdure.storage.backend import is_postgres
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import Committed, ToolExecuting
 from tests.support.ledger_tools import read_ledger
@@ -21,19 +26,36 @@ from tests.support.ledger_tools import read_ledger
 __all__ = ["Report", "assert_sound", "check", "check_history", "read_log"]
 
 
-def read_log(log_dir: Path) -> list[Committed]:
-    log = LmdbLog(log_dir, readonly=True)
+def read_log(log: Path | str) -> list[Committed]:
+    if is_postgres(log):
+        from perdure.storage.pg_log import PgLog
+
+        pg = PgLog(str(log), readonly=True)
+        try:
+            return pg.read_global()
+        finally:
+            pg.close()
+    lmdb_log = LmdbLog(log, readonly=True)
     try:
-        return log.read_global()
+        return lmdb_log.read_global()
     finally:
-        log.close()
+        lmdb_log.close()
 
 
-def check(log_dir: Path, workspace: Path | None = None, *, settled: bool = True) -> Report:
+def check(log: Path | str, workspace: Path | None = None, *, settled: bool = True) -> Report:
     """Check every invariant. ``settled``: the runtime finished all its work."""
-    report = check_log(log_dir, settled="all" if settled else "none")
-    if workspace is not None:
-        _check_ledger(report, read_log(log_dir), read_ledger(workspace), report.never_calls)
+    ledger = read_ledger(workspace) if workspace is not None else None
+    if not is_postgres(log):
+        report = check_log(log, settled="all" if settled else "none")
+        if ledger is not None:
+            _check_ledger(report, read_log(log), ledger, report.never_calls)
+        return report
+    committed = read_log(log)
+    report = check_history(committed, ledger, settled=settled)
+    for before, after in itertools.pairwise(committed):
+        if after.seq <= before.seq:
+            report.add(f"sequence not increasing: {before.seq} then {after.seq}")
+            break
     return report
 
 

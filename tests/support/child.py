@@ -8,11 +8,19 @@ restarted child re-submits the same inputs and relies on deduplication). The chi
 opens the runtime (which recovers whatever a previous child left), submits, waits
 until every session is idle, prints one JSON line per session with its outcome,
 and exits 0. Faults come from PERDURE_FAULT in the environment.
+
+The log may be a directory or a ``postgresql://`` URL; then several children can
+run at once on it as nodes (options ``node_id``, ``lease_ttl``, ``takeover``). A
+session taken over by another node while this one waits is reported as
+``{"session": sid, "lost": why}``. With ``"linger": true`` the child stays up after
+its own sessions are idle, serving (taking over a dead node's sessions) until no
+session of the log has unfinished work (and at least ``expect_sessions`` exist).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import aclosing
 from typing import Any
@@ -37,6 +45,7 @@ async def main(plan: dict[str, Any]) -> None:
             for t in tools
         ]
     options = plan.get("options", {})
+    log_options = {k: options[k] for k in ("node_id", "lease_ttl", "takeover") if k in options}
     async with perdure.open_runtime(
         plan["log"],
         provider=ScriptedProvider(replies),
@@ -45,8 +54,15 @@ async def main(plan: dict[str, Any]) -> None:
         retry_base=options.get("retry_base", 0.05),
         resume_budget=options.get("resume_budget", 3),
         shutdown_grace=options.get("shutdown_grace", 10.0),
+        **log_options,
     ) as rt:
-        print(json.dumps({"started": True, "recovered": rt.recovered_sessions}), flush=True)
+        started = {
+            "started": True,
+            "recovered": rt.recovered_sessions,
+            "node": rt.node_id,
+            "pid": os.getpid(),
+        }
+        print(json.dumps(started), flush=True)
         sessions: dict[str, list[dict[str, str]]] = plan["sessions"]
         for sid, inputs in sessions.items():
             await rt.create_session(sid, system=plan.get("system"))
@@ -61,7 +77,13 @@ async def main(plan: dict[str, Any]) -> None:
                 print(json.dumps({"refused": action["kind"], "why": str(exc)}), flush=True)
         if plan.get("wait", True):
             for sid in sessions:
-                outcome = await rt.wait_idle(sid)
+                try:
+                    outcome = await rt.wait_idle(sid)
+                except perdure.Refused as exc:
+                    if exc.code != "not_owner":
+                        raise
+                    print(json.dumps({"session": sid, "lost": str(exc)}), flush=True)
+                    continue
                 print(
                     json.dumps(
                         {
@@ -73,7 +95,19 @@ async def main(plan: dict[str, Any]) -> None:
                     ),
                     flush=True,
                 )
+        if plan.get("linger"):
+            await _linger(rt, plan.get("expect_sessions", 0))
+        print(json.dumps({"taken_over": rt.taken_over_sessions}), flush=True)
         print(json.dumps({"stats": [rt.stats().appends, rt.stats().transactions]}), flush=True)
+
+
+async def _linger(rt: perdure.Runtime, expect: int) -> None:
+    """Serve until every session of the log is idle (the other nodes' ones too)."""
+    while True:
+        infos = await rt.sessions()
+        if len(infos) >= expect and all(i.open_submissions == 0 for i in infos):
+            return
+        await trio.sleep(0.2)
 
 
 async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:

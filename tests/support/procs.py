@@ -62,3 +62,58 @@ def run_child(plan: dict[str, Any], fault: str | None = None, timeout: float = 6
     if fault is None and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stderr}")
     return result
+
+
+class NodeProcess:
+    """A child runtime left running (a node), its output going to files, for signal tests."""
+
+    def __init__(self, plan: dict[str, Any], out_dir: Path, name: str) -> None:
+        env = dict(os.environ)
+        env.pop("PERDURE_FAULT", None)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self.name = name
+        self.stdout_path = out_dir / f"{name}.out"
+        self.stderr_path = out_dir / f"{name}.err"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.child", json.dumps(plan)],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=err,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def lines(self) -> list[dict[str, Any]]:
+        found = []
+        for raw in self.stdout_path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(raw))
+        return found
+
+    def first(self, key: str) -> dict[str, Any] | None:
+        return next((line for line in self.lines() if key in line), None)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"node {self.name} did not exit within {timeout}s; stderr:\n{self.stderr()}"
+            ) from None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait()

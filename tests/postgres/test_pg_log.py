@@ -1,0 +1,508 @@
+"""The PostgreSQL log on its own: the LMDB log's tests that apply, plus leases and fencing.
+
+Against a real server (a throwaway cluster, a fresh database per test):
+
+* group commit through the Journal: concurrent appenders share transactions, each
+  gets its own increasing seqs, and what callers were told is what every read path
+  returns; every write transaction runs on the writer thread;
+* guards: a stale batch writes nothing and spares its transaction; a revision
+  earlier in the same transaction is in force; an unencodable batch fails alone;
+* the summaries (record counts, goal_rev) and the active index follow the records;
+* corrupt frames (a flipped bit, a frame under another seq or another session) are
+  reported by every read path, naming the seq;
+* leases: a session leased by a live node is refused to another (``NotOwner`` names
+  the owner); once expired it is taken with a higher epoch and the old owner's
+  batches for it fail with ``SessionFenced`` while its other sessions commit;
+  ``renew`` reports the loss; ``claim`` takes a fair share of orphans; ``close``
+  hands leases over at once; ``takeover`` takes them from older nodes; a transaction
+  of an expired owner stuck on the lease row is ended by the taker, a live one's not;
+* a write connection killed under the log fails one call, then the log reconnects;
+* the schema is created once under concurrent opens, and a newer one is refused;
+* LISTEN/NOTIFY tells a node which sessions another node committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+import trio
+
+from perdure.storage.backend import (
+    Guard,
+    LogError,
+    NotOwner,
+    SessionFenced,
+    SessionInfo,
+    StaleGoal,
+)
+from perdure.storage.codec import CorruptRecord
+from perdure.storage.journal import open_journal
+from perdure.storage.pg_log import SCHEMA_VERSION, PgLog
+from perdure.storage.records import (
+    Committed,
+    GoalRevised,
+    InputAccepted,
+    Record,
+    RunFinished,
+    SessionCreated,
+    SessionParked,
+    ToolCompleted,
+    active_delta,
+)
+
+Open = Callable[..., PgLog]
+
+
+@pytest.fixture
+def open_pg(pg_url: str) -> Iterator[Open]:
+    """Open PgLog nodes on the test's database; all closed after the test."""
+    opened: list[PgLog] = []
+
+    def make(**kw: object) -> PgLog:
+        log = PgLog(pg_url, **kw)  # type: ignore[arg-type]
+        opened.append(log)
+        return log
+
+    yield make
+    for log in opened:
+        log.close()
+
+
+def tool_result(sid: str, call: str, output: str = "ok", at: float = 1.0) -> ToolCompleted:
+    return ToolCompleted(session_id=sid, call_id=call, output=output, at=at)
+
+
+def accepted(sid: str, sub: str) -> InputAccepted:
+    return InputAccepted(
+        session_id=sid, submission_id=sub, request_id=sub, text="t", body_hash="h", at=1.0
+    )
+
+
+def check_consistent(log: PgLog) -> list[Committed]:
+    """Every read path agrees with the records (the PostgreSQL twin of ``_check``)."""
+    everything = log.read_global()
+    seqs = [c.seq for c in everything]
+    assert seqs == sorted(set(seqs)), "global seqs must increase strictly"
+    by_session: dict[str, list[Committed]] = {}
+    for c in everything:
+        if c.record.session_id:
+            by_session.setdefault(c.record.session_id, []).append(c)
+    active = []
+    for sid, records in by_session.items():
+        assert log.read_session(sid) == records
+        goal_rev = count = 0
+        for c in records:
+            if isinstance(c.record, GoalRevised):
+                goal_rev = c.record.goal_rev
+            delta = active_delta(c.record)
+            count = 0 if delta is None else max(0, count + delta)
+        if count > 0:
+            active.append(sid)
+        assert log.session_info(sid) == SessionInfo(
+            session_id=sid,
+            first_seq=records[0].seq,
+            last_seq=records[-1].seq,
+            records=len(records),
+            goal_rev=goal_rev,
+            open_submissions=count,
+        )
+    assert sorted(i.session_id for i in log.sessions()) == sorted(by_session)
+    assert log.active_sessions() == sorted(active)
+    assert log.last_seq() == (seqs[-1] if seqs else 0)
+    return everything
+
+
+# -- group commit --------------------------------------------------------------------------
+
+
+async def test_concurrent_appends_share_transactions_and_get_their_own_seqs(
+    open_pg: Open,
+) -> None:
+    log = await trio.to_thread.run_sync(open_pg)
+    sessions = [f"s{i}" for i in range(7)]
+    for sid in sessions:
+        await trio.to_thread.run_sync(log.acquire, sid)
+    batches: dict[int, list[Record]] = {
+        i: [tool_result(f"s{i % 7}", f"c{i}.{j}", f"out {i}.{j}") for j in range(1 + i % 4)]
+        for i in range(100)
+    }
+    outcomes: dict[int, list[Committed]] = {}
+    async with open_journal(log) as journal:
+
+        async def one(key: int) -> None:
+            outcomes[key] = await journal.append(batches[key])
+
+        async with trio.open_nursery() as nursery:
+            for key in batches:
+                nursery.start_soon(one, key)
+        stats = journal.stats
+        writer = journal.writer_thread
+    assert stats.appends == 100
+    assert stats.transactions <= stats.appends // 2, f"barely batched: {stats}"
+    assert writer is not None
+    assert log.write_threads == {writer.ident}
+    told = sorted((c for o in outcomes.values() for c in o), key=lambda c: c.seq)
+    for key, outcome in outcomes.items():
+        assert [c.record for c in outcome] == batches[key]
+        assert [c.seq for c in outcome] == sorted(c.seq for c in outcome)
+    everything = await trio.to_thread.run_sync(check_consistent, log)
+    assert everything[1:] == told  # after the node's LogOpened
+
+
+def test_commit_is_refused_off_the_writer_thread(open_pg: Open) -> None:
+    log = open_pg()
+    log.acquire("s")
+    log.bind_writer(threading.Thread(target=lambda: None))
+    with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
+        log.commit([([tool_result("s", "rogue")], None)])
+    assert log.read_session("s") == []
+
+
+# -- guards and bad batches ----------------------------------------------------------------
+
+
+def test_stale_guard_writes_nothing_and_spares_its_transaction(open_pg: Open) -> None:
+    log = open_pg()
+    for sid in ("s1", "s2", "ghost"):
+        log.acquire(sid)
+    (opened,) = log.commit(
+        [([GoalRevised(session_id="s1", goal_rev=2, text="new", request_id="r", at=1.0)], None)]
+    )
+    assert isinstance(opened, list)
+    a = [tool_result("s1", "a1"), tool_result("s1", "a2")]
+    b = [tool_result("s1", "b1")]
+    c = [tool_result("s2", "c1")]
+    d = [tool_result("ghost", "d1")]
+    ra, rb, rc, rd = log.commit(
+        [(a, Guard("s1", 2)), (b, Guard("s1", 1)), (c, None), (d, Guard("ghost", 1))]
+    )
+    assert isinstance(ra, list)
+    assert isinstance(rc, list)
+    assert isinstance(rb, StaleGoal)
+    assert (rb.expected, rb.found) == (1, 2)
+    assert isinstance(rd, StaleGoal)
+    assert (rd.expected, rd.found) == (1, 0)
+    after = opened[0].seq
+    assert [x.record for x in log.read_global(after=after)] == a + c
+    assert [x.record for x in log.read_session("s1", after=after)] == a
+    assert log.session_info("ghost") is None
+    assert log.read_session("ghost") == []
+    check_consistent(log)
+
+
+def test_a_revision_earlier_in_the_same_transaction_is_in_force(open_pg: Open) -> None:
+    log = open_pg()
+    log.acquire("s1")
+    revise = [GoalRevised(session_id="s1", goal_rev=1, text="t", request_id="r1", at=1.0)]
+    late = [tool_result("s1", "late")]
+    fresh = [tool_result("s1", "fresh")]
+    r1, r2, r3 = log.commit(
+        [(revise, Guard("s1", 0)), (late, Guard("s1", 0)), (fresh, Guard("s1", 1))]
+    )
+    assert isinstance(r1, list)
+    assert isinstance(r2, StaleGoal)
+    assert isinstance(r3, list)
+    assert [x.record for x in log.read_session("s1")] == revise + fresh
+    check_consistent(log)
+
+
+def test_unencodable_batch_fails_alone_in_its_transaction(open_pg: Open) -> None:
+    log = open_pg()
+    log.acquire("s1")
+    log.acquire("s2")
+    good = [tool_result("s1", "g1")]
+    bad = [tool_result("s1", "b1"), tool_result("s1", "b2", at=float("nan"))]
+    also_good = [accepted("s2", "u")]
+    r1, r2, r3 = log.commit([(good, None), (bad, None), (also_good, None)])
+    assert isinstance(r2, ValueError)
+    assert isinstance(r1, list)
+    assert isinstance(r3, list)
+    assert [x.record for x in log.read_global(after=1)] == good + also_good
+    assert log.active_sessions() == ["s2"]
+    check_consistent(log)
+
+
+def test_active_index_follows_inputs_finishes_and_parking(open_pg: Open) -> None:
+    log = open_pg()
+    log.acquire("s")
+    log.commit([([accepted("s", "u1"), accepted("s", "u2")], None)])
+    assert log.active_sessions() == ["s"]
+    finished = RunFinished(
+        session_id="s", run_id="r1", submission_id="u1", status="completed", at=1.0
+    )
+    log.commit([([finished], None)])
+    assert log.session_info("s").open_submissions == 1  # type: ignore[union-attr]
+    log.commit([([SessionParked(session_id="s", reason="crashing", at=1.0)], None)])
+    assert log.active_sessions() == []
+    log.commit([([accepted("s", "u3")], None)])
+    assert log.active_sessions() == ["s"]
+    check_consistent(log)
+
+
+# -- corrupt frames ------------------------------------------------------------------------
+
+
+def test_corrupt_frames_are_reported_by_every_read_path(open_pg: Open, pg_url: str) -> None:
+    log = open_pg()
+    log.acquire("s1")
+    log.acquire("s2")
+    (done,) = log.commit(
+        [([tool_result("s1", "a"), tool_result("s1", "b"), tool_result("s2", "c")], None)]
+    )
+    assert isinstance(done, list)
+    a, b, c = (x.seq for x in done)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # One flipped bit in a's payload.
+        conn.execute(
+            "UPDATE perdure_records SET frame = overlay(frame placing "
+            "set_byte(substring(frame from 20 for 1), 0, get_byte(frame, 19) # 4) "
+            "from 20 for 1) WHERE seq = %s",
+            (a,),
+        )
+    with pytest.raises(CorruptRecord, match=rf"record {a} .*checksum mismatch"):
+        log.read_session("s1")
+    with pytest.raises(CorruptRecord, match=rf"record {a} "):
+        log.read_global()
+    assert [x.seq for x in log.read_session("s1", after=a)] == [b]  # the rest still reads
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # b's frame copied under c's seq: the CRC covers the seq.
+        conn.execute(
+            "UPDATE perdure_records SET frame = (SELECT frame FROM perdure_records "
+            "WHERE seq = %s) WHERE seq = %s",
+            (b, c),
+        )
+    with pytest.raises(CorruptRecord, match=rf"record {c} .*checksum mismatch"):
+        log.read_session("s2")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # A sound frame under the wrong session.
+        conn.execute("UPDATE perdure_records SET session_id = 's2' WHERE seq = %s", (b,))
+    with pytest.raises(CorruptRecord, match=rf"record {b} .*belongs to 's1'"):
+        log.read_session("s2")
+
+
+# -- leases and fencing --------------------------------------------------------------------
+
+
+def test_a_live_lease_is_refused_naming_its_owner(open_pg: Open) -> None:
+    a = open_pg(node_id="node-a", lease_ttl=30)
+    b = open_pg(node_id="node-b", lease_ttl=30)
+    a.acquire("s1")
+    with pytest.raises(NotOwner, match=r"owned by node node-a \(pid \d+ on .*\)") as caught:
+        b.acquire("s1")
+    assert caught.value.owner == "node-a"
+    assert 25 < caught.value.expires_in <= 30
+    (fenced,) = b.commit([([tool_result("s1", "intruder")], None)])
+    assert isinstance(fenced, SessionFenced)
+    assert "node-b holds no lease" in str(fenced)
+    assert a.read_session("s1") == []
+
+
+def test_expired_lease_is_taken_over_and_the_old_owner_fenced(open_pg: Open) -> None:
+    a = open_pg(node_id="node-a", lease_ttl=0.5)
+    b = open_pg(node_id="node-b", lease_ttl=30)
+    a.acquire("s1")
+    a.acquire("s2")
+    (first,) = a.commit([([tool_result("s1", "before")], None)])
+    assert isinstance(first, list)
+    time.sleep(0.7)  # a "pauses" past its lease without renewing
+    b.acquire("s1")
+    assert b.held() == {"s1": 2}  # the takeover bumped the epoch
+    mine, theirs = a.commit(
+        [([tool_result("s2", "still mine")], None), ([tool_result("s1", "late")], None)]
+    )
+    assert isinstance(mine, list)
+    assert isinstance(theirs, SessionFenced)
+    assert theirs.session_id == "s1"
+    assert "node node-b holds it at epoch 2" in str(theirs)
+    assert a.held() == {"s2": 1}  # the fenced commit dropped s1 at once
+    assert a.confirm("s1") is False  # so a tool of s1 would not start
+    with pytest.raises(NotOwner, match="node-b"):
+        a.acquire("s1")  # and a command for it is sent to its owner
+    assert a.renew() == []  # s2 is renewed; s1 is no longer counted
+    (theirs_ok,) = b.commit([([tool_result("s1", "new owner")], None)])
+    assert isinstance(theirs_ok, list)
+    assert [c.record.call_id for c in b.read_session("s1")] == ["before", "new owner"]  # type: ignore[union-attr]
+    assert theirs_ok[0].seq > first[0].seq
+
+
+def test_renew_reports_a_lease_taken_over(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=0.5)
+    b = open_pg(node_id="b", lease_ttl=30)
+    a.acquire("s1")
+    a.acquire("s2")
+    time.sleep(0.7)
+    b.acquire("s1")
+    assert a.renew() == ["s1"]  # s2 expired too, but nobody took it: still a's
+    assert a.held() == {"s2": 1}
+    (ok,) = a.commit([([tool_result("s2", "late but safe")], None)])
+    assert isinstance(ok, list)
+
+
+def test_a_stuck_transaction_of_an_expired_owner_is_ended_by_the_taker(
+    open_pg: Open, pg_url: str
+) -> None:
+    """A node stopped mid-commit keeps its lease rows locked; the taker ends that."""
+    a = open_pg(node_id="node-a", lease_ttl=0.4)
+    a.acquire("s1")
+    with psycopg.connect(pg_url, application_name="perdure:node-a") as stuck:
+        # Like a node stopped mid-pipeline: the row is locked, the server waits on.
+        stuck.execute("SET idle_in_transaction_session_timeout = 0")
+        stuck.execute("SELECT 1 FROM perdure_leases WHERE session_id = 's1' FOR UPDATE")
+        live = open_pg(node_id="node-c", lease_ttl=0.4)
+        with pytest.raises(LogError, match="lock timeout"):
+            live.acquire("s1")  # not expired yet: nobody may end a live owner's work
+        assert stuck.execute("SELECT 1").fetchone() == (1,)
+        time.sleep(0.5)
+        b = open_pg(node_id="node-b", lease_ttl=0.4)  # it waits half a TTL for the lock
+        b.acquire("s1")
+        assert b.held() == {"s1": 2}
+        with pytest.raises(psycopg.OperationalError):
+            stuck.execute("SELECT 1")
+
+
+def test_claim_takes_a_fair_share_of_orphans(open_pg: Open) -> None:
+    dead = open_pg(node_id="dead", lease_ttl=0.5)
+    for i in range(10):
+        dead.acquire(f"s{i}")
+        dead.commit([([accepted(f"s{i}", "u")], None)])
+    b = open_pg(node_id="b", lease_ttl=30)
+    c = open_pg(node_id="c", lease_ttl=30)
+    assert b.claim() == []  # the dead node's leases have not expired yet
+    time.sleep(0.7)
+    # "dead" still counts as a live node until its own row expires: share ceil(10/3)...
+    first = b.claim()
+    # ...once its row expired too, the two live nodes split the rest.
+    time.sleep(0.1)
+    second = c.claim()
+    assert 1 <= len(first) <= 5
+    assert set(first).isdisjoint(second)
+    assert len(first) + len(second) <= 10
+    more_b, more_c = b.claim(), c.claim()
+    taken = set(first) | set(second) | set(more_b) | set(more_c)
+    assert taken == {f"s{i}" for i in range(10)}, "every orphan is taken"
+    assert max(len(b.held()), len(c.held())) == 5
+
+
+def test_close_hands_leases_over_at_once(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=30)
+    b = open_pg(node_id="b", lease_ttl=30)
+    a.acquire("s1")
+    a.commit([([accepted("s1", "u")], None)])
+    a.close()
+    assert b.claim() == ["s1"]
+    assert b.held() == {"s1": 2}
+
+
+def test_takeover_takes_the_leases_of_older_nodes(open_pg: Open) -> None:
+    old = open_pg(node_id="old", lease_ttl=30)
+    old.acquire("s1")
+    old.acquire("idle")
+    old.commit([([accepted("s1", "u")], None)])
+    new = open_pg(node_id="new", lease_ttl=30, takeover=True)
+    assert new.claim() == ["s1"]  # every active session, at once
+    new.acquire("idle")  # and any other on first use
+    (fenced,) = old.commit([([tool_result("s1", "zombie")], None)])
+    assert isinstance(fenced, SessionFenced)
+    newer = open_pg(node_id="newer", lease_ttl=30)
+    with pytest.raises(NotOwner, match="node new"):
+        newer.acquire("s1")  # without takeover, a younger live node is respected
+
+
+# -- connections, schema, notifications ----------------------------------------------------
+
+
+def test_a_killed_write_connection_fails_one_call_then_reconnects(
+    open_pg: Open, pg_url: str
+) -> None:
+    log = open_pg()
+    log.acquire("s")
+    log.commit([([tool_result("s", "a")], None)])
+    assert log._wconn is not None
+    pid = log._wconn.info.backend_pid
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(LogError):
+        log.commit([([tool_result("s", "lost")], None)])
+    (again,) = log.commit([([tool_result("s", "b")], None)])
+    assert isinstance(again, list)
+    assert [c.record.call_id for c in log.read_session("s")] == ["a", "b"]  # type: ignore[union-attr]
+
+
+def test_schema_is_created_once_under_concurrent_opens(pg_url: str) -> None:
+    logs: list[PgLog] = []
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            logs.append(PgLog(pg_url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert sorted(log.epoch for log in logs) == [1, 2, 3, 4, 5, 6]
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT version FROM perdure_schema").fetchall() == [
+                (SCHEMA_VERSION,)
+            ]
+    finally:
+        for log in logs:
+            log.close()
+
+
+def test_a_newer_schema_is_refused(pg_url: str) -> None:
+    PgLog(pg_url).close()
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("UPDATE perdure_schema SET version = version + 1")
+    with pytest.raises(LogError, match="upgrade perdure"):
+        PgLog(pg_url)
+
+
+def test_readonly_open_of_an_empty_database_says_so(pg_url: str) -> None:
+    with pytest.raises(FileNotFoundError, match="no perdure log"):
+        PgLog(pg_url, readonly=True)
+
+
+def test_another_nodes_commit_wakes_the_listener(open_pg: Open) -> None:
+    reader = open_pg(node_id="reader")
+    writer = open_pg(node_id="writer")
+    writer.acquire("s1")
+    woken: list[frozenset[str] | None] = []
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def wake(sessions: frozenset[str] | None) -> None:
+        woken.append(sessions)
+        ready.set()
+
+    listener = threading.Thread(target=reader.listen, args=(wake, stop))
+    listener.start()
+    try:
+        assert ready.wait(10)  # wake(None) once listening
+        writer.commit([([tool_result("s1", "x")], None)])
+        deadline = time.monotonic() + 10
+        while frozenset({"s1"}) not in woken:
+            assert time.monotonic() < deadline, f"no notification: {woken}"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        listener.join()
+    assert woken[0] is None
+
+
+def test_session_created_needs_the_lease_too(open_pg: Open) -> None:
+    log = open_pg()
+    (refused,) = log.commit([([SessionCreated(session_id="new", at=1.0)], None)])
+    assert isinstance(refused, SessionFenced)
+    log.acquire("new")
+    (ok,) = log.commit([([SessionCreated(session_id="new", at=1.0)], None)])
+    assert isinstance(ok, list)
