@@ -358,7 +358,7 @@ async def open_runtime(
                             await supervisor.drain()
                     nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
-                fenced = _find(group, LogFenced)
+                fenced = find_exception(group, LogFenced)
                 if fenced is not None:
                     raise fenced from None
                 raise
@@ -368,12 +368,15 @@ async def open_runtime(
         await trio.to_thread.run_sync(the_log.close)
 
 
-def _find(group: BaseExceptionGroup[Any], kind: type[BaseException]) -> BaseException | None:
+def find_exception(
+    group: BaseExceptionGroup[Any], kind: type[BaseException]
+) -> BaseException | None:
+    """The first exception of type ``kind`` in a (nested) exception group."""
     for exc in group.exceptions:
         if isinstance(exc, kind):
             return exc
         if isinstance(exc, BaseExceptionGroup):
-            found = _find(exc, kind)
+            found = find_exception(exc, kind)
             if found is not None:
                 return found
     return None

@@ -33,7 +33,7 @@ from attrs import frozen
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
-from perdure._runtime import open_runtime
+from perdure._runtime import find_exception, open_runtime
 from perdure._setup import SetupError
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
@@ -147,21 +147,10 @@ async def serve(opts: ServeOptions, say: Say, *, show_token: bool = False) -> No
                 top.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # The log's errors (busy, fenced, disk full) are for the user, not a traceback.
-            found = _first(group, LogError)
+            found = find_exception(group, LogError)
             if found is not None:
                 raise found from None
             raise
-
-
-def _first(group: BaseExceptionGroup[BaseException], kind: type[Exception]) -> Exception | None:
-    for exc in group.exceptions:
-        if isinstance(exc, kind):
-            return exc
-        if isinstance(exc, BaseExceptionGroup):
-            found = _first(exc, kind)
-            if found is not None:
-                return found
-    return None
 
 
 async def _on_signals(

@@ -270,3 +270,18 @@ def open_log(
         map_size=map_size if map_size is not None else DEFAULT_MAP_SIZE,
         readonly=readonly,
     )
+
+
+def claim_writer(writer: threading.Thread | None, seen: set[int], what: str) -> None:
+    """Refuse a write transaction outside the writer thread; note the thread that wrote.
+
+    A write transaction must begin, write and commit on one thread (LMDB demands it;
+    the PostgreSQL backend keeps one connection for writes the same way).
+    """
+    current = threading.current_thread()
+    if writer is not None and current is not writer:
+        raise RuntimeError(
+            f"{what} write transaction attempted on thread {current.name!r}; "
+            "only the journal's writer thread may write"
+        )
+    seen.add(current.ident or 0)

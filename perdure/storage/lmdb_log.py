@@ -50,6 +50,7 @@ from perdure.storage.backend import (
     StorageFull,
     Wake,
     check_session_id,
+    claim_writer,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
@@ -343,13 +344,7 @@ class LmdbLog:
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
-        current = threading.current_thread()
-        if self._writer is not None and current is not self._writer:
-            raise RuntimeError(
-                f"LMDB write transaction attempted on thread {current.name!r}; "
-                "only the journal's writer thread may write"
-            )
-        self.write_threads.add(current.ident or 0)
+        claim_writer(self._writer, self.write_threads, "LMDB")
         adopted = False
         while True:
             try:

@@ -78,6 +78,7 @@ from perdure.storage.backend import (
     SessionInfo,
     StaleGoal,
     Wake,
+    claim_writer,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
@@ -417,13 +418,7 @@ class PgLog:
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
-        current = threading.current_thread()
-        if self._writer is not None and current is not self._writer:
-            raise RuntimeError(
-                f"PostgreSQL write transaction attempted on thread {current.name!r}; "
-                "only the journal's writer thread may write"
-            )
-        self.write_threads.add(current.ident or 0)
+        claim_writer(self._writer, self.write_threads, "PostgreSQL")
         for attempt in range(_RETRIES):
             try:
                 return self._commit_once(batches)
