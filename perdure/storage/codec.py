@@ -15,6 +15,7 @@ the sequence number.
 from __future__ import annotations
 
 import json
+import typing
 import zlib
 from typing import Any, Final
 
@@ -46,10 +47,45 @@ def _strict(kind: type) -> Any:
     return hook
 
 
+def _strict_containers(conv: cattrs.Converter) -> None:
+    # cattrs builds a list from any iterable ({} becomes [], {"a": 1} becomes ["a"])
+    # and a dict from pairs; a stored list must be a list and a dict a dict.
+    def list_hook(kind: Any) -> Any:
+        (inner,) = typing.get_args(kind) or (Any,)
+
+        def hook(value: Any, _: type) -> Any:
+            if type(value) is not list:
+                raise TypeError(f"expected a list, found {type(value).__name__}")
+            return [conv.structure(v, inner) for v in value]
+
+        return hook
+
+    def dict_hook(kind: Any) -> Any:
+        key, item = typing.get_args(kind) or (Any, Any)
+
+        def hook(value: Any, _: type) -> Any:
+            if type(value) is not dict:
+                raise TypeError(f"expected an object, found {type(value).__name__}")
+            return {conv.structure(k, key): conv.structure(v, item) for k, v in value.items()}
+
+        return hook
+
+    def origin_is(kind: type) -> Any:
+        def test(t: Any) -> bool:
+            origin: Any = typing.get_origin(t)
+            return origin is kind
+
+        return test
+
+    conv.register_structure_hook_factory(origin_is(list), list_hook)
+    conv.register_structure_hook_factory(origin_is(dict), dict_hook)
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
     for kind in (str, int, float, bool):
         conv.register_structure_hook(kind, _strict(kind))
+    _strict_containers(conv)
     configure_tagged_union(Record, conv, tag_name="t")
     return conv
 
