@@ -31,6 +31,7 @@ from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
     RECORD_TYPES,
     RECORD_VERSIONS,
+    CancelRequested,
     GenerationCompleted,
     Record,
     RunFinished,
@@ -188,6 +189,7 @@ _TASK = ToolTaskCreated(
 )
 _FINISHED = RunFinished(session_id="s", run_id="r", submission_id="u", status="completed", at=1.0)
 _DONE = ToolCompleted(session_id="s", call_id="c", output="o", at=1.0)
+_CANCEL = CancelRequested(session_id="s", run_id="r", request_id="q", compensable=["c"], at=1.0)
 _RAW = "\x00raw\x00"
 
 
@@ -227,6 +229,12 @@ def _payload(record: Record = _TASK, raw: bytes = b"", drop: str = "", **changes
         pytest.param(_payload(at=False), "fields do not match", id="float-as-bool"),
         pytest.param(_payload(session_id=7), "fields do not match", id="str-as-int"),
         pytest.param(_payload(input=[1]), "fields do not match", id="dict-as-list"),
+        pytest.param(_payload(input=[["k", 1]]), "fields do not match", id="dict-as-pairs"),
+        pytest.param(_payload(_CANCEL, compensable={}), "fields do not match", id="list-as-dict"),
+        pytest.param(
+            _payload(_CANCEL, compensable={"c": 1}), "fields do not match", id="list-as-keys"
+        ),
+        pytest.param(_payload(_CANCEL, compensable="c"), "fields do not match", id="list-as-str"),
         pytest.param(_payload(input={"k": {1: 2}}), "", id="nested-any-is-free-form"),
         pytest.param(_payload(surplus=1), "fields do not match", id="extra-key"),
         pytest.param(_payload(drop="call_id"), "fields do not match", id="missing-field"),
