@@ -14,6 +14,9 @@ starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
 
 When the variable is unset, ``ACTIVE`` is False and every call site is a single
 attribute test, so the switch costs nothing in production.
+
+``PERDURE_SLOW_COMMIT_MS=n`` simulates a slow disk: every transaction of the
+Journal's writer thread waits n milliseconds first.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ def _parse(spec: str) -> dict[tuple[str, str | None], int]:
 
 
 _PLAN: Final = _parse(os.environ.get("PERDURE_FAULT", ""))
+
+# A slow disk: ``PERDURE_SLOW_COMMIT_MS=n`` makes the Journal's writer thread wait n
+# milliseconds before every transaction (the trio loop must not notice).
+SLOW_COMMIT: float = float(os.environ.get("PERDURE_SLOW_COMMIT_MS", "0") or 0) / 1000
 _HITS: dict[tuple[str, str | None], int] = {}
 ACTIVE: Final = bool(_PLAN)
 

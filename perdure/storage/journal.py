@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -118,6 +119,8 @@ class Journal:
             stop = any(item is _STOP for item in batch)
             requests: list[_Append] = [item for item in batch if item is not _STOP]
             if requests:
+                if _faults.SLOW_COMMIT:
+                    time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
                 try:
                     results: list[Any] = log.commit([(r.records, r.guard) for r in requests])
                 except BaseException as exc:  # every caller of this transaction must hear it

@@ -114,3 +114,43 @@ async def test_full_disk_holds_results_refuses_input_and_recovers(small_disk: Pa
     assert [r.session_id for r in accepted] == ["full"], "a refused submit left a record"
     report = check(log_dir, settled=True)
     assert report.violations == []
+
+
+async def test_a_slow_disk_slows_commits_not_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every transaction waits 50 ms in the writer thread; the trio loop keeps its pace."""
+    from perdure import _faults
+
+    monkeypatch.setattr(_faults, "SLOW_COMMIT", 0.05)
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = trio.current_time()
+        while True:
+            await trio.sleep(0.005)
+            now = trio.current_time()
+            gaps.append(now - last)
+            last = now
+
+    log_dir = tmp_path / "log"
+    async with (
+        perdure.open_runtime(log_dir, provider=ScriptedProvider(SCRIPT), tools=[lookup]) as rt,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(ticker)
+        sids = [await rt.create_session(f"slow{i}") for i in range(5)]
+        started = trio.current_time()
+        for sid in sids:
+            await rt.submit(sid, "go", request_id="r")
+        for sid in sids:
+            outcome = await rt.wait_idle(sid)
+            assert outcome is not None
+            assert outcome.status == "completed"
+        elapsed = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert elapsed > 0.05 * 5, "the injected delay did not apply"
+    assert max(gaps) < 0.1, f"the trio loop stalled for {max(gaps):.3f}s on a slow disk"
+    report = check(log_dir, settled=True)
+    assert report.violations == []
+    assert report.counts["RunFinished"] == 5
