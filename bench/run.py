@@ -387,6 +387,25 @@ class Suite:
         log(f"memory: {n} idle sessions")
         return self.run("perdure_bench.py", "memory", self.path("memory"), n, k)
 
+    def postgres(self, quick: bool) -> dict[str, Any]:
+        """The PostgreSQL backend beside LMDB (``bench_pg.py``), if a server can start."""
+        log("postgres: PostgreSQL backend beside LMDB")
+        out = self.path("pg") / "pg.json"
+        cmd = [self.py, str(BENCH / "bench_pg.py"), "--out", str(out), "--dir", str(out.parent)]
+        proc = subprocess.run(
+            [*cmd, "--quick"] if quick else cmd,
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=self.cfg["timeout"],
+        )
+        if proc.returncode != 0 or not out.exists():
+            why = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return {"skipped": f"bench_pg.py exited {proc.returncode}: {why[0]}"}
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
     def streaming(self) -> dict[str, Any]:
         subscribers, k = self.cfg["sse"]
         log(f"streaming (daemon, SSE): {subscribers} subscribers")
@@ -397,6 +416,25 @@ class Suite:
                 "perdure_bench.py", "stream", self.path("stream"), sessions, per, k
             )
         return out
+
+
+def _pg_summary(pg: dict[str, Any]) -> list[str]:
+    if "skipped" in pg:
+        return [f"- PostgreSQL backend: skipped ({pg['skipped']})"]
+    f = pg["figures"]
+    lm, pq = f["lmdb"], f["postgres"]
+    nodes = ", ".join(f"{n} node(s) {v:.0f}" for n, v in pq["runs_per_s_by_nodes"].items())
+    one = next(k for k in lm if k.startswith("runs_per_s_") and k.endswith("_one_node"))
+    sessions = one.removeprefix("runs_per_s_").removesuffix("_one_node").replace("_", " ")
+    return [
+        "| | LMDB | PostgreSQL |",
+        "|---|---|---|",
+        f"| commits/s, 1 record per commit | {lm['commit_per_s']:.0f} | {pq['commit_per_s']:.0f} |",
+        f"| ms per model turn (whole runtime) | {lm['ms_per_turn']:.2f} | "
+        f"{pq['ms_per_turn']:.2f} |",
+        f"| runs/s, {sessions}, one node | {lm[one]:.0f} | {pq[one]:.0f} |",
+        f"| runs/s, {sessions} over several nodes | - | {nodes} |",
+    ]
 
 
 def copy_synced(source: Path, target: Path) -> None:
@@ -689,6 +727,10 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             f"p50 {_fmt(r['p50_ms'], 3)} ms, p99 {_fmt(r['p99_ms'], 3)} ms"
         )
     lines.append("")
+    lines.append("### PostgreSQL backend (same machine, same run)")
+    lines.append("")
+    lines += _pg_summary(results.get("postgres", {"skipped": "not run"}))
+    lines.append("")
     lines.append("### Ratios and targets")
     lines.append("")
     lines.append("| ratio | value | target | met | note |")
@@ -742,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
             ("recovery", suite.recovery),
             ("memory", suite.memory),
             ("streaming", suite.streaming),
+            ("postgres", lambda: suite.postgres(args.quick)),
         ]
         for name, step in steps:
             results[name] = step()

@@ -75,7 +75,13 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     ratios = {r["ratio"]: r for r in results["ratios"]}
     assert any(name.startswith("perdure per turn / floor") for name in ratios)
     assert all(r["met"] in (True, False, None) for r in ratios.values())
+    pg = results["postgres"]
+    if "skipped" not in pg:  # PostgreSQL can be started here: its figures are well formed
+        for backend in ("lmdb", "postgres"):
+            assert _positive(pg["figures"][backend]["ms_per_turn"])
+        assert pg["figures"]["postgres"]["runs_per_s_by_nodes"]
     summary = (out / "summary-quick.md").read_text()
+    assert "### PostgreSQL backend" in summary
     assert "### Ratios and targets" in summary
     assert "### Ratios and targets" in stdout
 

@@ -1,10 +1,10 @@
 """CI-sized crash sweeps over every reference workload (issue: proof of crash safety).
 
-Every commit point of each workload (a sample for the 20-session one), every
+Every commit point of each workload on LMDB (the 20-session one included), every
 ``tool.before``/``tool.after`` point of its tools, ``model.after``, and sampled
 compound crashes (a second kill during recovery). Any violation fails. The
 larger run is ``PERDURE_SWEEP=full python -m pytest tests/reliability/test_sweeps.py``
-(all commit points everywhere, more compound crashes).
+(more compound crashes, every workload on PostgreSQL too).
 
 The same sweeps run on the PostgreSQL backend for a few workloads (all of them with
 ``PERDURE_SWEEP=full``): the recovery rules must not depend on the log.
@@ -37,7 +37,9 @@ def test_sweep(
     stats = sweep(
         workload,
         tmp_path,
-        commit_sample=None if FULL or not many else 10,
+        # Every commit point on LMDB; on PostgreSQL (a fresh database per point, ~2.5 x
+        # slower) the 20-session workload is sampled unless the run is the full one.
+        commit_sample=None if FULL or backend == "lmdb" or not many else 10,
         compound_sample=8 if FULL else 2,
         compound_depth=6 if FULL else 3,
         cluster=cluster,
@@ -45,7 +47,7 @@ def test_sweep(
     assert stats.violations == [], "\n".join(stats.violations)
     assert stats.not_fired == [], f"fault points that never fired: {stats.not_fired}"
     # Non-vacuity: the sweep really crashed, restarted, and exercised what it claims.
-    assert stats.points >= stats.commits if not many else stats.points >= 10
+    assert stats.points >= stats.commits if backend == "lmdb" or not many else stats.points >= 10
     assert stats.compound >= 1
     assert workload.policies <= stats.policies, f"policies exercised: {stats.policies}"
     missing = {r for r in workload.records if stats.records[r] == 0}
