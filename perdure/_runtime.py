@@ -24,6 +24,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from perdure.actors import conversation, decide
@@ -82,7 +83,8 @@ class Runtime:
         return list(self._sup.taken_over)
 
     def stats(self) -> JournalStats:
-        return self.journal.stats
+        """A snapshot of the Journal's counters (appends, transactions, records)."""
+        return attrs.evolve(self.journal.stats)
 
     # -- sessions -------------------------------------------------------------------
 

@@ -161,10 +161,11 @@ class Journal:
                 if isinstance(result, list):
                     stats.appends += 1
                     size += len(result)
+                    bus = self.bus
                     for c in result:
-                        self.bus.publish(
-                            Event(c.record.session_id, type(c.record).__name__, c.seq, c.record)
-                        )
+                        sid = c.record.session_id
+                        if bus.has_subscribers(sid):  # most records have no live reader
+                            bus.publish(Event(sid, type(c.record).__name__, c.seq, c.record))
             stats.records += size
             stats.largest_transaction = max(stats.largest_transaction, size)
 
