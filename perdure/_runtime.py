@@ -82,6 +82,16 @@ class Runtime:
         """Sessions this node took over from a dead node after it started (PostgreSQL)."""
         return list(self._sup.taken_over)
 
+    @property
+    def resident_sessions(self) -> list[str]:
+        """The sessions whose actor is in memory now (the others live in the log)."""
+        return [sid for sid, box in self._sup.mailboxes.items() if not box.evicted]
+
+    @property
+    def evictions(self) -> int:
+        """How many idle session actors have been evicted since the runtime opened."""
+        return self._sup.evictions
+
     def stats(self) -> JournalStats:
         """A snapshot of the Journal's counters (appends, transactions, records)."""
         return attrs.evolve(self.journal.stats)
@@ -300,6 +310,7 @@ async def open_runtime(
     seed: int | None = None,
     node_id: str | None = None,
     lease_ttl: float | None = None,
+    idle_timeout: float | None = 300.0,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -313,7 +324,10 @@ async def open_runtime(
     taken over is fenced and can never write again. PostgreSQL only: ``node_id``
     names this process among the nodes (default: host-pid-random), ``lease_ttl``
     (seconds, default 10) is how long a dead node's sessions wait to be taken over.
-    ``map_size`` is LMDB's initial map size.
+    ``map_size`` is LMDB's initial map size. A session left idle for
+    ``idle_timeout`` seconds has its actor evicted from memory (and, with
+    PostgreSQL, its lease given up); its next command starts it again from the log.
+    ``None`` keeps every session's actor resident.
     """
     by_name = registry(tools)
     opened = partial(
@@ -342,6 +356,7 @@ async def open_runtime(
                 max_model_attempts=max_model_attempts,
                 retry_base=retry_base,
                 retry_cap=retry_cap,
+                idle_timeout=idle_timeout,
             )
             supervisor = Supervisor(ctx)
             body_error: BaseException | None = None

@@ -147,6 +147,13 @@ def demo(keep: bool) -> None:
     show_default=True,
     help="fast: no meta-page fsync (a power loss may undo the last commits).",
 )
+@click.option(
+    "--idle-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds before an idle session's actor leaves memory (0: never).",
+)
 def serve(
     log_dir: str,
     host: str,
@@ -159,6 +166,7 @@ def serve(
     takeover: bool,
     heartbeat: float,
     durability: str,
+    idle_timeout: float,
 ) -> None:
     """Serve the HTTP API, event streams and web page; recover interrupted runs first."""
     import trio
@@ -189,6 +197,7 @@ def serve(
         takeover=takeover,
         heartbeat=heartbeat,
         durability="fast" if durability == "fast" else "full",
+        idle_timeout=idle_timeout or None,
     )
     try:
         trio.run(lambda: serve_daemon(opts, _say, show_token=show))

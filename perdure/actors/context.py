@@ -28,3 +28,6 @@ class ActorContext:
     retry_cap: float = 60.0
     max_restarts: int = 3  # actor crashes within restart_window before a session is parked
     restart_window: float = 60.0
+    # Seconds an idle session's actor stays resident before it is evicted (its
+    # state lives in the log; the next message starts it again). None: never.
+    idle_timeout: float | None = 300.0

@@ -96,10 +96,15 @@ class SessionParkedError(Exception):
 
 @define
 class Mailbox:
-    """A session's inbox; it outlives actor restarts so no message is lost."""
+    """A session's inbox; it outlives actor restarts so no message is lost.
+
+    An evicted session's mailbox is closed (``evicted`` is set): a sender gets
+    ``BrokenResourceError`` and the supervisor starts a fresh actor and mailbox.
+    """
 
     send: trio.MemorySendChannel[Any]
     receive: trio.MemoryReceiveChannel[Any]
+    evicted: bool = False
 
     @classmethod
     def open(cls, size: int = 256) -> Mailbox:
@@ -135,9 +140,40 @@ class SessionActor:
             task_status.started()
             self._after_message()
             while True:
-                message = await self.mailbox.receive.receive()
+                message = await self._next_message()
+                if message is None:
+                    return  # evicted: the supervisor forgets this actor
                 await self._handle(message)
                 self._after_message()
+
+    async def _next_message(self) -> Any:
+        """The next message, or None once the session has stayed idle long enough.
+
+        Eviction happens only when nothing is in flight or owed to anyone, so the
+        actor holds nothing the log does not. The decision and the closing of the
+        mailbox happen without a checkpoint in between: no message can slip into a
+        mailbox nobody will read (a sender sees it closed and goes to a new actor).
+        """
+        receive = self.mailbox.receive
+        timeout = self.ctx.idle_timeout
+        while True:
+            if timeout is None or not self._evictable():
+                return await receive.receive()
+            with trio.move_on_after(timeout):
+                return await receive.receive()
+            # A cancelled receive took nothing, but a message may have arrived since.
+            if self._evictable() and receive.statistics().current_buffer_used == 0:
+                self.mailbox.evicted = True
+                receive.close()
+                return None
+
+    def _evictable(self) -> bool:
+        return (
+            self.state.idle
+            and not self.state.parked
+            and not (self._models or self._tools or self._cancelling)
+            and not (self._waiters or self._drains or self._pending or self._draining)
+        )
 
     def fail_pending(self, error: BaseException) -> None:
         """Called by the supervisor when this actor died: nobody may wait forever."""

@@ -5,6 +5,11 @@ the whole history) and starts those sessions' actors concurrently; each rebuilds
 its state from its own records and re-issues its pending work before it reports
 started. Other sessions are started on first use.
 
+A session that stays idle (no run, no queued input, nothing in flight) for
+``idle_timeout`` seconds has its actor evicted: its state is in the log, so memory
+holds only the sessions in use, and with several nodes its lease is given up. The
+next message for it starts a fresh actor, which rebuilds the state as at start-up.
+
 An actor that raises is restarted from its log. One that keeps failing
 (``max_restarts`` times within ``restart_window`` seconds) is parked: a
 ``SessionParked`` record says why, callers get a clear refusal, and no other
@@ -75,6 +80,7 @@ class Supervisor:
         self.recovered: list[str] = []
         self.taken_over: list[str] = []  # sessions claimed by the heartbeat after start
         self._draining = False
+        self.evictions = 0  # idle session actors evicted so far
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -154,7 +160,9 @@ class Supervisor:
             raise Refused("parked", f"session {session_id} is parked: {self.parked[session_id]}")
         box = self.mailboxes.get(session_id)
         if box is not None:
-            return box
+            if not box.evicted:
+                return box
+            del self.mailboxes[session_id]  # evicted while idle: start a fresh actor
         starting = self._starting.get(session_id)
         if starting is not None:
             await starting.wait()
@@ -196,6 +204,8 @@ class Supervisor:
             try:
                 with scope:
                     await actor.run(task_status=status)
+                if box.evicted:
+                    await self._forget_evicted(session_id, actor, box, scope)
                     return
                 reason = self._lost.get(session_id, "its lease was lost")
                 self._release_lost(session_id, actor, box, status, reason)
@@ -230,6 +240,30 @@ class Supervisor:
                     await self._refuse_forever(box, reason)
                     return
                 await trio.sleep(min(0.05 * 2 ** len(failures), 2.0))
+
+    async def _forget_evicted(
+        self, session_id: str, actor: SessionActor, box: Mailbox, scope: trio.CancelScope
+    ) -> None:
+        """Drop an actor evicted while idle, and its lease unless it is back in use."""
+        self.evictions += 1
+        if self.mailboxes.get(session_id) is box:
+            del self.mailboxes[session_id]
+        if self.actors.get(session_id) is actor:
+            del self.actors[session_id]
+        if self._scopes.get(session_id) is scope:
+            del self._scopes[session_id]
+        if session_id in self._starting or session_id in self.mailboxes:
+            return  # a new actor is starting (or running) and holds the lease
+        # Hold the start gate while the lease goes, so a new actor cannot acquire the
+        # lease first and then lose it to this release.
+        gate = self._starting[session_id] = trio.Event()
+        try:
+            await self.journal.release_session(session_id)
+        except LogError as exc:
+            log.warning("session %s: could not release its lease: %s", session_id, exc)
+        finally:
+            del self._starting[session_id]
+            gate.set()
 
     def _release_lost(
         self,
@@ -276,6 +310,8 @@ class Supervisor:
         try:
             await box.send.send(message)
         except trio.BrokenResourceError:
+            if box.evicted:
+                return await self.ask(session_id, make)  # evicted meanwhile: start it again
             # The session went away (its lease was lost) between lookup and send.
             reason = self._lost.get(session_id, "its lease was lost")
             raise NotOwnerRefused(
@@ -287,7 +323,9 @@ class Supervisor:
         """Ask every session to stop dispatching and wait until their tools are done."""
         self._draining = True
         async with trio.open_nursery() as nursery:
-            for session_id in list(self.mailboxes):
+            for session_id, box in list(self.mailboxes.items()):
+                if box.evicted:
+                    continue
                 nursery.start_soon(self._drain_one, session_id, Drain)
 
     async def _drain_one(self, session_id: str, drain: Any) -> None:

@@ -448,6 +448,20 @@ class Api:
             return JSONResponse({"status": "shutting_down"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__})
 
+    async def stats(self, request: Request) -> Response:
+        """Operator counters: the Journal's commits and which sessions are in memory."""
+        journal = self.rt.stats()
+        return JSONResponse(
+            {
+                "appends": journal.appends,
+                "transactions": journal.transactions,
+                "records": journal.records,
+                "largest_transaction": journal.largest_transaction,
+                "resident_sessions": len(self.rt.resident_sessions),
+                "evictions": self.rt.evictions,
+            }
+        )
+
     async def page(self, request: Request) -> Response:
         if request.scope["state"].get("auth") == "query":
             # Trade the token in the URL for a cookie, and drop it from the address bar.
@@ -658,6 +672,7 @@ def create_app(
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/", api.page, methods=["GET"]),
         Route("/static/{name}", api.static_file, methods=["GET"]),
+        Route("/v1/stats", api.stats, methods=["GET"]),
         Route("/v1/sessions", api.list_sessions, methods=["GET"]),
         Route("/v1/sessions", api.create_session, methods=["POST"]),
         Route(s, api.get_session, methods=["GET"]),

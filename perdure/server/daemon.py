@@ -59,6 +59,7 @@ class ServeOptions:
     durability: Durability = "full"
     graceful_timeout: float = 5.0
     shutdown_grace: float = 10.0
+    idle_timeout: float | None = 300.0
 
 
 def is_loopback(host: str) -> bool:
@@ -183,6 +184,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         takeover=opts.takeover,
         durability=opts.durability,
         shutdown_grace=opts.shutdown_grace,
+        idle_timeout=opts.idle_timeout,
     ) as rt:
         recovered = rt.recovered_sessions
         say(

@@ -197,6 +197,11 @@ class Journal:
             return
         await trio.to_thread.run_sync(self.log.acquire, session_id)
 
+    async def release_session(self, session_id: str) -> None:
+        """Give up the session's lease (after its actor was evicted); LMDB has none."""
+        if self.log.multi_node:
+            await trio.to_thread.run_sync(self.log.release_session, session_id)
+
     async def claim(self) -> list[str]:
         """The active sessions this process should run now (and now holds)."""
         return await trio.to_thread.run_sync(self.log.claim)

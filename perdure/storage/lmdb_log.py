@@ -310,6 +310,9 @@ class LmdbLog:
     def acquire(self, session_id: str) -> None:
         """Every session is this process's: the log's owner lock already fences."""
 
+    def release_session(self, session_id: str) -> None:
+        """Nothing to give up: the owner lock covers every session."""
+
     def claim(self) -> list[str]:
         return self.active_sessions()
 

@@ -873,7 +873,7 @@ class PgLog:
             self._held[session_id] = _Held(held.epoch, asked_at + self._lease_ttl * _FRESH_MARGIN)
         return True
 
-    def release(self, session_id: str) -> None:
+    def release_session(self, session_id: str) -> None:
         """Give the session's lease up now (another node may take it at once)."""
         with self._lock:
             held = self._held.pop(session_id, None)

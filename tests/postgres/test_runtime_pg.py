@@ -148,3 +148,26 @@ async def test_a_lost_lease_stops_that_session_alone(pg_url: str) -> None:
         # a still runs s2 and finishes it.
         await a.approve("s2", "toolu_001_1", request_id="yes")
         assert (await a.wait_idle("s2")).status == "completed"
+
+
+async def test_an_evicted_session_gives_its_lease_up_at_once(pg_url: str) -> None:
+    script = ScriptedProvider([Reply(text="first"), Reply(text="second")])
+
+    def open_node(name: str) -> object:
+        # Leases far longer than the test: only the eviction can free the session.
+        return perdure.open_runtime(
+            pg_url, provider=script, node_id=name, lease_ttl=60, idle_timeout=1.0
+        )
+
+    async with open_node("a") as a, open_node("b") as b:  # type: ignore[attr-defined]
+        sid = await a.create_session("s1")
+        await a.submit(sid, "one", request_id="r1")
+        assert (await a.wait_idle(sid)).final_text == "first"
+        with pytest.raises(perdure.Refused, match="owned by node a"):
+            await b.submit(sid, "two", request_id="r2")
+        with trio.fail_after(10):
+            while a.evictions == 0:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        await b.submit(sid, "two", request_id="r2")  # b acquires the released lease
+        assert (await b.wait_idle(sid)).final_text == "second"  # with a's turn in view
+        assert sid not in a.resident_sessions

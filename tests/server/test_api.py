@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
+from tests.server.conftest import APPROVAL_SCRIPT
 from tests.support.daemon import Daemon, Stream, awaiting_approval, follow, idle, wait_for
 from tests.support.ledger_tools import effects
 
@@ -425,3 +427,36 @@ def test_compensation_undoes_a_completed_call(make_daemon: Any) -> None:
     ledger = [e["tool"] for e in effects(daemon.workspace)]
     assert ledger.count("open_ticket") == 1
     assert ledger.count("close_ticket") == 1
+
+
+def test_an_idle_session_leaves_memory_and_answers_as_before(tmp_path: Any) -> None:
+    daemon = Daemon(tmp_path, APPROVAL_SCRIPT, extra_args=("--idle-timeout", "0.5")).start()
+    try:
+        with daemon.client() as c:
+            sid = new_session(c)
+            first = submit(c, sid, rid="task-1")
+            [pending] = wait_for(c, sid, awaiting_approval)["pending_approvals"]
+            time.sleep(1.0)  # twice the idle timeout with an approval pending
+            assert c.get("/v1/stats").json()["evictions"] == 0
+            decided = c.post(
+                f"/v1/sessions/{sid}/approvals/{pending['call_id']}",
+                json={"approved": True, "request_id": "yes"},
+            )
+            assert decided.status_code == 200, decided.text
+            before = wait_for(c, sid, idle)
+
+            deadline = time.monotonic() + 30
+            while (stats := c.get("/v1/stats").json())["evictions"] == 0:
+                assert time.monotonic() < deadline, stats
+                time.sleep(0.1)
+            assert stats["resident_sessions"] == 0
+            # Back from the log: the same summary, the same answer to a repeated request.
+            assert c.get(f"/v1/sessions/{sid}").json() == before
+            again = c.post(
+                f"/v1/sessions/{sid}/messages",
+                json={"text": "deploy the site", "request_id": "task-1"},
+            )
+            assert again.json() == {**first, "duplicate": True}
+            assert c.get("/v1/stats").json()["resident_sessions"] == 1
+    finally:
+        daemon.close()

@@ -1,0 +1,158 @@
+"""Idle session actors leave memory and come back from the log, losing nothing.
+
+* a session left idle is evicted; its next input runs in a fresh actor that sees
+  the whole history, and a repeated ``request_id`` still gets the first answer;
+* nothing is evicted while work is in flight (a slow tool, an approval awaited);
+* a message racing the eviction is never lost: hundreds of commands against a
+  near-zero idle timeout are all answered, each input processed exactly once;
+* ``idle_timeout=None`` keeps every actor resident.
+
+Real time with short timeouts (the writer thread's commits would let a MockClock
+autojump past every deadline).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import trio
+
+import perdure
+from perdure import ReplayPolicy, ToolContext
+from perdure.actors.state import SessionState
+from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+
+SID = "s"
+
+
+@perdure.tool(replay=ReplayPolicy.SAFE)
+async def lookup(ctx: ToolContext, query: str, seconds: float = 0.0) -> str:
+    """Look something up (slowly, if asked)."""
+    await trio.sleep(seconds)
+    return f"found {query}"
+
+
+@perdure.tool(replay=ReplayPolicy.NEVER, requires_approval=True)
+async def deploy(ctx: ToolContext, target: str) -> str:
+    """Deploy (needs approval)."""
+    return f"deployed {target}"
+
+
+async def evicted(rt: perdure.Runtime, count: int) -> None:
+    """Wait until the session has left memory and ``count`` evictions are done."""
+    with trio.fail_after(10):
+        while SID in rt.resident_sessions or rt.evictions < count:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+def final_texts(state: SessionState) -> list[str]:
+    return [run.finished.final_text for run in state.runs.values() if run.finished is not None]
+
+
+async def test_an_evicted_session_comes_back_with_its_history(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="looking", tool_uses=[ToolUse("lookup", {"query": "a"})]),
+            Reply(text="first done"),
+            Reply(text="second done"),  # chosen only if the model sees the two turns before
+        ]
+    )
+    async with perdure.open_runtime(
+        log_dir, provider=script, tools=[lookup], idle_timeout=0.2
+    ) as rt:
+        await rt.create_session(SID)
+        first = await rt.submit(SID, "one", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await evicted(rt, 1)
+
+        again = await rt.submit(SID, "one", request_id="r1")  # starts a fresh actor
+        assert (again.submission_id, again.seq, again.duplicate) == (
+            first.submission_id,
+            first.seq,
+            True,
+        )
+        await rt.submit(SID, "two", request_id="r2")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None
+        assert outcome.final_text == "second done"
+        assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
+        assert script.calls == 3  # nothing re-asked of the model
+
+
+async def test_work_in_flight_keeps_the_actor_resident(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="slow", tool_uses=[ToolUse("lookup", {"query": "a", "seconds": 0.6})]),
+            Reply(text="deploying", tool_uses=[ToolUse("deploy", {"target": "prod"})]),
+            Reply(text="deployed"),
+        ]
+    )
+    async with perdure.open_runtime(
+        log_dir, provider=script, tools=[lookup, deploy], idle_timeout=0.05
+    ) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "go", request_id="r1")
+
+        def awaiting(state: SessionState) -> list[str]:
+            return [t.call_id for t in state.tasks.values() if t.phase == "awaiting_approval"]
+
+        with trio.fail_after(10):
+            while not (waiting := await rt.state(SID, awaiting)):
+                assert SID in rt.resident_sessions
+                await trio.sleep(0.02)
+        await trio.sleep(0.3)  # six idle timeouts with an approval pending
+        assert SID in rt.resident_sessions
+        assert rt.evictions == 0
+
+        await rt.approve(SID, waiting[0], request_id="ok")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None
+        assert outcome.final_text == "deployed"
+        await evicted(rt, 1)
+
+
+async def test_messages_racing_the_eviction_are_never_lost(log_dir: Path) -> None:
+    n = 40
+    script = ScriptedProvider([Reply(text=f"answer {i}") for i in range(n)])
+    rng = random.Random(7)
+    async with perdure.open_runtime(
+        log_dir, provider=script, tools=[lookup], idle_timeout=0.001
+    ) as rt:
+        await rt.create_session(SID)
+        with trio.fail_after(60):  # a message lost in a closed mailbox hangs its caller
+            for i in range(n):
+                await rt.submit(SID, f"input {i}", request_id=f"r{i}")
+                await rt.wait_idle(SID)
+                for _ in range(5):  # queries at random moments around the eviction
+                    await trio.sleep(rng.choice([0, 0.0005, 0.001, 0.002]))
+                    runs = await rt.state(SID, lambda s: len(s.runs))
+                    assert runs == i + 1
+        assert rt.evictions >= n // 2, rt.evictions
+
+        async def submit(i: int) -> None:
+            await trio.sleep(rng.random() * 0.01)
+            await rt.submit(SID, f"input {i}", request_id=f"r{i}")  # repeats: answered, not rerun
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(submit, i)
+        state = await rt.load_state(SID)
+        assert len(state.submissions) == n
+        assert final_texts(state) == [f"answer {i}" for i in range(n)]
+        assert script.calls == n
+
+
+async def test_no_eviction_when_switched_off(log_dir: Path) -> None:
+    script = ScriptedProvider([Reply(text="done")])
+    async with perdure.open_runtime(log_dir, provider=script, tools=[], idle_timeout=None) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "go", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await trio.sleep(0.2)
+        assert rt.resident_sessions == [SID]
+        assert rt.evictions == 0
