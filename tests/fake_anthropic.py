@@ -9,7 +9,11 @@ handed its URL.
 
 A test scripts the answers in order (``server.script(...)``):
 
-* ``Reply`` — content blocks (``Text``, ``ToolUse``), a stop reason and usage.
+* ``Reply`` — content blocks (``Text``, ``ToolUse``, ``Thinking``,
+  ``RedactedThinking``), a stop reason and usage. A thinking block streams as the
+  API streams it: ``content_block_start`` with empty ``thinking`` and
+  ``signature``, ``thinking_delta`` pieces, one ``signature_delta``,
+  ``content_block_stop``; a redacted one arrives whole in ``content_block_start``.
   ``event_delay`` slows the stream down, ``cut_after=n`` closes the socket after n
   events (``cut_mode="abort"``: in the middle of the chunked body, which the client
   sees as a protocol error; ``"eof"``: a body without framing that just ends),
@@ -23,11 +27,19 @@ A test scripts the answers in order (``server.script(...)``):
 Every request body the server received is kept (``server.requests``), so tests
 can assert what the SDK actually sent: system blocks, tool results, ``is_error``,
 ``cache_control``.
+
+Like the real API, the server refuses (400 ``invalid_request_error``, without using
+up a scripted answer) a request that hands back reasoning it did not issue — a
+thinking block whose signature does not match its text, redacted data it never
+sent — and, when the request has ``thinking`` enabled, one whose last assistant
+message makes tool calls without starting with its thinking block.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import socket
 import threading
@@ -45,8 +57,10 @@ __all__ = [
     "FakeUsage",
     "HttpError",
     "Received",
+    "RedactedThinking",
     "Reply",
     "Text",
+    "Thinking",
     "ToolUse",
 ]
 
@@ -62,6 +76,29 @@ class ToolUse:
     name: str
     input: dict[str, Any] = field(factory=dict)
     raw_json: str | None = None  # stream this text as the input instead (e.g. truncated JSON)
+
+
+def sign(thinking: str) -> str:
+    """The fake's signature of a thinking text (the real one is opaque too)."""
+    digest = hashlib.sha256(b"fake-anthropic:" + thinking.encode()).digest()
+    return "EqQB" + base64.b64encode(digest).decode()
+
+
+@frozen
+class Thinking:
+    thinking: str
+
+    @property
+    def signature(self) -> str:
+        return sign(self.thinking)
+
+
+@frozen
+class RedactedThinking:
+    data: str  # the opaque, encrypted reasoning
+
+
+Block = Text | ToolUse | Thinking | RedactedThinking
 
 
 @frozen(kw_only=True)
@@ -84,10 +121,10 @@ class FakeUsage:
 class Reply:
     """A successful answer. ``stop_reason`` defaults to tool_use/end_turn by content."""
 
-    content: Sequence[Text | ToolUse] = ()
+    content: Sequence[Block] = ()
     stop_reason: str | None = None
     usage: FakeUsage = field(factory=FakeUsage)
-    chunk: int = 8  # characters per text_delta / input_json_delta
+    chunk: int = 8  # characters per text_delta / input_json_delta / thinking_delta
     delay: float = 0.0  # seconds before the response headers
     event_delay: float = 0.0  # seconds between SSE events
     ping: bool = True  # a ping event after message_start, as the real API sends
@@ -150,6 +187,7 @@ class FakeAnthropic:
         self._requests: list[Received] = []
         self._default = default
         self._ids = 0
+        self._redacted: set[str] = set()  # redacted_thinking data this server has sent
         self._open: set[socket.socket] = set()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -244,9 +282,60 @@ class FakeAnthropic:
         with self._lock:
             self._requests.append(received)
             self._ids += 1
-            if self._script:
-                return self._script.popleft(), self._ids
-            return (self._default or _NO_SCRIPT), self._ids
+            refusal = _refusal(received.body, self._redacted)
+            if refusal is not None:  # refused before any answer is chosen, as upstream
+                return refusal, self._ids
+            action = self._script.popleft() if self._script else (self._default or _NO_SCRIPT)
+            if isinstance(action, Reply):
+                self._redacted.update(
+                    b.data for b in action.content if isinstance(b, RedactedThinking)
+                )
+            return action, self._ids
+
+
+# -- what the real API refuses -----------------------------------------------------------
+
+
+def _bad_request(message: str) -> HttpError:
+    return HttpError(status=400, type="invalid_request_error", message=message)
+
+
+def _refusal(body: dict[str, Any], redacted: set[str]) -> HttpError | None:
+    """The 400 the real API answers ``body`` with when reasoning is not handed back intact."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    last_assistant: int | None = None
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            continue
+        if message.get("role") == "assistant":
+            last_assistant = i
+        for j, block in enumerate(message["content"]):
+            kind = block.get("type") if isinstance(block, dict) else None
+            where = f"messages.{i}.content.{j}"
+            if kind == "thinking" and block.get("signature") != sign(str(block.get("thinking"))):
+                return _bad_request(f"{where}: Invalid `signature` in `thinking` block")
+            if kind == "redacted_thinking" and block.get("data") not in redacted:
+                return _bad_request(f"{where}: Invalid `data` in `redacted_thinking` block")
+    thinking = body.get("thinking")
+    enabled = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+    if not enabled or last_assistant is None:
+        return None
+    content = messages[last_assistant]["content"]
+    kinds = [b.get("type") for b in content if isinstance(b, dict)]
+    if "tool_use" in kinds and kinds[0] not in ("thinking", "redacted_thinking"):
+        # The real API's wording (its spelling too).
+        return _bad_request(
+            f"messages.{last_assistant}.content.0.type: Expected `thinking` or "
+            f"`redacted_thinking`, but found `{kinds[0]}`. When `thinking` is enabled, a "
+            "final `assistant` message must start with a thinking block (preceeding the "
+            "lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
+            "thinking blocks from previous turns. To avoid this requirement, disable "
+            "`thinking`. Please consult our documentation at "
+            "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+        )
+    return None
 
 
 # -- the wire format ---------------------------------------------------------------------
@@ -266,9 +355,13 @@ def message_json(reply: Reply, msg_id: str, model: str) -> dict[str, Any]:
     }
 
 
-def _block_json(block: Text | ToolUse) -> dict[str, Any]:
+def _block_json(block: Block) -> dict[str, Any]:
     if isinstance(block, Text):
         return {"type": "text", "text": block.text}
+    if isinstance(block, Thinking):
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, RedactedThinking):
+        return {"type": "redacted_thinking", "data": block.data}
     return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
 
 
@@ -301,9 +394,20 @@ def stream_events(reply: Reply, msg_id: str, model: str) -> list[tuple[str, dict
     if reply.ping:
         events.append(("ping", {"type": "ping"}))
     for index, block in enumerate(reply.content):
+        deltas: list[dict[str, Any]]
         if isinstance(block, Text):
             start: dict[str, Any] = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": p} for p in _pieces(block.text, reply.chunk)]
+        elif isinstance(block, Thinking):
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": p}
+                for p in _pieces(block.thinking, reply.chunk)
+            ]
+            deltas.append({"type": "signature_delta", "signature": block.signature})
+        elif isinstance(block, RedactedThinking):
+            start = {"type": "redacted_thinking", "data": block.data}
+            deltas = []
         else:
             start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
             raw = block.raw_json if block.raw_json is not None else json.dumps(block.input)

@@ -1,7 +1,8 @@
 """The model's view of a session: messages built from the folded state (pure).
 
 Every tool call the model made is answered by exactly one tool result, in call
-order, right after the assistant message that made it. Revisions and cancelled
+order, right after the assistant message that made it. An assistant message
+starts with the reply's reasoning blocks (extended thinking), as stored. Revisions and cancelled
 requests are told to the model in plain words, including the fate of every
 action that was unfinished when the request changed.
 """
@@ -98,7 +99,9 @@ def messages(
             assert reply is not None
             blocks: list[Block] = [TextBlock(reply.text)] if reply.text else []
             blocks += [ToolUseBlock(c.call_id, c.name, c.input) for c in reply.tool_calls]
-            add("assistant", blocks or [TextBlock("(empty reply)")])
+            # The reasoning goes back verbatim and first: with extended thinking on, the
+            # API rejects a tool-use turn whose thinking blocks are missing or moved.
+            add("assistant", [*reply.thinking, *(blocks or [TextBlock("(empty reply)")])])
             results: list[Block] = []
             for call in reply.tool_calls:
                 task = s.tasks[call.call_id]

@@ -841,6 +841,7 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
             run_id=s.run.run_id,
             generation_id=gen.generation_id,
             text=msg.reply.text,
+            thinking=list(msg.reply.thinking),
             tool_calls=calls,
             stop_reason=msg.reply.stop_reason,
             usage=msg.reply.usage,

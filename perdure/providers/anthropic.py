@@ -12,6 +12,14 @@ runtime's job, because its back-off is durable (``RetryPending`` is committed
 before the sleep) and survives a crash. What is worth retrying is decided in one
 place, ``classify_error``; its table is in that function's docstring.
 
+Extended thinking (``thinking={"type": "enabled", "budget_tokens": N}`` as a request
+option) round-trips: the reply's ``thinking`` blocks (text and ``signature``, the
+signature assembled from its ``signature_delta`` events) and ``redacted_thinking``
+blocks become ``ModelReply.thinking``, are committed with the reply, and are sent
+back verbatim at the head of that assistant message in every later request, as
+the API requires while a tool-use loop continues. ``thinking_delta`` events are
+published as ephemeral ``thinking_delta`` events, like text.
+
 Prompt caching is on by default: a ``cache_control`` breakpoint on the system
 prompt and on the last tool definition, the two parts of the prompt that stay the
 same from turn to turn.
@@ -43,7 +51,10 @@ from perdure.providers.base import (
     ModelReply,
     ModelRequest,
     ProviderError,
+    RedactedThinkingBlock,
     TextBlock,
+    Thinking,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -231,6 +242,13 @@ def _message_param(message: Message, *, final: bool) -> dict[str, Any]:
             blocks.append(
                 {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
             )
+        elif isinstance(block, ThinkingBlock):
+            # Verbatim: the API checks the signature against the thinking text.
+            blocks.append(
+                {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+            )
+        elif isinstance(block, RedactedThinkingBlock):
+            blocks.append({"type": "redacted_thinking", "data": block.data})
         elif isinstance(block, ToolResultBlock):
             result: dict[str, Any] = {
                 "type": "tool_result",
@@ -315,8 +333,10 @@ class _SSEParser:
 
 @define
 class _Block:
-    kind: str  # "text", "tool_use", or another block type this provider does not keep
-    text: str = ""
+    kind: str  # "text", "tool_use", "thinking", "redacted_thinking", or one not kept
+    text: str = ""  # of a text block; the reasoning of a thinking block
+    signature: str = ""  # of a thinking block
+    data: str = ""  # of a redacted_thinking block
     id: str = ""
     name: str = ""
     start_input: Any = None
@@ -402,9 +422,15 @@ class _ReplyBuilder:
             block.id, block.name = str(raw.get("id", "")), str(raw.get("name", ""))
             block.start_input = raw.get("input")
             self._emit("tool_use_start", {"index": index, "id": block.id, "name": block.name})
+        elif kind == "thinking":
+            block.signature = str(raw.get("signature") or "")
+        elif kind == "redacted_thinking":
+            block.data = str(raw.get("data") or "")
         self.blocks[index] = block
         if kind == "text" and raw.get("text"):
             self._add_text(block, str(raw["text"]))
+        elif kind == "thinking" and raw.get("thinking"):
+            self._add_thinking(block, index, str(raw["thinking"]))
 
     def _content_block_delta(self, data: dict[str, Any]) -> None:
         index = int(data["index"])
@@ -419,11 +445,21 @@ class _ReplyBuilder:
             block.partial_json.append(piece)
             if piece:
                 self._emit("tool_input_delta", {"index": index, "partial_json": piece})
+        elif delta.get("type") == "thinking_delta" and block.kind == "thinking":
+            self._add_thinking(block, index, str(delta.get("thinking", "")))
+        elif delta.get("type") == "signature_delta" and block.kind == "thinking":
+            # Not published: it is opaque, and the stored block is useless without it.
+            block.signature += str(delta.get("signature", ""))
 
     def _add_text(self, block: _Block, text: str) -> None:
         block.text += text
         if text:
             self._emit("text_delta", {"text": text})
+
+    def _add_thinking(self, block: _Block, index: int, text: str) -> None:
+        block.text += text
+        if text:
+            self._emit("thinking_delta", {"index": index, "thinking": text})
 
     def _message_delta(self, data: dict[str, Any]) -> None:
         delta = data.get("delta") or {}
@@ -443,10 +479,19 @@ class _ReplyBuilder:
         stop_reason = self.stop_reason or "end_turn"
         texts: list[str] = []
         calls: list[ToolCall] = []
+        thinking: list[Thinking] = []
         for index in sorted(self.blocks):
             block = self.blocks[index]
             if block.kind == "text":
                 texts.append(block.text)
+            elif block.kind == "thinking":
+                if not block.signature:
+                    if stop_reason == "max_tokens":
+                        continue  # cut off before its signature: the API would refuse it
+                    raise StreamBroken(f"thinking block {index} arrived without a signature")
+                thinking.append(ThinkingBlock(block.text, block.signature))
+            elif block.kind == "redacted_thinking":
+                thinking.append(RedactedThinkingBlock(block.data))
             elif block.kind == "tool_use":
                 tool_input = _tool_input(block)
                 if tool_input is None:
@@ -455,7 +500,11 @@ class _ReplyBuilder:
                     raise StreamBroken(f"the input of tool call {block.id} is not a JSON object")
                 calls.append(ToolCall(call_id=block.id, name=block.name, input=tool_input))
         return ModelReply(
-            text="".join(texts), tool_calls=tuple(calls), stop_reason=stop_reason, usage=self.usage
+            text="".join(texts),
+            tool_calls=tuple(calls),
+            thinking=tuple(thinking),
+            stop_reason=stop_reason,
+            usage=self.usage,
         )
 
 
@@ -572,9 +621,12 @@ class AnthropicProvider:
             params["tools"] = tools
         if self.cache and params["messages"]:
             # A third breakpoint on the newest block caches the conversation prefix, which
-            # in an agent loop is most of each request; the next turn reads it back.
-            last_block = params["messages"][-1]["content"][-1]
-            last_block["cache_control"] = dict(_EPHEMERAL)
+            # in an agent loop is most of each request; the next turn reads it back. The
+            # API takes no breakpoint on a thinking block: use the last other one.
+            for block in reversed(params["messages"][-1]["content"]):
+                if block["type"] not in ("thinking", "redacted_thinking"):
+                    block["cache_control"] = dict(_EPHEMERAL)
+                    break
         params.update(self.request_options)
         return params
 

@@ -4,6 +4,16 @@ Providers stream partial output through ``emit`` (ephemeral events, never stored
 and return the complete reply; the runtime commits only complete replies. Every
 failure a provider can meet is a ``ProviderError`` that says whether it is worth
 retrying; ``classify`` maps anything else a provider raised onto that one shape.
+
+Reasoning ("extended thinking") is carried as two neutral blocks rather than as an
+opaque per-provider payload: ``ThinkingBlock`` (the reasoning text and its
+signature) and ``RedactedThinkingBlock`` (encrypted reasoning). They are the same
+frozen value types the log stores in ``GenerationCompleted.thinking``, so a reply's
+reasoning goes from the provider to the log and back into the next request without
+translation, and stays readable in ``perdure show``. Their payloads (``signature``,
+``data``) are opaque: a provider that returned them gets them back unchanged; a
+provider that does not understand them leaves them out of its requests (the
+scripted one ignores them).
 """
 
 from __future__ import annotations
@@ -13,7 +23,31 @@ from typing import Any, Literal, Protocol
 
 from attrs import field, frozen
 
-from perdure.storage.records import ToolCall, Usage
+from perdure.storage.records import (
+    RedactedThinkingBlock,
+    Thinking,
+    ThinkingBlock,
+    ToolCall,
+    Usage,
+)
+
+__all__ = [
+    "Block",
+    "Emit",
+    "Message",
+    "ModelReply",
+    "ModelRequest",
+    "Provider",
+    "ProviderError",
+    "RedactedThinkingBlock",
+    "TextBlock",
+    "Thinking",
+    "ThinkingBlock",
+    "ToolDefinition",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "classify",
+]
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -37,7 +71,8 @@ class ToolResultBlock:
     is_error: bool = False
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock
+# In an assistant message, reasoning blocks come first, as the model produced them.
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 
 @frozen
@@ -65,8 +100,11 @@ class ModelRequest:
 
 @frozen(kw_only=True)
 class ModelReply:
+    """One complete reply. ``thinking``: its reasoning blocks, complete (signed), in order."""
+
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
+    thinking: tuple[Thinking, ...] = ()
     stop_reason: str = "end_turn"
     usage: Usage = field(factory=Usage)
 

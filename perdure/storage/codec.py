@@ -22,7 +22,14 @@ from typing import Any, Final
 import cattrs
 from cattrs.strategies import configure_tagged_union
 
-from perdure.storage.records import RECORD_TYPES, RECORD_VERSIONS, Record
+from perdure.storage.records import (
+    RECORD_TYPES,
+    RECORD_VERSIONS,
+    Record,
+    RedactedThinkingBlock,
+    Thinking,
+    ThinkingBlock,
+)
 
 FRAME_FORMAT: Final = 1
 _HEADER: Final = 5
@@ -86,6 +93,11 @@ def _make_converter() -> cattrs.Converter:
     for kind in (str, int, float, bool):
         conv.register_structure_hook(kind, _strict(kind))
     _strict_containers(conv)
+    # Explicit tags, not cattrs' guess by field names: a damaged block must not decode
+    # as the other kind. Configured before ``Record``, whose member hooks are built at
+    # once and would otherwise unstructure the blocks untagged.
+    thinking_tags = {ThinkingBlock: "thinking", RedactedThinkingBlock: "redacted_thinking"}
+    configure_tagged_union(Thinking, conv, tag_name="type", tag_generator=thinking_tags.__getitem__)
     configure_tagged_union(Record, conv, tag_name="t")
     return conv
 

@@ -72,6 +72,31 @@ class Usage:
         )
 
 
+@frozen
+class ThinkingBlock:
+    """The model's reasoning before its answer, as the provider returned it.
+
+    ``signature`` is opaque: the provider signs the reasoning so that it can be handed
+    back unchanged in later requests (the Anthropic API requires this while a tool-use
+    loop continues with extended thinking on). Never edited, never re-built.
+    """
+
+    thinking: str
+    signature: str
+
+
+@frozen
+class RedactedThinkingBlock:
+    """Reasoning the provider returned encrypted (``data``, opaque); handed back verbatim."""
+
+    data: str
+
+
+# One reasoning block of a reply; the log tags each with ``type`` ("thinking" or
+# "redacted_thinking", the API's own names) so the two shapes never need guessing.
+Thinking = ThinkingBlock | RedactedThinkingBlock
+
+
 # -- session and run lifecycle --------------------------------------------------------
 
 
@@ -147,12 +172,18 @@ class RetryPending:
 
 @frozen(kw_only=True)
 class GenerationCompleted:
-    """The assistant reply. Committed together with one ToolTaskCreated per call."""
+    """The assistant reply. Committed together with one ToolTaskCreated per call.
+
+    ``thinking`` holds the reply's reasoning blocks in the order the model produced
+    them (empty without extended thinking, and in logs written before it existed).
+    They precede the reply's text and tool calls when the conversation is sent again.
+    """
 
     session_id: str
     run_id: str
     generation_id: str
     text: str
+    thinking: list[Thinking] = field(factory=list)
     tool_calls: list[ToolCall] = field(factory=list)
     stop_reason: str = "end_turn"
     usage: Usage = field(factory=Usage)

@@ -1,10 +1,15 @@
-"""Child process of the SIGKILL test: one session against the Anthropic provider.
+"""Child process of the SIGKILL tests: one session against the Anthropic provider.
 
-Run as ``python -m tests.providers._kill_child LOG_DIR`` with ``ANTHROPIC_API_KEY``
-and ``ANTHROPIC_BASE_URL`` pointing at the parent's fake server. It submits one
-input (the same request id every time, so a restarted child adds nothing new),
-waits for the session to be idle and prints the outcome as one JSON line. The
-parent kills it with SIGKILL during the retry back-off and starts it again.
+Run as ``python -m tests.providers._kill_child LOG_DIR [thinking]`` with
+``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL`` pointing at the parent's fake
+server. It submits one input (the same request id every time, so a restarted
+child adds nothing new), waits for the session to be idle and prints the outcome
+as one JSON line. The parent kills it with SIGKILL during the retry back-off and
+starts it again.
+
+With ``thinking`` the provider has extended thinking on and the model may call
+``add``: the retried request is then a tool-use continuation, which the API (and
+the fake) accepts only with the reply's thinking blocks handed back.
 """
 
 from __future__ import annotations
@@ -12,18 +17,33 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import trio
 
-from perdure import open_runtime
-from perdure.providers.anthropic import provider_from_env
+import perdure
+from perdure import ReplayPolicy, open_runtime
+from perdure.providers.anthropic import AnthropicProvider, provider_from_env
 
 
-async def main(log_dir: str) -> None:
-    async with (
-        provider_from_env("claude-test") as provider,
-        open_runtime(log_dir, provider=provider, retry_base=0.05) as rt,
-    ):
+@perdure.tool(replay=ReplayPolicy.SAFE)
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def main(log_dir: str, mode: str) -> None:
+    options: dict[str, Any] = {}
+    if mode == "thinking":
+        provider = AnthropicProvider(
+            model="claude-test",
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+        options["tools"] = [add]
+    else:
+        provider = provider_from_env("claude-test")
+    async with provider, open_runtime(log_dir, provider=provider, retry_base=0.05, **options) as rt:
         recovered_at = time.time()
         sid = await rt.create_session("s-kill", system="You are a test.")
         await rt.submit(sid, "Say something durable.", request_id="req-kill-1")
@@ -40,4 +60,4 @@ async def main(log_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1])
+    trio.run(main, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")

@@ -1,5 +1,8 @@
 """SIGKILL during a retry back-off: the restarted process resumes the retry.
 
+(The second test does the same in the middle of a tool-use loop with extended
+thinking on, where the retried request must carry the reply's thinking blocks.)
+
 A child process runs the runtime with the Anthropic provider against the fake
 server in this (parent) process. The server answers 529 with a ``retry-after``;
 once the ``RetryPending`` record is durable the parent kills the child with
@@ -25,11 +28,23 @@ from perdure.storage.records import (
     GenerationCompleted,
     Record,
     RecoveryDecision,
+    RedactedThinkingBlock,
     RetryPending,
     RunFinished,
     RunStarted,
+    ThinkingBlock,
 )
-from tests.fake_anthropic import FakeAnthropic, HttpError, Reply, Text
+from tests.fake_anthropic import (
+    FakeAnthropic,
+    HttpError,
+    RedactedThinking,
+    Reply,
+    Text,
+    Thinking,
+    ToolUse,
+    sent_messages,
+    sign,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BACK_OFF = 4.0  # the server's retry-after: longer than it takes to notice and kill
@@ -46,10 +61,10 @@ def child_env(url: str) -> dict[str, str]:
     return env
 
 
-def start_child(log: Path, env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+def start_child(log: Path, env: dict[str, str], out: Path, *args: str) -> subprocess.Popen[bytes]:
     with out.open("wb") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.providers._kill_child", str(log)],
+            [sys.executable, "-m", "tests.providers._kill_child", str(log), *args],
             cwd=ROOT,
             env=env,
             stdout=sink,
@@ -151,3 +166,80 @@ def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None
     assert any(
         d.subject == pending.generation_id and d.found == "retry back-off" for d in decisions
     )
+
+
+def test_sigkill_keeps_thinking_blocks_for_the_retried_continuation(tmp_path: Path) -> None:
+    """Extended thinking on: the model thinks and calls ``add``; the continuation (tool
+    result back to the model) meets a 529 and the process is killed in the back-off.
+    The restarted process rebuilds the continuation from the log alone, and the fake
+    server, like the API, accepts it only with the reply's thinking and redacted
+    thinking blocks handed back first and unchanged."""
+    plan = "2 + 3: call add instead of guessing."
+    log = tmp_path / "log"
+    with FakeAnthropic() as fake:
+        fake.script(
+            Reply(
+                content=[
+                    Thinking(plan),
+                    RedactedThinking("EmwKAhgBEgy3va3pzix/LafPsn4a"),
+                    Text("Adding."),
+                    ToolUse("toolu_01", "add", {"a": 2, "b": 3}),
+                ]
+            ),
+            HttpError(
+                status=529,
+                type="overloaded_error",
+                message="Overloaded",
+                headers={"retry-after": str(BACK_OFF)},
+            ),
+        )
+        env = child_env(fake.url)
+        out1 = tmp_path / "child1.out"
+        first = start_child(log, env, out1, "thinking")
+        try:
+            wait_for_retry_pending(log, first, out1)
+            assert len(fake.requests) == 2, "the child retried before it was killed"
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+        assert first.returncode == -signal.SIGKILL
+
+        fake.script(Reply(content=[Thinking("add said 5."), Text("2 + 3 = 5.")]))
+        out2 = tmp_path / "child2.out"
+        second = start_child(log, env, out2, "thinking")
+        try:
+            second.wait(timeout=120)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+        output = out2.read_text()
+        assert second.returncode == 0, output
+        requests = fake.requests
+
+    result = json.loads(output.strip().splitlines()[-1])
+    assert result["status"] == "completed", result
+    assert result["text"] == "2 + 3 = 5."
+    assert len(requests) == 3
+    # the retry after the restart is the continuation sent before the kill, unchanged
+    assert sent_messages(requests[2].body) == sent_messages(requests[1].body)
+    assert requests[2].body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    assistant = sent_messages(requests[2].body)[1]
+    assert assistant == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": plan, "signature": sign(plan)},
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"},
+            {"type": "text", "text": "Adding."},
+            {"type": "tool_use", "id": "toolu_01", "name": "add", "input": {"a": 2, "b": 3}},
+        ],
+    }
+    first_reply, last_reply = of(GenerationCompleted, read_log(log))
+    assert first_reply.thinking == [
+        ThinkingBlock(plan, sign(plan)),
+        RedactedThinkingBlock("EmwKAhgBEgy3va3pzix/LafPsn4a"),
+    ]
+    assert last_reply.thinking == [ThinkingBlock("add said 5.", sign("add said 5."))]

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,8 +35,10 @@ from perdure.storage.records import (
     CancelRequested,
     GenerationCompleted,
     Record,
+    RedactedThinkingBlock,
     RunFinished,
     SessionCreated,
+    ThinkingBlock,
     ToolCall,
     ToolCompleted,
     ToolTaskCreated,
@@ -112,6 +115,51 @@ def test_round_trip_keeps_nested_values_exact() -> None:
     assert isinstance(back, GenerationCompleted)
     value = back.tool_calls[0].input["a"]
     assert [type(v) for v in value] == [int, float, type(None), dict]
+
+
+_THOUGHTFUL = GenerationCompleted(
+    session_id="s",
+    run_id="r",
+    generation_id="g",
+    text="Adding them.",
+    thinking=[
+        ThinkingBlock("Two plus three \u2014 call add.", "EqQBsig+/=="),
+        RedactedThinkingBlock("EmwKAhgBEgy3va3pzix/LafPsn4a"),
+        ThinkingBlock("", "EqQBempty"),
+    ],
+    tool_calls=[ToolCall(call_id="c1", name="add", input={"a": 2, "b": 3})],
+    stop_reason="tool_use",
+    at=2.5,
+)
+
+
+def test_round_trip_keeps_thinking_blocks_in_order_and_tagged() -> None:
+    """Reasoning blocks come back exact, in order, each tagged with its kind."""
+    frame = encode(_THOUGHTFUL, 5)
+    back = decode(5, frame)
+    assert back == _THOUGHTFUL
+    assert isinstance(back, GenerationCompleted)
+    assert [type(b) for b in back.thinking] == [
+        ThinkingBlock,
+        RedactedThinkingBlock,
+        ThinkingBlock,
+    ]
+    assert encode(back, 5) == frame
+    assert [b["type"] for b in payload_of(_THOUGHTFUL)["thinking"]] == [
+        "thinking",
+        "redacted_thinking",
+        "thinking",
+    ]
+
+
+def test_generation_completed_without_thinking_decodes_as_before() -> None:
+    """A reply written before the field existed (no ``thinking`` key) has no reasoning."""
+    payload = payload_of(_THOUGHTFUL)
+    del payload["thinking"]
+    back = decode(6, frame_of(json.dumps(payload).encode(), 6))
+    assert isinstance(back, GenerationCompleted)
+    assert back.thinking == []
+    assert back == attrs.evolve(_THOUGHTFUL, thinking=[])
 
 
 # -- garbage in, CorruptRecord out -------------------------------------------------------
@@ -204,6 +252,7 @@ _FINISHED = RunFinished(session_id="s", run_id="r", submission_id="u", status="c
 _DONE = ToolCompleted(session_id="s", call_id="c", output="o", at=1.0)
 _CANCEL = CancelRequested(session_id="s", run_id="r", request_id="q", compensable=["c"], at=1.0)
 _RAW = "\x00raw\x00"
+_SIGNED = {"type": "thinking", "thinking": "t", "signature": "s"}
 
 
 def _payload(record: Record = _TASK, raw: bytes = b"", drop: str = "", **changes: Any) -> bytes:
@@ -255,6 +304,37 @@ def _payload(record: Record = _TASK, raw: bytes = b"", drop: str = "", **changes
         pytest.param(_payload(_DONE, is_error=1), "fields do not match", id="bool-as-int"),
         pytest.param(
             _payload(_DONE, t="RunFinished"), "fields do not match", id="fields-of-another-type"
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=[{"thinking": "t", "signature": "s"}]),
+            "fields do not match",
+            id="thinking-untagged",
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=[{**_SIGNED, "type": "reasoning"}]),
+            "fields do not match",
+            id="thinking-unknown-tag",
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=[{**_SIGNED, "type": "redacted_thinking"}]),
+            "fields do not match",
+            id="thinking-fields-of-the-other-kind",
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=[{"type": "thinking", "thinking": "t"}]),
+            "fields do not match",
+            id="thinking-without-signature",
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=[{**_SIGNED, "signature": 5}]),
+            "fields do not match",
+            id="thinking-signature-as-int",
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=["t"]), "fields do not match", id="thinking-as-text"
+        ),
+        pytest.param(
+            _payload(_THOUGHTFUL, thinking=_SIGNED), "fields do not match", id="thinking-not-a-list"
         ),
     ],
 )
