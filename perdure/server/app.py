@@ -57,7 +57,13 @@ from perdure.actors.decide import Refused
 from perdure.actors.session import SessionParkedError
 from perdure.inspect import summarize
 from perdure.providers.base import Message as ModelMessage
-from perdure.providers.base import TextBlock, ToolResultBlock, ToolUseBlock
+from perdure.providers.base import (
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
 from perdure.storage.lmdb_log import LogError, check_session_id
@@ -242,6 +248,10 @@ def message_json(message: ModelMessage) -> dict[str, Any]:
             blocks.append({"type": "text", "text": b.text})
         elif isinstance(b, ToolUseBlock):
             blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.input})
+        elif isinstance(b, ThinkingBlock):
+            blocks.append({"type": "thinking", "thinking": b.thinking})  # signature: opaque
+        elif isinstance(b, RedactedThinkingBlock):
+            blocks.append({"type": "redacted_thinking"})  # encrypted: nothing to show
         elif isinstance(b, ToolResultBlock):
             blocks.append(
                 {

@@ -460,3 +460,21 @@ def test_an_idle_session_leaves_memory_and_answers_as_before(tmp_path: Any) -> N
             assert c.get("/v1/stats").json()["resident_sessions"] == 1
     finally:
         daemon.close()
+
+
+def test_the_transcript_shows_reasoning_but_not_its_opaque_payloads() -> None:
+    from perdure.providers.base import Message, RedactedThinkingBlock, TextBlock, ThinkingBlock
+    from perdure.server.app import message_json
+
+    message = Message(
+        "assistant",
+        (ThinkingBlock("weigh it", "sig-1"), RedactedThinkingBlock("opaque"), TextBlock("ok")),
+    )
+    assert message_json(message) == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "weigh it"},
+            {"type": "redacted_thinking"},
+            {"type": "text", "text": "ok"},
+        ],
+    }
