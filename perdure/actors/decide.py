@@ -168,6 +168,8 @@ class ReconcileFinished:
     status: Literal["applied", "not_applied", "unknown"]
     output: str = ""
     reason: str = ""
+    is_error: bool = False  # of an applied result
+    terminate: bool = False  # an applied result ends the run
 
 
 Result = ModelReplied | ModelFailed | ToolFinished | ReconcileFinished
@@ -949,6 +951,8 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
             session_id=s.session_id,
             call_id=task.call_id,
             output=msg.output,
+            is_error=msg.is_error,
+            terminate=msg.terminate,
             kind="reconciled",
             attempt=task.attempt,
             at=env.now,

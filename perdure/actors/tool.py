@@ -114,11 +114,15 @@ async def run_reconcile(
                     reason=f"reconcile raised {_describe(exc)}",
                 )
             else:
+                value = found.result
+                flagged = value if isinstance(value, ToolResult) else ToolResult(value)
                 finished = ReconcileFinished(
                     call_id=tctx.call_id,
                     status=found.status,
-                    output=render_result(found.result),
+                    output=render_result(flagged.content),
                     reason=found.reason,
+                    is_error=flagged.is_error,
+                    terminate=found.status == "applied" and (flagged.terminate or tool.terminates),
                 )
             await outbox.send(finished)
             return

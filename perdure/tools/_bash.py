@@ -280,7 +280,7 @@ def _finished(adir: Path, pid: int) -> Reconciled | None:
         f"[perdure: this result was recovered after a restart; the command ran as pid {pid} "
         "and finished while the runtime was down]\n"
     )
-    return Reconciled.applied(note + text)
+    return Reconciled.applied(ToolResult(note + text, is_error=rc != 0))
 
 
 def _output_so_far(adir: Path) -> str:

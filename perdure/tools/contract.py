@@ -68,7 +68,11 @@ class Reconciled:
 
     @classmethod
     def applied(cls, result: Any) -> Reconciled:
-        """The effect happened; ``result`` is what the call would have returned."""
+        """The effect happened; ``result`` is what the call would have returned.
+
+        A ``ToolResult`` flags the recovered result as an error or as ending the run,
+        exactly as the tool's own return value would have.
+        """
         return cls("applied", result)
 
     @classmethod

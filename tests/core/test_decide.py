@@ -222,6 +222,33 @@ def test_recover_never_with_reconcile_asks_it() -> None:
     assert only(step.records, ToolExecuting)[0].attempt == 2
 
 
+def test_a_reconciled_result_keeps_its_error_flag() -> None:
+    s = executing_session("send_checked", {"text": "hi"})
+    s.restart()
+    step = s.result(
+        decide.ReconcileFinished(call_id="c1", status="applied", output="boom", is_error=True)
+    )
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.output, done.is_error, done.terminate) == (
+        "reconciled",
+        "boom",
+        True,
+        False,
+    )
+    assert only(step.records, GenerationStarted), "the model reads the error and goes on"
+
+
+def test_a_reconciled_result_that_ends_the_run_ends_it() -> None:
+    s = executing_session("send_checked", {"text": "hi"})
+    s.restart()
+    step = s.result(
+        decide.ReconcileFinished(call_id="c1", status="applied", output="final", terminate=True)
+    )
+    assert kinds(step)[-2:] == ["ToolCompleted", "RunFinished"]
+    finished = only(step.records, RunFinished)[0]
+    assert (finished.status, finished.final_text) == ("completed", "final")
+
+
 def test_recover_needs_both_policies_to_allow_a_re_run() -> None:
     s = executing_session("lookup", {"query": "a"})
     now_never = perdure.tool(name="lookup", replay=perdure.ReplayPolicy.NEVER)(lookup.fn)

@@ -181,8 +181,15 @@ class CoreMachine(RuleBasedStateMachine):
             status = "not_applied"
         elif status == "not_applied" and happened:
             status = "applied"
+        flags = data.draw(st.sampled_from([(False, False), (True, False), (False, True)]))
         self._result(
-            decide.ReconcileFinished(call_id=call, status=status, output="reconciled")  # type: ignore[arg-type]
+            decide.ReconcileFinished(
+                call_id=call,
+                status=status,  # type: ignore[arg-type]
+                output="reconciled",
+                is_error=flags[0],
+                terminate=flags[1] and status == "applied",
+            )
         )
 
     @rule(data=st.data(), approved=st.booleans())

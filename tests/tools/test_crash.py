@@ -255,6 +255,18 @@ def test_bash_finished_before_the_crash_is_recovered_from_its_record(tmp_path: P
     assert content.endswith("exit status: 0\n--- stdout ---\nhello")
 
 
+def test_bash_that_failed_before_the_crash_is_recovered_as_an_error(tmp_path: Path) -> None:
+    wd = Workdir(tmp_path, [use("bash", command="echo ran >> runs.txt; exit 3", timeout=10)])
+    assert wd.run(fault="tool.after:bash").killed
+    again = wd.run()
+    assert _runs(wd) == ["ran"]
+    task = again.task()
+    assert (task["kind"], task["is_error"]) == ("reconciled", True)
+    result = again.result()
+    assert result["is_error"] is True
+    assert "exit status: 3" in result["content"]
+
+
 def test_bash_orphan_still_running_is_awaited_and_its_result_recorded(tmp_path: Path) -> None:
     wd = Workdir(tmp_path, [use("bash", command=SLOW.format(sleep=1.5), timeout=30)])
     assert wd.run(kill_when=lambda: _started(wd)).killed  # the runtime dies mid-command
