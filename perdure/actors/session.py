@@ -18,6 +18,7 @@ the session's mailbox; the session decides what their results mean.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -27,7 +28,7 @@ from perdure.actors import conversation, decide
 from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
-from perdure.actors.tool import make_context, run_reconcile, run_tool
+from perdure.actors.tool import make_context, run_forget, run_reconcile, run_tool
 from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced
 from perdure.storage.records import Committed
 
@@ -128,6 +129,7 @@ class SessionActor:
         self._draining = False
         self._pending: list[Reply] = []  # replies owed if this actor dies
         self._messages = conversation.MessageCache()  # the model's view, built incrementally
+        self._forgotten: set[str] = set()  # settled calls whose tool state was dropped
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -217,6 +219,7 @@ class SessionActor:
             self._tools.pop(message.call_id, None)
             self._cancelling.discard(message.call_id)
             await self._result(message)
+            self._forget_settled([message.call_id])  # e.g. a late result of a cancelled call
         elif isinstance(message, _RetryResult):
             self._release(message.result)
             await self._result(message.result)
@@ -321,7 +324,33 @@ class SessionActor:
                 state.note_committed(c)
         for effect in step.effects:
             self._perform(effect)
+        self._forget_settled(getattr(c.record, "call_id", "") for c in committed)
         return committed
+
+    def _forget_settled(self, call_ids: Iterable[str]) -> None:
+        """Let tools drop the reconcile state of calls that are settled and not running.
+
+        Only after the terminal record is durable: until then a crash would need it.
+        """
+        nursery = self._nursery
+        assert nursery is not None
+        for call_id in call_ids:
+            task = self.state.tasks.get(call_id)
+            if (
+                task is None
+                or not task.terminal
+                or task.executing is None
+                or call_id in self._tools
+                or call_id in self._forgotten
+            ):
+                continue
+            tool = decide.tool_for(self.ctx.tools, task)
+            if tool is None or tool.forget is None:
+                continue
+            self._forgotten.add(call_id)
+            key = task.executing.idempotency_key
+            tctx = make_context(self.ctx, self.session_id, call_id, key, task.attempt)
+            nursery.start_soon(run_forget, tool, tctx)
 
     def _perform(self, effect: decide.Effect) -> None:
         nursery = self._nursery

@@ -9,6 +9,7 @@ paused past its lease must not start a tool the new owner is recovering).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -21,6 +22,8 @@ from perdure.actors.decide import ReconcileFinished, Result, ToolFinished
 from perdure.storage.backend import SessionFenced
 from perdure.storage.bus import Event
 from perdure.tools.contract import Tool, ToolContext, ToolResult, render_result
+
+log = logging.getLogger("perdure.tool")
 
 
 def make_context(
@@ -129,3 +132,18 @@ async def run_reconcile(
         await outbox.send(
             ReconcileFinished(call_id=tctx.call_id, status="unknown", reason="reconcile timed out")
         )
+
+
+FORGET_TIMEOUT = 60.0
+
+
+async def run_forget(tool: Tool, tctx: ToolContext) -> None:
+    """Let a settled call's tool drop its reconcile state; a failure only leaves it."""
+    assert tool.forget is not None
+    with trio.move_on_after(FORGET_TIMEOUT) as limit:
+        try:
+            await tool.forget(tctx)
+        except Exception as exc:
+            log.warning("forget of %s (%s) raised %s", tool.name, tctx.call_id, _describe(exc))
+    if limit.cancelled_caught:
+        log.warning("forget of %s (%s) timed out", tool.name, tctx.call_id)

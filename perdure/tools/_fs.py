@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -154,6 +155,11 @@ def key_dir(root: Path, tool_name: str, key: str) -> Path:
     """The tool-state directory of one call (one idempotency key) of one tool."""
     safe = key if _SAFE_KEY.fullmatch(key) else "h_" + sha256_bytes(key.encode())[:40]
     return root / STATE_DIR / tool_name / safe
+
+
+def forget_call(root: Path, tool_name: str, key: str) -> None:
+    """Remove one settled call's tool-state directory (nothing asks about it again)."""
+    shutil.rmtree(key_dir(root, tool_name, key), ignore_errors=True)
 
 
 def ensure_state_dir(root: Path) -> None:

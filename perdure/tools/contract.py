@@ -97,6 +97,7 @@ class ToolResult:
 
 ToolFn = Callable[..., Awaitable[Any]]
 ReconcileFn = Callable[..., Awaitable[Reconciled]]
+ForgetFn = Callable[..., Awaitable[None]]
 F = TypeVar("F", bound=ToolFn)
 
 _args_converter = cattrs.Converter()
@@ -114,6 +115,9 @@ class Tool:
     timeout: float | None
     fn: ToolFn
     reconcile: ReconcileFn | None = None
+    # Called once a call is settled (terminal, durable, not running): drop what was
+    # kept for its reconcile. Best effort: a crash just before it leaves the state.
+    forget: ForgetFn | None = None
     compensation: Tool | None = None  # the tool that undoes a completed call
     compensate_automatically: bool = False
     terminates: bool = False  # every result of this tool ends the run (a "finish" tool)
@@ -207,6 +211,7 @@ def _build(
     requires_approval: bool | Callable[[dict[str, Any]], bool],
     timeout: float | None,
     reconcile: ReconcileFn | None,
+    forget: ForgetFn | None,
     compensate: Tool | Callable[..., Awaitable[Any]] | None,
     compensate_automatically: bool,
     cancellable: bool | None,
@@ -217,6 +222,8 @@ def _build(
         raise TypeError(f"@tool needs an async function; {fn.__qualname__} is not")
     if not isinstance(replay, ReplayPolicy):
         raise TypeError(f"replay must be a ReplayPolicy, not {replay!r}")
+    if forget is not None and not inspect.iscoroutinefunction(forget):
+        raise TypeError(f"tool {fn.__qualname__}: forget must be an async function")
     hints = typing.get_type_hints(fn, include_extras=True)
     params = list(inspect.signature(fn).parameters.values())
     takes_context = bool(params) and hints.get(params[0].name) is ToolContext
@@ -254,6 +261,7 @@ def _build(
         timeout=timeout,
         fn=fn,
         reconcile=reconcile,
+        forget=forget,
         compensate_automatically=compensate_automatically,
         cancellable=replay is ReplayPolicy.SAFE if cancellable is None else cancellable,
         version=version,
@@ -309,6 +317,7 @@ def tool(
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     timeout: float | None = None,
     reconcile: ReconcileFn | None = None,
+    forget: ForgetFn | None = None,
     compensate: Tool | Callable[..., Awaitable[Any]] | None = None,
     compensate_automatically: bool = False,
     cancellable: bool | None = None,
@@ -327,6 +336,7 @@ def tool(
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     timeout: float | None = None,
     reconcile: ReconcileFn | None = None,
+    forget: ForgetFn | None = None,
     compensate: Tool | Callable[..., Awaitable[Any]] | None = None,
     compensate_automatically: bool = False,
     cancellable: bool | None = None,
@@ -343,7 +353,9 @@ def tool(
     revision may stop the tool while it runs; other tools are left to finish.
     ``compensate`` undoes a completed call on request (``rt.compensate``), or
     automatically after a revision or cancellation if ``compensate_automatically``.
-    ``terminates`` makes every result of the tool end the run.
+    ``terminates`` makes every result of the tool end the run. ``forget(ctx)``
+    is awaited once a call is settled (its result durable, nothing running), so
+    state kept only for ``reconcile`` (keyed by ``ctx.idempotency_key``) can go.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -355,6 +367,7 @@ def tool(
             requires_approval=requires_approval,
             timeout=timeout,
             reconcile=reconcile,
+            forget=forget,
             compensate=compensate,
             compensate_automatically=compensate_automatically,
             cancellable=cancellable,

@@ -22,6 +22,10 @@ Replay policies and crash recovery:
 * ``bash`` is NEVER with a reconcile that finds the command's record, see
   ``perdure.tools._bash``.
 
+A call's tool-state directory is removed once the call is settled (``forget``), so
+``.perdure-tools/`` holds only the calls that may still need a reconcile (and the
+rare leftovers of a crash between a settling commit and its clean-up).
+
 File I/O runs in worker threads; the trio loop is never blocked.
 """
 
@@ -31,7 +35,7 @@ import fnmatch
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -458,6 +462,17 @@ def decide_append(root: Path, journal: dict[str, Any]) -> Reconciled:
 # -- the tool set -----------------------------------------------------------------------
 
 
+def _forgetter(tool_name: str) -> Callable[[ToolContext], Awaitable[None]]:
+    """The ``forget`` hook of a tool whose reconcile state lives under ``key_dir``."""
+
+    async def forget(ctx: ToolContext) -> None:
+        if ctx.workspace is not None:
+            root = _fs.workspace_root(ctx.workspace)
+            await trio.to_thread.run_sync(_fs.forget_call, root, tool_name, ctx.idempotency_key)
+
+    return forget
+
+
 def workspace_tools(
     *,
     include_bash: bool = False,
@@ -472,27 +487,29 @@ def workspace_tools(
     """
     safe = tool(replay=ReplayPolicy.SAFE, timeout=FILE_TOOL_TIMEOUT)
 
-    def never(reconcile: Callable[..., Any]) -> Callable[[Callable[..., Any]], Tool]:
+    def never(name: str, reconcile: Callable[..., Any]) -> Callable[[Callable[..., Any]], Tool]:
         return tool(
             replay=ReplayPolicy.NEVER,
             timeout=FILE_TOOL_TIMEOUT,
             requires_approval=writes_require_approval,
             reconcile=reconcile,
+            forget=_forgetter(name),
         )
 
     tools = [
         safe(read_file),
         safe(list_dir),
         safe(grep),
-        never(_write_file_reconcile)(write_file),
-        never(_edit_file_reconcile)(edit_file),
-        never(_append_file_reconcile)(append_file),
+        never("write_file", _write_file_reconcile)(write_file),
+        never("edit_file", _edit_file_reconcile)(edit_file),
+        never("append_file", _append_file_reconcile)(append_file),
     ]
     if include_bash:
         tools.append(
             tool(
                 replay=ReplayPolicy.NEVER,
                 reconcile=bash_reconcile,
+                forget=_forgetter("bash"),
                 requires_approval=bash_requires_approval,
                 timeout=BASH_TIMEOUT_LIMIT + 60.0,  # a backstop; bash enforces its own
                 cancellable=True,  # a cancelled run kills the command's process group

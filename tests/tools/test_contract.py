@@ -193,3 +193,42 @@ async def test_approval_policy_sees_the_defaults_and_fails_closed(tmp_path: Path
     assert wipe.needs_approval({})  # a broken policy asks the human
     assert not pay.needs_approval({"amount": 5})
     assert pay.needs_approval({"amount": 5, "currency": "USD"})
+
+
+async def test_forget_runs_once_per_settled_call_and_cannot_break_the_run(
+    tmp_path: Path,
+) -> None:
+    seen: list[tuple[str, str]] = []  # (event, idempotency key)
+
+    async def forget(ctx: ToolContext) -> None:
+        seen.append(("forget", ctx.idempotency_key))
+        if ctx.call_id == call_id(2):
+            raise OSError("the state is on a disk that went away")
+
+    @tool(replay=ReplayPolicy.SAFE, forget=forget)
+    async def stamp(ctx: ToolContext, n: int) -> str:
+        """Stamp."""
+        seen.append(("run", ctx.idempotency_key))
+        await trio.sleep(0.05)
+        assert ("forget", ctx.idempotency_key) not in seen  # never while it runs
+        return f"stamped {n}"
+
+    turn = await one_turn(
+        tmp_path / "log",
+        [stamp],
+        [ToolUse("stamp", {"n": 1}), ToolUse("stamp", {"n": 2}), ToolUse("stamp", {"n": "x"})],
+    )
+    assert turn.outcome is not None
+    assert turn.outcome.status == "completed"
+    assert [turn.kind(n) for n in (1, 2, 3)] == ["ok", "ok", "invalid_args"]
+    ran = [key for event, key in seen if event == "run"]
+    forgotten = [key for event, key in seen if event == "forget"]
+    # Each call that ran is forgotten once; the invalid one never ran, so has no state.
+    assert sorted(forgotten) == sorted(ran) and len(ran) == 2
+
+
+def test_forget_must_be_async() -> None:
+    def forget(ctx: ToolContext) -> None: ...
+
+    with pytest.raises(TypeError, match="forget must be an async function"):
+        tool(forget=forget)(lookup.fn)  # type: ignore[arg-type]

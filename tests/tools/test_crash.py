@@ -192,8 +192,11 @@ def test_file_tool_killed_after_its_effect_is_reconciled_as_applied(
     (wd.ws / "out.txt").write_text(before)
     assert wd.run(fault=f"tool.after:{tool_name}").killed
     assert (wd.ws / "out.txt").read_text() == after
+    state = wd.ws / ".perdure-tools" / tool_name
+    assert len(list(state.iterdir())) == 1  # the journal reconcile will need
     again = wd.run()
     assert (wd.ws / "out.txt").read_text() == after  # not applied twice
+    assert list(state.iterdir()) == []  # settled: the journal is gone
     task = again.task()
     assert (task["kind"], task["attempt"]) == ("reconciled", 1)
     assert "confirmed by perdure after a restart" in again.result()["content"]

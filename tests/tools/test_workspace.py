@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from perdure import Reconciled, ReplayPolicy, ToolContext
 from perdure.providers.scripted import ToolUse
@@ -380,3 +381,28 @@ async def test_journals_are_keyed_by_idempotency_key_and_attempt(ws: Path) -> No
     await call(ws, "append_file", key="../../etc", path="n.txt", content="3\n")
     assert not (ws.parent / "etc").exists()
     assert len(list((ws / STATE_DIR / "append_file").iterdir())) == 3
+
+
+async def test_a_settled_call_leaves_no_tool_state_behind(ws: Path) -> None:
+    """The journals and bash records exist for reconcile; once a call is settled they go."""
+    (ws / "a.txt").write_text("old line\n")
+    uses = [
+        ToolUse("write_file", {"path": "w.txt", "content": "w\n"}),
+        ToolUse("edit_file", {"path": "a.txt", "old_text": "old line", "new_text": "new line"}),
+        ToolUse("append_file", {"path": "log.txt", "content": "x\n"}),
+        ToolUse("bash", {"command": "echo hi", "timeout": 10}),
+    ]
+    turn = await one_turn(ws.parent / "log", ALL.values(), uses, workspace=ws)
+    assert [turn.kind(n) for n in range(1, 5)] == ["ok"] * 4
+    assert (ws / "a.txt").read_text() == "new line\n"
+    with trio.fail_after(10):
+        while leftovers := [p for p in (ws / STATE_DIR).glob("*/*")]:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    assert leftovers == []
+    assert sorted(p.name for p in (ws / STATE_DIR).iterdir()) == [
+        ".gitignore",
+        "append_file",
+        "bash",
+        "edit_file",
+        "write_file",
+    ]
