@@ -11,7 +11,15 @@ from perdure.actors.decide import Accepted, Done, Refused
 from perdure.actors.session import SessionParkedError
 from perdure.actors.supervisor import UnknownSession
 from perdure.providers.base import Message, ModelReply, ModelRequest, ProviderError
-from perdure.storage.backend import LogBusy, LogError, LogFenced, SessionFenced, StorageFull
+from perdure.storage.backend import (
+    CommitUnknown,
+    LogBusy,
+    LogError,
+    LogFenced,
+    LogUnavailable,
+    SessionFenced,
+    StorageFull,
+)
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import RunFinished
@@ -28,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accepted",
+    "CommitUnknown",
     "CorruptRecord",
     "Done",
     "Event",
@@ -35,6 +44,7 @@ __all__ = [
     "LogBusy",
     "LogError",
     "LogFenced",
+    "LogUnavailable",
     "Message",
     "ModelReply",
     "ModelRequest",

@@ -317,8 +317,16 @@ class SessionActor:
                 committed = await self.ctx.journal.append(
                     step.records, guard=Guard(self.session_id, rev_before)
                 )
-            except LogError:
-                self.state = await self._load()  # undo the optimistic fold
+            except LogError as exc:
+                try:
+                    self.state = await self._load()  # undo the optimistic fold
+                except LogError as reread:
+                    # The state may now hold records the log does not: this actor must
+                    # not go on. Restart it from the log once the log answers again.
+                    raise CommitUnknown(
+                        f"session {self.session_id}: a commit failed ({exc}) and the log "
+                        f"could not be re-read ({reread})"
+                    ) from exc
                 raise
             for c in committed:
                 state.note_committed(c)

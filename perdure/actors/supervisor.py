@@ -10,7 +10,10 @@ A session that stays idle (no run, no queued input, nothing in flight) for
 holds only the sessions in use, and with several nodes its lease is given up. The
 next message for it starts a fresh actor, which rebuilds the state as at start-up.
 
-An actor that raises is restarted from its log. One that keeps failing
+An actor that raises is restarted from its log. An actor stopped because the log
+could not be reached (``LogUnavailable``, ``CommitUnknown``) or is full is
+restarted with a back-off for as long as that lasts: an outage is not a broken
+session. One that keeps failing otherwise
 (``max_restarts`` times within ``restart_window`` seconds) is parked: a
 ``SessionParked`` record says why, callers get a clear refusal, and no other
 session is affected. Losing ownership of the log (``LogFenced``) is different: it
@@ -32,17 +35,27 @@ import contextlib
 import logging
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from perdure.actors.context import ActorContext
 from perdure.actors.decide import Refused
 from perdure.actors.session import Drain, Mailbox, SessionActor, SessionParkedError
-from perdure.storage.backend import LogError, NotOwner, SessionFenced, check_session_id
+from perdure.storage.backend import (
+    LogError,
+    LogUnavailable,
+    NotOwner,
+    SessionFenced,
+    StorageFull,
+    check_session_id,
+)
 from perdure.storage.records import SessionCreated, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
+
+E = TypeVar("E", bound=BaseException)
+MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
 
 
 class UnknownSession(Refused):
@@ -197,6 +210,7 @@ class Supervisor:
     ) -> None:
         status: trio.TaskStatus[Any] = task_status
         failures: list[float] = []
+        outages = 0  # consecutive restarts because the log could not be reached
         while True:
             actor = SessionActor(session_id, self.ctx, box)
             self.actors[session_id] = actor
@@ -220,6 +234,20 @@ class Supervisor:
                     return
                 if actor.started:
                     status = trio.TASK_STATUS_IGNORED
+                unavailable = _find(exc, (LogUnavailable, StorageFull))
+                if unavailable is not None:
+                    # The log is down or full, not the session broken: wait it out (never
+                    # park for it) and restart from the log when it answers again.
+                    outages += 1
+                    log.warning(
+                        "session %s waits for the log (%s); restarting it from the log",
+                        session_id,
+                        unavailable,
+                    )
+                    actor.fail_pending(unavailable)
+                    await trio.sleep(min(0.05 * 2 ** min(outages, 7), MAX_OUTAGE_BACKOFF))
+                    continue
+                outages = 0
                 now = self.ctx.clock()
                 failures = [t for t in failures if now - t < self.ctx.restart_window] + [now]
                 summary = _summary(exc)
@@ -344,7 +372,7 @@ def _refuse_queued(box: Mailbox, error: BaseException) -> None:
             reply.fail(error)
 
 
-def _find(exc: BaseException, kind: type[SessionFenced]) -> SessionFenced | None:
+def _find(exc: BaseException, kind: type[E] | tuple[type[E], ...]) -> E | None:
     if isinstance(exc, kind):
         return exc
     if isinstance(exc, BaseExceptionGroup):

@@ -89,7 +89,14 @@ class NotOwner(LogError):
         self.expires_in = expires_in
 
 
-class CommitUnknown(LogError):
+class LogUnavailable(LogError):
+    """The log cannot be reached right now (a database outage, a broken connection).
+
+    Transient: what failed did not happen, and the same call may succeed later.
+    """
+
+
+class CommitUnknown(LogUnavailable):
     """The connection failed while a commit was in flight: it may or may not have landed.
 
     The session actors concerned restart from the log (fold + recover), which is

@@ -73,6 +73,7 @@ from perdure.storage.backend import (
     CommitUnknown,
     Durability,
     LogError,
+    LogUnavailable,
     NotOwner,
     SessionFenced,
     SessionInfo,
@@ -290,7 +291,7 @@ class PgLog:
             conn.autocommit = autocommit
             return conn
         except psycopg.Error as exc:
-            raise LogError(f"cannot connect to {self.location}: {exc}") from exc
+            raise LogUnavailable(f"cannot connect to {self.location}: {exc}") from exc
 
     @contextlib.contextmanager
     def _reader(self) -> Iterator[psycopg.Connection[Any]]:
@@ -303,7 +304,7 @@ class PgLog:
             yield conn
         except psycopg.Error as exc:
             conn.close()
-            raise LogError(f"{self.location}: {exc}") from exc
+            raise LogUnavailable(f"{self.location}: {exc}") from exc
         except BaseException:
             conn.close()
             raise
@@ -426,7 +427,7 @@ class PgLog:
                 if attempt == _RETRIES - 1:
                     raise LogError("commit kept conflicting with lease changes") from None
             except psycopg.Error as exc:
-                raise LogError(f"PostgreSQL write failed on {self.location}: {exc}") from exc
+                raise LogUnavailable(f"PostgreSQL write failed on {self.location}: {exc}") from exc
         raise AssertionError("unreachable")
 
     def _commit_once(self, batches: Sequence[Batch]) -> CommitResult:
@@ -523,7 +524,7 @@ class PgLog:
             if landed:
                 return results
             if landed is False:
-                raise LogError(f"COMMIT failed on {self.location}: {exc}") from exc
+                raise LogUnavailable(f"COMMIT failed on {self.location}: {exc}") from exc
             raise CommitUnknown(
                 f"the connection to {self.location} failed during COMMIT ({exc}); whether "
                 "the records landed could not be read back"
