@@ -97,6 +97,37 @@ def wait_for_retry_pending(
     raise AssertionError(f"no RetryPending within {timeout}s:\n{out.read_text()}")
 
 
+def kill_in_back_off(
+    log: Path, child: subprocess.Popen[bytes], out: Path, fake: FakeAnthropic, sent: int
+) -> RetryPending:
+    """Wait for the child's RetryPending, check it has sent ``sent`` requests, SIGKILL it."""
+    try:
+        pending = wait_for_retry_pending(log, child, out)
+        assert len(fake.requests) == sent, "the child retried before it was killed"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+    return pending
+
+
+def run_to_the_end(log: Path, env: dict[str, str], out: Path, *args: str) -> str:
+    """Run a restarted child until it exits; it must succeed. Returns its output."""
+    child = start_child(log, env, out, *args)
+    try:
+        child.wait(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    output = out.read_text()
+    assert child.returncode == 0, output
+    return output
+
+
 def of(kind: type, records: list[Record]) -> list[Any]:
     return [r for r in records if isinstance(r, kind)]
 
@@ -114,30 +145,11 @@ def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None
         )
         env = child_env(fake.url)
         out1 = tmp_path / "child1.out"
-        first = start_child(log, env, out1)
-        try:
-            pending = wait_for_retry_pending(log, first, out1)
-            assert len(fake.requests) == 1, "the child retried before it was killed"
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(timeout=30)
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
-        assert first.returncode == -signal.SIGKILL
+        pending = kill_in_back_off(log, start_child(log, env, out1), out1, fake, sent=1)
         assert len(fake.requests) == 1
 
         fake.script(Reply(content=[Text("Recovered after the crash.")]))
-        out2 = tmp_path / "child2.out"
-        second = start_child(log, env, out2)
-        try:
-            second.wait(timeout=120)
-        finally:
-            if second.poll() is None:
-                second.kill()
-                second.wait()
-        output = out2.read_text()
-        assert second.returncode == 0, output
+        output = run_to_the_end(log, env, tmp_path / "child2.out")
         requests = fake.requests
 
     result = json.loads(output.strip().splitlines()[-1])
@@ -195,29 +207,10 @@ def test_sigkill_keeps_thinking_blocks_for_the_retried_continuation(tmp_path: Pa
         )
         env = child_env(fake.url)
         out1 = tmp_path / "child1.out"
-        first = start_child(log, env, out1, "thinking")
-        try:
-            wait_for_retry_pending(log, first, out1)
-            assert len(fake.requests) == 2, "the child retried before it was killed"
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(timeout=30)
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
-        assert first.returncode == -signal.SIGKILL
+        kill_in_back_off(log, start_child(log, env, out1, "thinking"), out1, fake, sent=2)
 
         fake.script(Reply(content=[Thinking("add said 5."), Text("2 + 3 = 5.")]))
-        out2 = tmp_path / "child2.out"
-        second = start_child(log, env, out2, "thinking")
-        try:
-            second.wait(timeout=120)
-        finally:
-            if second.poll() is None:
-                second.kill()
-                second.wait()
-        output = out2.read_text()
-        assert second.returncode == 0, output
+        output = run_to_the_end(log, env, tmp_path / "child2.out", "thinking")
         requests = fake.requests
 
     result = json.loads(output.strip().splitlines()[-1])
