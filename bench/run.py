@@ -711,6 +711,12 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
         f"- RSS per idle session ({mem['sessions']} sessions open, actors started, each having "
         f"run the {mem['k']}-turn workload once): {_fmt(mem['kib_per_idle_session'], 1)} KiB"
     )
+    if "gc_objects_per_evicted_session" in mem:
+        lines.append(
+            "- objects the garbage collector tracks, per idle session: "
+            f"{_fmt(mem['gc_objects_per_idle_session'], 0)} resident, "
+            f"{_fmt(mem['gc_objects_per_evicted_session'], 0)} once evicted"
+        )
     st = results["streaming"]
     for key, r in st.items():
         if key == "sse":
