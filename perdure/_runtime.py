@@ -329,6 +329,10 @@ async def open_runtime(
     PostgreSQL, its lease given up); its next command starts it again from the log.
     ``None`` keeps every session's actor resident.
     """
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ValueError(
+            f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
+        )
     by_name = registry(tools)
     opened = partial(
         open_log,
@@ -357,6 +361,7 @@ async def open_runtime(
                 retry_base=retry_base,
                 retry_cap=retry_cap,
                 idle_timeout=idle_timeout,
+                forget_settled=durability == "full",
             )
             supervisor = Supervisor(ctx)
             body_error: BaseException | None = None

@@ -31,3 +31,7 @@ class ActorContext:
     # Seconds an idle session's actor stays resident before it is evicted (its
     # state lives in the log; the next message starts it again). None: never.
     idle_timeout: float | None = 300.0
+    # Let tools drop a settled call's reconcile state. Only when every commit is
+    # synced ("full" durability): a terminal record that a power loss could still undo
+    # must not outlive the evidence its reconcile would need.
+    forget_settled: bool = True

@@ -137,7 +137,9 @@ class SessionActor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.state = await self._load()
-            await self._commit(decide.recover(self.state, self._env()))
+            # No forget for what recovery settles: a runner left by the dead process (a
+            # bash command in its own process group) may still be using its state.
+            await self._commit(decide.recover(self.state, self._env()), forget=False)
             self.started = True
             task_status.started()
             self._after_message()
@@ -161,6 +163,10 @@ class SessionActor:
         while True:
             if timeout is None or not self._evictable():
                 return await receive.receive()
+            try:
+                return receive.receive_nowait()  # a queued message is always taken first
+            except trio.WouldBlock:
+                pass
             with trio.move_on_after(timeout):
                 return await receive.receive()
             # A cancelled receive took nothing, but a message may have arrived since.
@@ -172,7 +178,6 @@ class SessionActor:
     def _evictable(self) -> bool:
         return (
             self.state.idle
-            and not self.state.parked
             and not (self._models or self._tools or self._cancelling)
             and not (self._waiters or self._drains or self._pending or self._draining)
         )
@@ -306,7 +311,7 @@ class SessionActor:
 
     # -- commit, then act ------------------------------------------------------------
 
-    async def _commit(self, first: decide.Step) -> list[Committed]:
+    async def _commit(self, first: decide.Step, *, forget: bool = True) -> list[Committed]:
         """Settle, commit everything in one append, then perform the effects."""
         state = self.state
         rev_before = state.goal_rev
@@ -332,7 +337,8 @@ class SessionActor:
                 state.note_committed(c)
         for effect in step.effects:
             self._perform(effect)
-        self._forget_settled(getattr(c.record, "call_id", "") for c in committed)
+        if forget:
+            self._forget_settled(getattr(c.record, "call_id", "") for c in committed)
         return committed
 
     def _forget_settled(self, call_ids: Iterable[str]) -> None:
@@ -342,6 +348,8 @@ class SessionActor:
         """
         nursery = self._nursery
         assert nursery is not None
+        if not self.ctx.forget_settled:
+            return
         for call_id in call_ids:
             task = self.state.tasks.get(call_id)
             if (

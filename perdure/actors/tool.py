@@ -105,9 +105,14 @@ async def run_reconcile(
     outbox: trio.MemorySendChannel[Any],
     scope: trio.CancelScope,
 ) -> None:
-    finished: ReconcileFinished
+    # Whatever happens, the session hears back: a call left without an answer would keep
+    # its run (and the session's eviction, and a drain) waiting forever.
+    finished = ReconcileFinished(
+        call_id=tctx.call_id, status="unknown", reason="the reconcile was cancelled"
+    )
     with scope:
-        with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf):
+        limit = tool.timeout if tool.timeout is not None else math.inf
+        with trio.move_on_after(limit) as timer:
             try:
                 found = await tool.run_reconcile(tctx, args)
             except Exception as exc:
@@ -127,11 +132,11 @@ async def run_reconcile(
                     is_error=flagged.is_error,
                     terminate=found.status == "applied" and (flagged.terminate or tool.terminates),
                 )
-            await outbox.send(finished)
-            return
-        await outbox.send(
-            ReconcileFinished(call_id=tctx.call_id, status="unknown", reason="reconcile timed out")
-        )
+        if timer.cancelled_caught:
+            finished = ReconcileFinished(
+                call_id=tctx.call_id, status="unknown", reason="reconcile timed out"
+            )
+    await outbox.send(finished)
 
 
 FORGET_TIMEOUT = 60.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import trio
 
 import perdure
@@ -156,3 +157,12 @@ async def test_no_eviction_when_switched_off(log_dir: Path) -> None:
         await trio.sleep(0.2)
         assert rt.resident_sessions == [SID]
         assert rt.evictions == 0
+
+
+async def test_a_zero_or_negative_idle_timeout_is_refused(log_dir: Path) -> None:
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="idle_timeout must be a positive number"):
+            async with perdure.open_runtime(
+                log_dir, provider=ScriptedProvider([]), idle_timeout=bad
+            ):
+                pass

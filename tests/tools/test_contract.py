@@ -232,3 +232,43 @@ def test_forget_must_be_async() -> None:
 
     with pytest.raises(TypeError, match="forget must be an async function"):
         tool(forget=forget)(lookup.fn)  # type: ignore[arg-type]
+
+
+async def test_cancelling_a_run_while_a_reconcile_runs_ends_the_run(tmp_path: Path) -> None:
+    """The reconcile is stopped by the cancel; the call's outcome is unknown, said so."""
+    started, reconciling = trio.Event(), trio.Event()
+
+    async def slow_reconcile(ctx: ToolContext, target: str) -> perdure.Reconciled:
+        reconciling.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    @tool(replay=ReplayPolicy.NEVER, reconcile=slow_reconcile, cancellable=True)
+    async def ship(ctx: ToolContext, target: str) -> str:
+        """Ship something (never returns here)."""
+        started.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    log = tmp_path / "log"
+    async with perdure.open_runtime(
+        log, provider=provider([ToolUse("ship", {"target": "x"})]), tools=[ship], shutdown_grace=0.1
+    ) as rt:
+        await rt.create_session(SESSION)
+        await rt.submit(SESSION, "go", request_id="r1")
+        with trio.fail_after(10):
+            await started.wait()
+    # Shut down mid-call: the log shows the call executing, as after a crash.
+    async with perdure.open_runtime(
+        log, provider=provider([ToolUse("ship", {"target": "x"})]), tools=[ship]
+    ) as rt:
+        with trio.fail_after(10):
+            await reconciling.wait()
+        await rt.cancel(SESSION, request_id="c1")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SESSION)
+        assert outcome is not None
+        assert outcome.status == "cancelled"
+        task = (await rt.load_state(SESSION)).tasks[call_id(1)]
+        assert task.phase == "outcome_unknown"
+        assert "the reconcile was cancelled" in task.result.reason  # type: ignore[union-attr]

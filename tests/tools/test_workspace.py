@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import trio
 
+import perdure
 from perdure import Reconciled, ReplayPolicy, ToolContext
-from perdure.providers.scripted import ToolUse
+from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.tools import _fs
 from perdure.tools.workspace import STATE_DIR, TOOLS, WorkspaceError, workspace_tools
 from tests.tools._inproc import call_id, one_turn
@@ -406,3 +407,22 @@ async def test_a_settled_call_leaves_no_tool_state_behind(ws: Path) -> None:
         "edit_file",
         "write_file",
     ]
+
+
+async def test_with_fast_durability_the_state_is_kept(ws: Path) -> None:
+    """A terminal record a power loss could undo must not outlive its reconcile's evidence."""
+    script = ScriptedProvider(
+        [
+            Reply(tool_uses=[ToolUse("append_file", {"path": "log.txt", "content": "x\n"})]),
+            Reply(text="done"),
+        ]
+    )
+    async with perdure.open_runtime(
+        ws.parent / "log", provider=script, tools=ALL.values(), workspace=ws, durability="fast"
+    ) as rt:
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle("s")
+        await trio.sleep(0.2)
+    assert len(list((ws / STATE_DIR / "append_file").iterdir())) == 1
