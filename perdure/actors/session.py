@@ -29,10 +29,12 @@ from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import make_context, run_forget, run_reconcile, run_tool
-from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced
+from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed
 
 log = logging.getLogger("perdure.session")
+
+RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
 
 
 class Reply:
@@ -323,15 +325,9 @@ class SessionActor:
                     step.records, guard=Guard(self.session_id, rev_before)
                 )
             except LogError as exc:
-                try:
-                    self.state = await self._load()  # undo the optimistic fold
-                except LogError as reread:
-                    # The state may now hold records the log does not: this actor must
-                    # not go on. Restart it from the log once the log answers again.
-                    raise CommitUnknown(
-                        f"session {self.session_id}: a commit failed ({exc}) and the log "
-                        f"could not be re-read ({reread})"
-                    ) from exc
+                if isinstance(exc, LogFenced):
+                    raise  # this actor stops; nothing more to undo
+                self.state = await self._reload_after(exc)  # undo the optimistic fold
                 raise
             for c in committed:
                 state.note_committed(c)
@@ -367,6 +363,25 @@ class SessionActor:
             key = task.executing.idempotency_key
             tctx = make_context(self.ctx, self.session_id, call_id, key, task.attempt)
             nursery.start_soon(run_forget, tool, tctx)
+
+    async def _reload_after(self, failed: LogError) -> SessionState:
+        """Re-read the state after a failed commit, waiting out a short outage.
+
+        Tools keep running meanwhile. If the log stays unreachable, the state may hold
+        records the log does not: the actor must stop, to restart from the log later.
+        """
+        delay = 0.05
+        for _ in range(RELOAD_TRIES):
+            try:
+                return await self._load()
+            except LogUnavailable as exc:
+                reread: LogError = exc
+            await trio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        raise CommitUnknown(
+            f"session {self.session_id}: a commit failed ({failed}) and the log could not "
+            f"be re-read ({reread})"
+        ) from failed
 
     def _perform(self, effect: decide.Effect) -> None:
         nursery = self._nursery

@@ -78,6 +78,13 @@ class _Lost:
         self.reason = reason
 
 
+class _Unreachable:
+    """What ``_supervise`` reports when the log could not be read to start the actor."""
+
+    def __init__(self, error: LogError) -> None:
+        self.error = error
+
+
 class Supervisor:
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx
@@ -94,6 +101,9 @@ class Supervisor:
         self.taken_over: list[str] = []  # sessions claimed by the heartbeat after start
         self._draining = False
         self.evictions = 0  # idle session actors evicted so far
+        # Sessions whose running actor stopped because the log could not be reached,
+        # while they wait to restart: commands for them are refused at once.
+        self.unreachable: dict[str, LogError] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -111,6 +121,19 @@ class Supervisor:
         async with trio.open_nursery() as boot:
             for session_id in sessions:
                 boot.start_soon(self._boot_one, session_id)
+
+    async def _boot_when_reachable(self, session_id: str, delay: float) -> None:
+        """Start a session with unfinished work once the log can be read again."""
+        while session_id not in self.mailboxes and session_id not in self.parked:
+            await trio.sleep(delay)
+            delay = min(delay * 2, MAX_OUTAGE_BACKOFF)
+            try:
+                await self.mailbox(session_id)
+            except (LogUnavailable, StorageFull) as exc:
+                log.warning("session %s still cannot start (%s); retrying", session_id, exc)
+            except (Refused, LogError) as exc:
+                log.error("session %s not started: %s", session_id, exc)
+                return
 
     async def _heartbeat(self) -> None:
         """Renew the leases, stop sessions whose lease is gone, run orphans we claim."""
@@ -153,6 +176,11 @@ class Supervisor:
             await self.mailbox(session_id)
         except Refused as exc:
             log.error("session %s not started: %s", session_id, exc)
+        except (LogUnavailable, StorageFull) as exc:
+            # Its work must go on by itself: keep trying in the background, without
+            # holding up the start of the others (or of the runtime).
+            log.warning("session %s cannot start yet (%s); retrying", session_id, exc)
+            self._nursery_start(self._boot_when_reachable, session_id, 0.1)
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -191,6 +219,8 @@ class Supervisor:
             parked = await self._nursery.start(self._supervise, session_id, box)
             if isinstance(parked, _Lost):
                 raise NotOwnerRefused(f"session {session_id}: {parked.reason}")
+            if isinstance(parked, _Unreachable):
+                raise parked.error  # the caller hears it now, not when the outage ends
             if parked is not None:
                 raise Refused("parked", f"session {session_id} is parked: {parked}")
             self.mailboxes[session_id] = box
@@ -234,17 +264,28 @@ class Supervisor:
                     return
                 if actor.started:
                     status = trio.TASK_STATUS_IGNORED
-                unavailable = _find(exc, (LogUnavailable, StorageFull))
+                unavailable = _transient(exc)
                 if unavailable is not None:
-                    # The log is down or full, not the session broken: wait it out (never
-                    # park for it) and restart from the log when it answers again.
-                    outages += 1
+                    # The log is down or full, not the session broken: never park for it.
+                    # Nobody waits through the outage: whoever waits hears it now.
+                    actor.fail_pending(unavailable)
+                    _refuse_queued(box, unavailable)
+                    if status is not trio.TASK_STATUS_IGNORED:
+                        # A starter waits (a command or the boot): tell it, start nothing,
+                        # and stop holding the lease (it lapses if it cannot be released).
+                        with contextlib.suppress(LogError):
+                            await self.journal.release_session(session_id)
+                        self._drop(session_id, actor, scope)
+                        status.started(_Unreachable(unavailable))
+                        return
+                    # A running session: restart it from the log when the log answers.
+                    outages = 1 if actor.started else outages + 1
+                    self.unreachable[session_id] = unavailable
                     log.warning(
                         "session %s waits for the log (%s); restarting it from the log",
                         session_id,
                         unavailable,
                     )
-                    actor.fail_pending(unavailable)
                     await trio.sleep(min(0.05 * 2 ** min(outages, 7), MAX_OUTAGE_BACKOFF))
                     continue
                 outages = 0
@@ -269,6 +310,13 @@ class Supervisor:
                     return
                 await trio.sleep(min(0.05 * 2 ** len(failures), 2.0))
 
+    def _drop(self, session_id: str, actor: SessionActor, scope: trio.CancelScope) -> None:
+        """Forget this actor (not a newer one of the same session)."""
+        if self.actors.get(session_id) is actor:
+            del self.actors[session_id]
+        if self._scopes.get(session_id) is scope:
+            del self._scopes[session_id]
+
     async def _forget_evicted(
         self, session_id: str, actor: SessionActor, box: Mailbox, scope: trio.CancelScope
     ) -> None:
@@ -276,10 +324,7 @@ class Supervisor:
         self.evictions += 1
         if self.mailboxes.get(session_id) is box:
             del self.mailboxes[session_id]
-        if self.actors.get(session_id) is actor:
-            del self.actors[session_id]
-        if self._scopes.get(session_id) is scope:
-            del self._scopes[session_id]
+        self._drop(session_id, actor, scope)
         if session_id in self._starting or session_id in self.mailboxes:
             return  # a new actor is starting (or running) and holds the lease
         # Hold the start gate while the lease goes, so a new actor cannot acquire the
@@ -334,6 +379,12 @@ class Supervisor:
     async def ask(self, session_id: str, make: Callable[[], Any]) -> Any:
         """Send a message built by ``make`` to the session and wait for its reply."""
         box = await self.mailbox(session_id)
+        outage = self.unreachable.get(session_id)
+        if outage is not None:
+            actor = self.actors.get(session_id)
+            if actor is None or not actor.started:
+                raise outage
+            del self.unreachable[session_id]  # restarted: the log answers again
         message = make()
         try:
             await box.send.send(message)
@@ -356,9 +407,19 @@ class Supervisor:
                     continue
                 nursery.start_soon(self._drain_one, session_id, Drain)
 
-    async def _drain_one(self, session_id: str, drain: Any) -> None:
+    async def _drain_one(self, session_id: str, drain: Callable[[], Drain]) -> None:
+        # Straight to the running actor: a session evicted meanwhile has nothing to
+        # drain, and stopping must not start an actor.
+        box = self.mailboxes.get(session_id)
+        if box is None or box.evicted:
+            return
+        message = drain()
+        try:
+            await box.send.send(message)
+        except trio.BrokenResourceError:
+            return
         with contextlib.suppress(Refused, SessionParkedError, LogError):
-            await self.ask(session_id, drain)
+            await message.reply.wait()
 
 
 def _refuse_queued(box: Mailbox, error: BaseException) -> None:
@@ -370,6 +431,17 @@ def _refuse_queued(box: Mailbox, error: BaseException) -> None:
         reply = getattr(message, "reply", None)
         if reply is not None:
             reply.fail(error)
+
+
+def _transient(exc: BaseException) -> LogError | None:
+    """The error, if every failure in ``exc`` says the log cannot be reached or is full."""
+    if isinstance(exc, LogUnavailable | StorageFull):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        found = [_transient(inner) for inner in exc.exceptions]
+        if found and all(f is not None for f in found):
+            return found[0]
+    return None
 
 
 def _find(exc: BaseException, kind: type[E] | tuple[type[E], ...]) -> E | None:

@@ -155,6 +155,15 @@ RETURNING l.session_id, l.epoch
 """
 
 
+def _log_error(message: str, exc: psycopg.Error) -> LogError:
+    """``LogUnavailable`` for what may pass (a lost connection, a server shutting down,
+    a timeout, a conflict); a plain ``LogError`` for what will not (a schema mismatch,
+    a missing privilege, bad data): retrying those would only hide them."""
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return LogUnavailable(message)
+    return LogError(message)
+
+
 # End the transactions of a lease's owner that hold its row past the lock limit, when
 # the lease may be taken (expired, or takeover of an older node). Its connections are
 # found by application_name, which perdure sets to "perdure:<node id>".
@@ -304,7 +313,7 @@ class PgLog:
             yield conn
         except psycopg.Error as exc:
             conn.close()
-            raise LogUnavailable(f"{self.location}: {exc}") from exc
+            raise _log_error(f"{self.location}: {exc}", exc) from exc
         except BaseException:
             conn.close()
             raise
@@ -427,7 +436,7 @@ class PgLog:
                 if attempt == _RETRIES - 1:
                     raise LogError("commit kept conflicting with lease changes") from None
             except psycopg.Error as exc:
-                raise LogUnavailable(f"PostgreSQL write failed on {self.location}: {exc}") from exc
+                raise _log_error(f"PostgreSQL write failed on {self.location}: {exc}", exc) from exc
         raise AssertionError("unreachable")
 
     def _commit_once(self, batches: Sequence[Batch]) -> CommitResult:

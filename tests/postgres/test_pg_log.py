@@ -34,6 +34,7 @@ import trio
 from perdure.storage.backend import (
     Guard,
     LogError,
+    LogUnavailable,
     NotOwner,
     SessionFenced,
     SessionInfo,
@@ -41,7 +42,7 @@ from perdure.storage.backend import (
 )
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.journal import open_journal
-from perdure.storage.pg_log import SCHEMA_VERSION, PgLog
+from perdure.storage.pg_log import SCHEMA_VERSION, PgLog, _log_error
 from perdure.storage.records import (
     Committed,
     GoalRevised,
@@ -506,3 +507,21 @@ def test_session_created_needs_the_lease_too(open_pg: Open) -> None:
     log.acquire("new")
     (ok,) = log.commit([([SessionCreated(session_id="new", at=1.0)], None)])
     assert isinstance(ok, list)
+
+
+def test_only_errors_that_may_pass_count_as_an_outage() -> None:
+    """An outage is waited out; a schema mismatch or a missing privilege is not."""
+    for passing in (
+        psycopg.OperationalError("server closed the connection unexpectedly"),
+        psycopg.errors.AdminShutdown(),
+        psycopg.errors.LockNotAvailable(),
+        psycopg.InterfaceError("the connection is closed"),
+    ):
+        assert isinstance(_log_error("x", passing), LogUnavailable), passing
+    for lasting in (
+        psycopg.errors.UndefinedTable(),
+        psycopg.errors.InsufficientPrivilege(),
+        psycopg.errors.UniqueViolation(),
+    ):
+        error = _log_error("x", lasting)
+        assert isinstance(error, LogError) and not isinstance(error, LogUnavailable), lasting

@@ -19,9 +19,13 @@ import trio
 
 import perdure
 from perdure import ReplayPolicy, ToolContext
+from perdure.actors.session import RELOAD_TRIES
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.backend import CommitUnknown, LogUnavailable
+from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import ToolCompleted
+
+FAILED_READS = RELOAD_TRIES + 4
 
 
 @perdure.tool(replay=ReplayPolicy.SAFE)
@@ -51,7 +55,8 @@ async def test_an_unreachable_log_is_waited_out(log_dir: Path) -> None:
 
         def read_session(*args: Any, **kw: Any) -> Any:
             nonlocal failed_reads
-            if broke.is_set() and failed_reads < 6:  # more than max_restarts (3)
+            # More than the actor's own re-reads (RELOAD_TRIES) plus max_restarts (3).
+            if broke.is_set() and failed_reads < FAILED_READS:
                 failed_reads += 1
                 raise LogUnavailable("the database refuses connections (simulated)")
             return real_read(*args, **kw)
@@ -61,8 +66,19 @@ async def test_an_unreachable_log_is_waited_out(log_dir: Path) -> None:
         await rt.submit("s", "go", request_id="r1")
         with trio.fail_after(60):
             await broke.wait()
-            outcome = await rt.wait_idle("s")
-        assert failed_reads == 6
+            while "s" not in rt._sup.unreachable:  # noqa: ASYNC110 (the actor gave up)
+                await trio.sleep(0.01)
+        # While its actor waits to restart, a command is refused at once.
+        with trio.fail_after(5), pytest.raises(perdure.LogUnavailable):
+            await rt.submit("s", "meanwhile", request_id="r2")
+        with trio.fail_after(60):
+            while True:  # as a client would on 503: retry until the log answers
+                try:
+                    outcome = await rt.wait_idle("s")
+                    break
+                except perdure.LogUnavailable:
+                    await trio.sleep(0.1)
+        assert failed_reads == FAILED_READS
         assert outcome is not None
         assert (outcome.status, outcome.final_text) == ("completed", "done")
         state = await rt.load_state("s")
@@ -87,3 +103,85 @@ async def test_an_actor_that_keeps_crashing_is_still_parked(log_dir: Path) -> No
         with trio.fail_after(30), pytest.raises(perdure.Refused, match="a bug in the fold") as e:
             await rt.submit("s", "go", request_id="r1")
         assert e.value.code == "parked"
+
+
+async def test_callers_hear_of_an_outage_at_once(log_dir: Path) -> None:
+    """Nobody waits through an outage: a command for a session that must start first
+    fails with LogUnavailable right away, and records nothing."""
+    script = ScriptedProvider([Reply(text="one"), Reply(text="two"), Reply(text="three")])
+    async with perdure.open_runtime(
+        log_dir, provider=script, tools=[lookup], idle_timeout=0.05
+    ) as rt:
+        await rt.create_session("evicted")
+        await rt.submit("evicted", "go", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle("evicted")
+        log: Any = rt.journal.log
+        real_read = log.read_session
+        down = True
+
+        def read_session(*args: Any, **kw: Any) -> Any:
+            if down:
+                raise LogUnavailable("the database refuses connections (simulated)")
+            return real_read(*args, **kw)
+
+        with trio.fail_after(10):
+            while rt.resident_sessions:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        log.read_session = read_session
+        with trio.fail_after(5), pytest.raises(perdure.LogUnavailable):
+            await rt.submit("evicted", "during", request_id="r2")
+        down = False
+        with trio.fail_after(10):
+            await rt.submit("evicted", "after", request_id="r3")
+            assert (await rt.wait_idle("evicted")).final_text == "two"
+        assert "r2" not in (await rt.load_state("evicted")).requests
+
+
+async def test_a_session_that_cannot_start_at_boot_starts_when_the_log_answers(
+    log_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = trio.Event()
+
+    @perdure.tool(replay=ReplayPolicy.SAFE)
+    async def wait(ctx: ToolContext) -> str:
+        """Wait (the first time, until the runtime is shut down)."""
+        if ctx.attempt == 1:
+            blocked.set()
+            await trio.sleep_forever()
+        return "waited"
+
+    script = ScriptedProvider(
+        [Reply(text="waiting", tool_uses=[ToolUse("wait")]), Reply(text="ok")]
+    )
+    async with perdure.open_runtime(
+        log_dir, provider=script, tools=[wait], shutdown_grace=0.1
+    ) as rt:
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        with trio.fail_after(10):
+            await blocked.wait()
+    # The run is unfinished in the log. The next start cannot read it at first.
+    failures = 0
+    real_read = LmdbLog.read_session
+
+    def read_session(self: LmdbLog, session_id: str, *args: Any, **kw: Any) -> Any:
+        nonlocal failures
+        if session_id == "s" and failures < 4:
+            failures += 1
+            raise LogUnavailable("the disk is not mounted yet (simulated)")
+        return real_read(self, session_id, *args, **kw)
+
+    monkeypatch.setattr(LmdbLog, "read_session", read_session)
+    with trio.fail_after(30):
+        async with perdure.open_runtime(log_dir, provider=script, tools=[wait]) as rt:
+            assert failures == 1  # the runtime is up although "s" could not start yet
+            while True:
+                try:
+                    outcome = await rt.wait_idle("s")
+                    break
+                except perdure.LogUnavailable:
+                    await trio.sleep(0.05)
+    assert failures == 4
+    assert outcome is not None
+    assert (outcome.status, outcome.final_text) == ("completed", "ok")
