@@ -491,6 +491,8 @@ class _ReplyBuilder:
                     raise StreamBroken(f"thinking block {index} arrived without a signature")
                 thinking.append(ThinkingBlock(block.text, block.signature))
             elif block.kind == "redacted_thinking":
+                if not block.data:  # handed back empty, the API would refuse the request
+                    raise StreamBroken(f"redacted thinking block {index} arrived without data")
                 thinking.append(RedactedThinkingBlock(block.data))
             elif block.kind == "tool_use":
                 tool_input = _tool_input(block)

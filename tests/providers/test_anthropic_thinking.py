@@ -119,6 +119,11 @@ def fold(reply: Reply, *, drop: str = "") -> _ReplyBuilder:
     return builder
 
 
+def test_a_redacted_thinking_block_needs_its_data() -> None:
+    with pytest.raises(Exception, match="without data"):
+        fold(Reply(content=[RedactedThinking(""), Text("ok")])).reply()
+
+
 def test_a_thinking_block_needs_its_signature() -> None:
     """The signature_delta completes the block: without it the reply is not complete."""
     complete_stream = fold(Reply(content=[Thinking(PLAN), Text("ok")]))
