@@ -129,6 +129,7 @@ class Supervisor:
             delay = min(delay * 2, MAX_OUTAGE_BACKOFF)
             try:
                 await self.mailbox(session_id)
+                return  # started (it may be evicted later: that is not ours to undo)
             except (LogUnavailable, StorageFull) as exc:
                 log.warning("session %s still cannot start (%s); retrying", session_id, exc)
             except (Refused, LogError) as exc:
