@@ -7,9 +7,15 @@ work that was pending.
 """
 
 from perdure._runtime import Runtime, open_runtime
-from perdure.actors.decide import Accepted, Done, Refused
-from perdure.actors.session import SessionParkedError
-from perdure.actors.supervisor import UnknownSession
+from perdure.actors.decide import Accepted, Done
+from perdure.errors import (
+    NotOwnerRefused,
+    PerdureError,
+    Refused,
+    SessionParkedError,
+    SessionRestarting,
+    UnknownSession,
+)
 from perdure.providers.base import Message, ModelReply, ModelRequest, ProviderError
 from perdure.storage.backend import (
     CommitUnknown,
@@ -48,6 +54,8 @@ __all__ = [
     "Message",
     "ModelReply",
     "ModelRequest",
+    "NotOwnerRefused",
+    "PerdureError",
     "ProviderError",
     "Reconciled",
     "Refused",
@@ -56,6 +64,7 @@ __all__ = [
     "Runtime",
     "SessionFenced",
     "SessionParkedError",
+    "SessionRestarting",
     "StorageFull",
     "Tool",
     "ToolContext",

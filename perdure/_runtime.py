@@ -31,7 +31,8 @@ from perdure.actors import conversation, decide
 from perdure.actors.context import ActorContext
 from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
-from perdure.actors.supervisor import Supervisor, UnknownSession
+from perdure.actors.supervisor import Supervisor
+from perdure.errors import UnknownSession, find_exception
 from perdure.providers.base import Message, Provider
 from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
@@ -101,10 +102,17 @@ class Runtime:
     async def create_session(
         self, session_id: str | None = None, *, system: str | None = None
     ) -> str:
-        """Create a session (idempotent for an explicit ``session_id``); return its id."""
+        """Create a session (idempotent for an explicit ``session_id``); return its id.
+
+        Raises ``Refused("conflict")`` if the session exists with another system prompt.
+        """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
         await self._sup.create_session(sid, system)
         return sid
+
+    async def ensure_session(self, session_id: str, *, system: str | None = None) -> bool:
+        """Like ``create_session`` for an explicit id; True if this call created it."""
+        return await self._sup.create_session(session_id, system)
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.journal.sessions()
@@ -388,17 +396,3 @@ async def open_runtime(
                 raise body_error
     finally:
         await trio.to_thread.run_sync(the_log.close)
-
-
-def find_exception(
-    group: BaseExceptionGroup[Any], kind: type[BaseException]
-) -> BaseException | None:
-    """The first exception of type ``kind`` in a (nested) exception group."""
-    for exc in group.exceptions:
-        if isinstance(exc, kind):
-            return exc
-        if isinstance(exc, BaseExceptionGroup):
-            found = find_exception(exc, kind)
-            if found is not None:
-                return found
-    return None

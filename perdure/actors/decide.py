@@ -35,6 +35,7 @@ from perdure.actors.state import (
     command_body_hash,
     text_body_hash,
 )
+from perdure.errors import Refused, SessionParkedError
 from perdure.providers.base import ModelReply
 from perdure.storage.records import (
     ApprovalDecided,
@@ -242,15 +243,6 @@ class Done:
 
 
 Answer = Accepted | Done
-
-
-class Refused(Exception):
-    """A command that cannot be carried out; nothing was recorded."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code  # "not_found" | "conflict" | "invalid_state" | "parked"
-        self.message = message
 
 
 # -- words the model reads --------------------------------------------------------------
@@ -1010,7 +1002,7 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
             f"request id {cmd.request_id!r} was already used for a different {seen.kind} request",
         )
     if s.parked:
-        raise Refused("parked", f"session {s.session_id} is parked: {s.parked}")
+        raise SessionParkedError(s.session_id, s.parked)
     if isinstance(cmd, Submit):
         sub_id = f"in{len(s.submissions) + 1}"
         record: Record = InputAccepted(

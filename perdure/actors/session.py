@@ -29,6 +29,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import make_context, run_forget, run_reconcile, run_tool
+from perdure.errors import Refused, SessionParkedError
 from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed
 
@@ -91,10 +92,6 @@ class Drain:
 @define
 class _RetryResult:
     result: decide.Result
-
-
-class SessionParkedError(Exception):
-    pass
 
 
 @define
@@ -247,7 +244,7 @@ class SessionActor:
         reply = message.reply
         try:
             step, answer = decide.command(self.state, self._env(), message.command)
-        except decide.Refused as exc:
+        except Refused as exc:
             reply.fail(exc)
             return
         self._pending.append(reply)
@@ -302,7 +299,7 @@ class SessionActor:
             outcome = self.state.last_outcome
             for reply in self._waiters:
                 if self.state.parked:
-                    reply.fail(SessionParkedError(f"session parked: {self.state.parked}"))
+                    reply.fail(SessionParkedError(self.session_id, self.state.parked))
                 else:
                     reply.set(outcome)
             self._waiters.clear()

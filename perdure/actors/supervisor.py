@@ -35,13 +35,20 @@ import contextlib
 import logging
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
 from perdure.actors.context import ActorContext
-from perdure.actors.decide import Refused
-from perdure.actors.session import Drain, Mailbox, SessionActor, SessionParkedError
+from perdure.actors.session import Drain, Mailbox, SessionActor
+from perdure.errors import (
+    NotOwnerRefused,
+    Refused,
+    SessionParkedError,
+    SessionRestarting,
+    UnknownSession,
+    find_exception,
+)
 from perdure.storage.backend import (
     LogError,
     LogUnavailable,
@@ -54,21 +61,7 @@ from perdure.storage.records import SessionCreated, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
 
-E = TypeVar("E", bound=BaseException)
 MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
-
-
-class UnknownSession(Refused):
-    def __init__(self, session_id: str) -> None:
-        super().__init__("not_found", f"no session {session_id!r} in this log")
-
-
-class NotOwnerRefused(Refused):
-    """The session is leased by another node (``code == "not_owner"``)."""
-
-    def __init__(self, message: str, owner: str | None = None) -> None:
-        super().__init__("not_owner", message)
-        self.owner = owner
 
 
 class _Lost:
@@ -186,10 +179,22 @@ class Supervisor:
     # -- sessions ---------------------------------------------------------------------
 
     async def create_session(self, session_id: str, system: str | None) -> bool:
-        """Record a new session; False if it already existed (creation is idempotent)."""
+        """Record a new session; False if it already existed (creation is idempotent).
+
+        Asking again with another system prompt is a conflict: the session keeps the
+        prompt it was created with, and the caller hears that it differs.
+        """
         check_session_id(session_id)
         async with self._create_lock:
             if session_id in self.mailboxes or await self.journal.session_info(session_id):
+                if system is not None:
+                    first = await self.journal.read_session(session_id, 0, 1)
+                    created = first[0].record if first else None
+                    if isinstance(created, SessionCreated) and created.system != system:
+                        raise Refused(
+                            "conflict",
+                            f"session {session_id!r} already exists with a different system prompt",
+                        )
                 return False
             await self._acquire(session_id)
             record = SessionCreated(session_id=session_id, system=system, at=self.ctx.clock())
@@ -199,7 +204,7 @@ class Supervisor:
     async def mailbox(self, session_id: str) -> Mailbox:
         """The running session's mailbox, starting its actor (and recovery) if needed."""
         if session_id in self.parked:
-            raise Refused("parked", f"session {session_id} is parked: {self.parked[session_id]}")
+            raise SessionParkedError(session_id, self.parked[session_id])
         box = self.mailboxes.get(session_id)
         if box is not None:
             if not box.evicted:
@@ -223,7 +228,7 @@ class Supervisor:
             if isinstance(parked, _Unreachable):
                 raise parked.error  # the caller hears it now, not when the outage ends
             if parked is not None:
-                raise Refused("parked", f"session {session_id} is parked: {parked}")
+                raise SessionParkedError(session_id, parked)
             self.mailboxes[session_id] = box
             return box
         finally:
@@ -258,7 +263,7 @@ class Supervisor:
             except Exception as exc:
                 if self.journal.fence_error is not None:
                     raise self.journal.fence_error from None
-                fenced = _find(exc, SessionFenced)
+                fenced = find_exception(exc, SessionFenced)
                 if fenced is not None:
                     log.warning("session %s stopped: %s", session_id, fenced)
                     self._release_lost(session_id, actor, box, status, str(fenced))
@@ -301,13 +306,13 @@ class Supervisor:
                     summary,
                     "".join(traceback.format_exception(exc)),
                 )
-                actor.fail_pending(LogError(f"session {session_id} actor crashed: {summary}"))
+                actor.fail_pending(SessionRestarting(session_id, summary))
                 if len(failures) > self.ctx.max_restarts:
                     reason = f"its actor crashed {len(failures)} times; last error: {summary}"
                     await self._park(session_id, reason)
                     if not actor.started:
                         status.started(reason)
-                    await self._refuse_forever(box, reason)
+                    await self._refuse_forever(session_id, box, reason)
                     return
                 await trio.sleep(min(0.05 * 2 ** len(failures), 2.0))
 
@@ -373,9 +378,9 @@ class Supervisor:
         except LogError as exc:
             log.error("session %s: could not record that it is parked: %s", session_id, exc)
 
-    async def _refuse_forever(self, box: Mailbox, reason: str) -> None:
+    async def _refuse_forever(self, session_id: str, box: Mailbox, reason: str) -> None:
         """Answer whatever was already queued for a parked session, then stop listening."""
-        _refuse_queued(box, SessionParkedError(f"session parked: {reason}"))
+        _refuse_queued(box, SessionParkedError(session_id, reason))
 
     async def ask(self, session_id: str, make: Callable[[], Any]) -> Any:
         """Send a message built by ``make`` to the session and wait for its reply."""
@@ -419,7 +424,7 @@ class Supervisor:
             await box.send.send(message)
         except trio.BrokenResourceError:
             return
-        with contextlib.suppress(Refused, SessionParkedError, LogError):
+        with contextlib.suppress(Refused, SessionRestarting, LogError):
             await message.reply.wait()
 
 
@@ -442,17 +447,6 @@ def _transient(exc: BaseException) -> LogError | None:
         found = [_transient(inner) for inner in exc.exceptions]
         if found and all(f is not None for f in found):
             return found[0]
-    return None
-
-
-def _find(exc: BaseException, kind: type[E] | tuple[type[E], ...]) -> E | None:
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _find(inner, kind)
-            if found is not None:
-                return found
     return None
 
 

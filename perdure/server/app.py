@@ -53,8 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from perdure import __version__
 from perdure._runtime import Runtime
-from perdure.actors.decide import Refused
-from perdure.actors.session import SessionParkedError
+from perdure.errors import Refused, SessionRestarting
 from perdure.inspect import summarize
 from perdure.providers.base import Message as ModelMessage
 from perdure.providers.base import (
@@ -77,7 +76,14 @@ _STATIC: Final = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
-_REFUSED_STATUS: Final = {"not_found": 404, "conflict": 409, "invalid_state": 409, "parked": 423}
+_REFUSED_STATUS: Final = {
+    "not_found": 404,
+    "conflict": 409,
+    "invalid_state": 409,
+    "parked": 423,
+    "not_owner": 409,
+    "busy": 409,
+}
 
 
 T = TypeVar("T")
@@ -416,8 +422,8 @@ def api_errors(fn: Handler[T]) -> Handler[T]:
             return error_response(exc.status, exc.code, exc.message, exc.field)
         except Refused as exc:
             return error_response(_REFUSED_STATUS.get(exc.code, 409), exc.code, exc.message)
-        except SessionParkedError as exc:
-            return error_response(423, "parked", str(exc))
+        except SessionRestarting as exc:
+            return error_response(503, "session_restarting", str(exc))
         except CorruptRecord as exc:
             return error_response(500, "corrupt_record", str(exc))
         except LogError as exc:
@@ -529,16 +535,11 @@ class Api:
                 raise ApiError(
                     400, "invalid_field", f"the field 'session_id' is invalid: {exc}", "session_id"
                 ) from None
-            if await self.rt.session_info(sid) is not None:
-                state = await self.rt.load_state(sid)
-                if system is not None and state.system != system:
-                    raise ApiError(
-                        409,
-                        "conflict",
-                        f"session {sid!r} already exists with a different system prompt",
-                    )
-                return JSONResponse({"session_id": sid, "created": False}, status_code=200)
-        sid = await self.rt.create_session(sid, system=system)
+            created = await self.rt.ensure_session(sid, system=system)
+            return JSONResponse(
+                {"session_id": sid, "created": created}, status_code=201 if created else 200
+            )
+        sid = await self.rt.create_session(None, system=system)
         return JSONResponse({"session_id": sid, "created": True}, status_code=201)
 
     @api_errors

@@ -33,8 +33,9 @@ from attrs import frozen
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
-from perdure._runtime import find_exception, open_runtime
+from perdure._runtime import open_runtime
 from perdure._setup import SetupError
+from perdure.errors import find_exception
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
 from perdure.storage.backend import is_postgres

@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perdure import errors
 from perdure.actors import decide
 from perdure.actors.conversation import MessageCache, messages
 from perdure.providers.base import ModelReply
@@ -84,7 +85,7 @@ def _act(s: Session, action: str, draw: Any, n: int) -> None:
             s.command(decide.Resume(f"u{n}"))
         elif action == "restart":
             s.restart()
-    except decide.Refused:
+    except errors.Refused:
         pass
 
 

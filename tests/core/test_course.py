@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from perdure import errors
 from perdure.actors import decide
 from perdure.storage.records import (
     CompensationRequested,
@@ -57,12 +58,12 @@ def test_compensation_refusals() -> None:
     s = ticket_opened()
     s.reply("y", ("c2", "lookup", {"query": "q"}))
     s.finish_tool("c2")
-    with pytest.raises(decide.Refused, match="declares no compensation"):
+    with pytest.raises(errors.Refused, match="declares no compensation"):
         s.command(decide.Compensate("c2", "u2"))
     s.command(decide.Compensate("c1", "u1"))
-    with pytest.raises(decide.Refused, match="already compensated"):
+    with pytest.raises(errors.Refused, match="already compensated"):
         s.command(decide.Compensate("c1", "u3"))
-    with pytest.raises(decide.Refused, match="no tool call"):
+    with pytest.raises(errors.Refused, match="no tool call"):
         s.command(decide.Compensate("nope", "u4"))
 
 

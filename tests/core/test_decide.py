@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import perdure
+from perdure import errors
 from perdure.actors import decide
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
@@ -48,7 +49,7 @@ def test_same_request_id_same_body_is_a_duplicate_different_body_a_conflict() ->
     s.state.requests["r1"].seq = 7
     step, answer = s.command(decide.Submit("r1", "hello"))
     assert not step and answer == decide.Accepted("in1", 7, duplicate=True)
-    with pytest.raises(decide.Refused) as info:
+    with pytest.raises(errors.Refused) as info:
         s.command(decide.Submit("r1", "something else"))
     assert info.value.code == "conflict"
 
@@ -125,7 +126,7 @@ def test_approval_gate_then_approve_or_deny() -> None:
     step, _ = s.command(decide.Approve("c2", False, "a2"))
     assert kinds(step) == ["ApprovalDecided", "ToolCompleted"]
     assert only(step.records, ToolCompleted)[0].kind == "denied"
-    with pytest.raises(decide.Refused):
+    with pytest.raises(errors.Refused):
         s.command(decide.Approve("c2", True, "a3"))
 
 
@@ -365,7 +366,7 @@ def test_pause_dispatches_nothing_new_and_resume_continues() -> None:
 
 def test_revise_without_a_run_is_refused() -> None:
     s = Session()
-    with pytest.raises(decide.Refused):
+    with pytest.raises(errors.Refused):
         s.command(decide.Revise("v", "x"))
 
 

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from perdure import errors
 from perdure.actors import decide
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
@@ -104,7 +105,7 @@ class CoreMachine(RuleBasedStateMachine):
     def _command(self, cmd: decide.Command) -> None:
         try:
             first, _ = decide.command(self.state, self.env, cmd)
-        except decide.Refused:
+        except errors.Refused:
             return
         self._commit(first)
 
