@@ -173,4 +173,5 @@ def request(
         attempt=attempt,
         session_id=s.session_id,
         generation_id=generation_id,
+        submission_id=s.generations[generation_id].submission_id,
     )

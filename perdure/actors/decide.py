@@ -306,6 +306,7 @@ def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str)
         run_id=run_id,
         generation_id=gen_id,
         goal_rev=s.goal_rev,
+        submission_id=submission_id,
         at=env.now,
     )
     return Step((started,), (CallModel(gen_id, 1),))
@@ -834,6 +835,7 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
             session_id=s.session_id,
             run_id=s.run.run_id,
             generation_id=gen.generation_id,
+            submission_id=gen.submission_id,
             text=msg.reply.text,
             thinking=list(msg.reply.thinking),
             tool_calls=calls,

@@ -39,7 +39,12 @@ async def call_model(
         )
 
         def emit(kind: str, data: dict[str, Any]) -> None:
-            payload = {"generation_id": generation_id, "attempt": attempt, **data}
+            payload = {
+                "generation_id": generation_id,
+                "submission_id": request.submission_id,
+                "attempt": attempt,
+                **data,
+            }
             bus.publish(Event(session_id, kind, data=payload))
 
         # Marks the start of an attempt: a frontend discards partial text of earlier ones.

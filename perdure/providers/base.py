@@ -96,6 +96,7 @@ class ModelRequest:
     attempt: int = 1
     session_id: str = ""
     generation_id: str = ""
+    submission_id: str = ""  # the input this turn answers (events name it)
 
 
 @frozen(kw_only=True)

@@ -154,6 +154,7 @@ class GenerationStarted:
     run_id: str
     generation_id: str
     goal_rev: int
+    submission_id: str = ""  # the input this turn answers ("" in logs before it was kept)
     at: float
 
 
@@ -183,6 +184,7 @@ class GenerationCompleted:
     run_id: str
     generation_id: str
     text: str
+    submission_id: str = ""  # the input this turn answers ("" in older logs)
     thinking: list[Thinking] = field(factory=list)
     tool_calls: list[ToolCall] = field(factory=list)
     stop_reason: str = "end_turn"
