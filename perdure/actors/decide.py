@@ -842,6 +842,9 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
             stop_reason=msg.reply.stop_reason,
             usage=msg.reply.usage,
             attempt=msg.attempt,
+            provider=msg.reply.provider,
+            model=msg.reply.model,
+            response_id=msg.reply.response_id,
             at=env.now,
         )
     ]

@@ -373,6 +373,8 @@ class _ReplyBuilder:
         self.started = False
         self.stopped = False
         self.failure: StreamBroken | None = None
+        self.model = ""
+        self.response_id = ""
 
     def on_event(self, name: str, raw: str) -> None:
         """Fold one SSE event. A failure is remembered, not raised: the caller reads
@@ -412,6 +414,8 @@ class _ReplyBuilder:
         message = data.get("message")
         if isinstance(message, dict):
             self.usage = _usage(message.get("usage"), self.usage)
+            self.model = str(message.get("model") or "")
+            self.response_id = str(message.get("id") or "")
 
     def _content_block_start(self, data: dict[str, Any]) -> None:
         index = int(data["index"])
@@ -507,6 +511,9 @@ class _ReplyBuilder:
             thinking=tuple(thinking),
             stop_reason=stop_reason,
             usage=self.usage,
+            provider="anthropic",
+            model=self.model,
+            response_id=self.response_id,
         )
 
 

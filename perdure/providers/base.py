@@ -108,6 +108,9 @@ class ModelReply:
     thinking: tuple[Thinking, ...] = ()
     stop_reason: str = "end_turn"
     usage: Usage = field(factory=Usage)
+    provider: str = ""  # who answered (``Provider.name``), recorded with the reply
+    model: str = ""  # the model that answered, as the vendor reported it
+    response_id: str = ""  # the vendor's id of this response, if it gives one
 
 
 class ProviderError(Exception):

@@ -101,4 +101,11 @@ class ScriptedProvider:
             for j, use in enumerate(reply.tool_uses)
         )
         stop = reply.stop_reason or ("tool_use" if calls else "end_turn")
-        return ModelReply(text=reply.text, tool_calls=calls, stop_reason=stop, usage=reply.usage)
+        return ModelReply(
+            text=reply.text,
+            tool_calls=calls,
+            stop_reason=stop,
+            usage=reply.usage,
+            provider=self.name,
+            model="scripted",
+        )

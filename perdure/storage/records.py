@@ -190,6 +190,9 @@ class GenerationCompleted:
     stop_reason: str = "end_turn"
     usage: Usage = field(factory=Usage)
     attempt: int = 1
+    provider: str = ""  # which provider answered ("" in older logs)
+    model: str = ""  # the model that answered, as the vendor reported it
+    response_id: str = ""  # the vendor's id of the response
     at: float
 
 

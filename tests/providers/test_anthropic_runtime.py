@@ -127,6 +127,10 @@ async def test_text_reply_completes_the_run(
     (gen,) = of(GenerationCompleted, committed)
     assert gen.text == outcome.final_text
     assert gen.stop_reason == "end_turn"
+    # Who answered is recorded with the reply, as the vendor reported it.
+    assert (gen.provider, gen.response_id) == ("anthropic", "msg_fake_0001")
+    assert gen.model == fake.requests[0].body["model"]
+    assert gen.submission_id == outcome.submission_id
     body = fake.requests[0].body
     assert body["system"] == [
         {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}
