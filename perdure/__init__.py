@@ -30,6 +30,7 @@ from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import RunFinished
 from perdure.tools.contract import (
+    OutcomeUnknown,
     Reconciled,
     ReplayPolicy,
     Tool,
@@ -55,6 +56,7 @@ __all__ = [
     "ModelReply",
     "ModelRequest",
     "NotOwnerRefused",
+    "OutcomeUnknown",
     "PerdureError",
     "ProviderError",
     "Reconciled",

@@ -156,7 +156,7 @@ class ModelFailed:
 class ToolFinished:
     call_id: str
     attempt: int
-    outcome: Literal["ok", "error", "timeout", "cancelled"]
+    outcome: Literal["ok", "error", "timeout", "cancelled", "unknown"]
     output: str
     is_error: bool = False
     terminate: bool = False
@@ -905,6 +905,12 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             output=f"perdure: this call was stopped while it was running: {why}.{effect}",
             reason=f"stopped while executing: {why}",
             while_executing=True,
+            **common,
+        )
+    elif msg.outcome == "unknown":
+        record = ToolOutcomeUnknown(
+            output=unknown_outcome_text(task.tool_name, f"could not tell ({msg.output})"),
+            reason="the tool could not tell: " + msg.output,
             **common,
         )
     elif msg.outcome == "timeout" and never:

@@ -21,7 +21,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.decide import ReconcileFinished, Result, ToolFinished
 from perdure.storage.backend import SessionFenced
 from perdure.storage.bus import Event
-from perdure.tools.contract import Tool, ToolContext, ToolResult, render_result
+from perdure.tools.contract import OutcomeUnknown, Tool, ToolContext, ToolResult, render_result
 
 log = logging.getLogger("perdure.tool")
 
@@ -69,6 +69,8 @@ async def run_tool(
         with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf) as limit:
             try:
                 value = await tool.invoke(tctx, args)
+            except OutcomeUnknown as exc:
+                report = {"outcome": "unknown", "output": exc.reason}
             except Exception as exc:
                 report = {"outcome": "error", "output": f"The tool raised {_describe(exc)}"}
             else:

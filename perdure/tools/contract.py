@@ -86,6 +86,20 @@ class Reconciled:
         return cls("unknown", reason=reason)
 
 
+class OutcomeUnknown(Exception):
+    """Raised by a tool that cannot know whether its effect happened.
+
+    For example the connection to the service broke after the request was sent and
+    before its answer came back. The runtime records ``ToolOutcomeUnknown`` with
+    ``reason`` and tells the model, whatever the tool's replay policy: it is never
+    reported as a plain error, which would tell the model that nothing happened.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @frozen
 class ToolResult:
     """A tool may return this instead of a plain value to flag an error or end the run."""

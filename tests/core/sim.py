@@ -102,7 +102,13 @@ class Session:
         task = self.state.tasks[call_id]
         return self.result(
             decide.ToolFinished(
-                call_id=call_id, attempt=task.attempt, outcome="ok", output=output, **kw
+                **{
+                    "call_id": call_id,
+                    "attempt": task.attempt,
+                    "outcome": "ok",
+                    "output": output,
+                    **kw,
+                }
             )
         )
 

@@ -409,3 +409,17 @@ def test_paused_session_does_not_start_queued_input() -> None:
     assert kinds(step) == ["InputAccepted"], "no run, no model call while paused"
     step, _ = s.command(decide.Resume("u"))
     assert kinds(step) == ["SessionResumed", "RunStarted", "GenerationStarted"]
+
+
+@pytest.mark.parametrize("tool", ["lookup", "send"])
+def test_a_tool_that_cannot_tell_is_recorded_as_unknown_whatever_its_policy(tool: str) -> None:
+    s = Session()
+    s.command(decide.Submit("r1", "go"))
+    args = {"query": "a"} if tool == "lookup" else {"text": "b"}
+    s.reply("one", ("c1", tool, args))
+    step = s.finish_tool("c1", output="the connection broke mid-call", outcome="unknown")
+    assert kinds(step)[0] == "ToolOutcomeUnknown"
+    unknown = only(step.records, ToolOutcomeUnknown)[0]
+    assert "the connection broke mid-call" in unknown.reason
+    assert "UNKNOWN" in unknown.output
+    assert not only(step.records, ToolCompleted)

@@ -272,3 +272,16 @@ async def test_cancelling_a_run_while_a_reconcile_runs_ends_the_run(tmp_path: Pa
         task = (await rt.load_state(SESSION)).tasks[call_id(1)]
         assert task.phase == "outcome_unknown"
         assert "the reconcile was cancelled" in task.result.reason  # type: ignore[union-attr]
+
+
+async def test_a_tool_that_cannot_tell_reports_an_unknown_outcome(tmp_path: Path) -> None:
+    @tool(replay=ReplayPolicy.KEYED)
+    async def transfer(ctx: ToolContext, amount: int) -> str:
+        """Move money through a service whose connection broke mid-call."""
+        raise perdure.OutcomeUnknown("the connection to the bank broke after the request")
+
+    turn = await one_turn(tmp_path / "log", [transfer], [ToolUse("transfer", {"amount": 5})])
+    assert turn.state.tasks[call_id(1)].phase == "outcome_unknown"
+    content, is_error = turn.results[call_id(1)]
+    assert is_error and "UNKNOWN" in content and "broke after the request" in content
+    assert turn.outcome is not None and turn.outcome.status == "completed"
