@@ -7,7 +7,7 @@ work that was pending.
 """
 
 from perdure._runtime import Runtime, open_runtime
-from perdure.actors.decide import Accepted, Done
+from perdure.actors.protocol import Accepted, Done
 from perdure.errors import (
     NotOwnerRefused,
     PerdureError,

@@ -22,12 +22,12 @@ from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import attrs
 import trio
 
-from perdure.actors import conversation, decide
+from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
@@ -41,6 +41,7 @@ from perdure.storage.records import Committed, RunFinished
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
+T = TypeVar("T")
 
 
 class Runtime:
@@ -129,18 +130,19 @@ class Runtime:
         """
         return await trio.to_thread.run_sync(self.journal.log.read_system)
 
-    async def _command(self, session_id: str, command: decide.Command) -> Any:
-        return await self._sup.ask(session_id, lambda: CommandMsg(command))
+    async def _done(self, session_id: str, command: protocol.Command) -> protocol.Done:
+        return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Done](command))
 
     async def submit(
         self, session_id: str, text: str, *, request_id: str | None = None
-    ) -> decide.Accepted:
+    ) -> protocol.Accepted:
         """Queue user input; returns once it is durable. Same ``request_id`` -> same answer."""
-        return await self._command(session_id, decide.Submit(request_id or _rid(), text))  # type: ignore[no-any-return]
+        command = protocol.Submit(request_id or _rid(), text)
+        return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Accepted](command))
 
-    async def cancel(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
+    async def cancel(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
         """Cancel the current run (queued input still runs afterwards)."""
-        return await self._command(session_id, decide.Cancel(request_id or _rid()))  # type: ignore[no-any-return]
+        return await self._done(session_id, protocol.Cancel(request_id or _rid()))
 
     async def approve(
         self,
@@ -150,40 +152,39 @@ class Runtime:
         approved: bool = True,
         request_id: str | None = None,
         note: str = "",
-    ) -> decide.Done:
+    ) -> protocol.Done:
         """Record a human decision on a tool call that awaits approval."""
-        cmd = decide.Approve(call_id, approved, request_id or _rid(), note)
-        return await self._command(session_id, cmd)  # type: ignore[no-any-return]
+        cmd = protocol.Approve(call_id, approved, request_id or _rid(), note)
+        return await self._done(session_id, cmd)
 
     async def revise(
         self, session_id: str, text: str, *, request_id: str | None = None
-    ) -> decide.Done:
+    ) -> protocol.Done:
         """Change the request of the current run; returns the new goal revision in ``ref``."""
-        return await self._command(session_id, decide.Revise(request_id or _rid(), text))  # type: ignore[no-any-return]
+        return await self._done(session_id, protocol.Revise(request_id or _rid(), text))
 
-    async def pause(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
+    async def pause(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
         """Dispatch nothing new (running tools finish); durable across restarts."""
-        return await self._command(session_id, decide.Pause(request_id or _rid()))  # type: ignore[no-any-return]
+        return await self._done(session_id, protocol.Pause(request_id or _rid()))
 
-    async def resume(self, session_id: str, *, request_id: str | None = None) -> decide.Done:
-        return await self._command(session_id, decide.Resume(request_id or _rid()))  # type: ignore[no-any-return]
+    async def resume(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
+        return await self._done(session_id, protocol.Resume(request_id or _rid()))
 
     async def compensate(
         self, session_id: str, call_id: str, *, request_id: str | None = None
-    ) -> decide.Done:
+    ) -> protocol.Done:
         """Undo a completed call with its tool's compensation (a durable task of its own).
 
         ``ref`` of the answer is the compensation's call id; its result arrives like
         any tool result (events, transcript note).
         """
-        cmd = decide.Compensate(call_id, request_id or _rid())
-        return await self._command(session_id, cmd)  # type: ignore[no-any-return]
+        return await self._done(session_id, protocol.Compensate(call_id, request_id or _rid()))
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
-        return await self._sup.ask(session_id, WaitIdle)  # type: ignore[no-any-return]
+        return await self._sup.ask(session_id, WaitIdle)
 
-    async def state(self, session_id: str, fn: Callable[[SessionState], Any]) -> Any:
+    async def state(self, session_id: str, fn: Callable[[SessionState], T]) -> T:
         """Evaluate ``fn`` on the live state of a session, inside its actor (read-only!)."""
         return await self._sup.ask(session_id, lambda: Query(fn))
 

@@ -49,6 +49,7 @@ from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+import attrs
 from attrs import field, frozen
 
 __all__ = [
@@ -161,6 +162,16 @@ class Disconnect:
 Action = Reply | HttpError | Disconnect
 
 
+@attrs.define
+class StreamLog:
+    """What the server did with one streamed response (for tests of cancellation)."""
+
+    msg_id: str
+    total: int  # events the reply has
+    sent: int = 0  # events written before the stream ended
+    aborted: bool = False  # the client went away before the stream ended
+
+
 @frozen
 class Received:
     """One request as the server saw it."""
@@ -189,6 +200,7 @@ class FakeAnthropic:
         self._ids = 0
         self._redacted: set[str] = set()  # redacted_thinking data this server has sent
         self._open: set[socket.socket] = set()
+        self._streams: list[StreamLog] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -272,6 +284,16 @@ class FakeAnthropic:
     def pending(self) -> int:
         with self._lock:
             return len(self._script)
+
+    @property
+    def streams(self) -> list[StreamLog]:
+        """Every streamed response so far, in the order they started."""
+        with self._lock:
+            return list(self._streams)
+
+    def _stream_started(self, log: StreamLog) -> None:
+        with self._lock:
+            self._streams.append(log)
 
     @property
     def requests(self) -> list[Received]:
@@ -504,6 +526,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, reply: Reply, msg_id: str, model: str, request_id: str) -> None:
         events = stream_events(reply, msg_id, model)
+        log = StreamLog(msg_id, len(events))
+        self.server_fake._stream_started(log)
         chunked = not (reply.cut_after is not None and reply.cut_mode == "eof")
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -536,10 +560,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if reply.event_delay and i:
                     time.sleep(reply.event_delay)
                 write(_sse(name, data))
+                log.sent = i + 1
             if chunked:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
         except OSError:
+            log.aborted = True
             self.close_connection = True  # the client went away (cancelled): fine
 
     def _cut(self, chunked: bool) -> None:

@@ -23,6 +23,7 @@ from perdure.providers.base import (
     Block,
     Message,
     ModelRequest,
+    Role,
     TextBlock,
     ToolDefinition,
     ToolResultBlock,
@@ -82,13 +83,13 @@ def messages(
     settled = cache is not None
     mark: tuple[int, int, Message | None] | None = None
 
-    def add(role: str, blocks: list[Block]) -> None:
+    def add(role: Role, blocks: list[Block]) -> None:
         if not blocks:
             return
         if out and out[-1].role == role:
             out[-1] = Message(out[-1].role, out[-1].content + tuple(blocks))
         else:
-            out.append(Message(role, tuple(blocks)))  # type: ignore[arg-type]
+            out.append(Message(role, tuple(blocks)))
 
     for index in range(start, len(s.conversation)):
         item = s.conversation[index]

@@ -4,39 +4,67 @@ This is the whole protocol of perdure, written without I/O (in the spirit of
 h11): the trio shell in ``session.py`` feeds it commands from callers and results
 from its generation and tool actors, commits the records it returns, and only then
 performs the effects. Recovery is the same code: ``recover`` on the folded state of
-a restarted process, followed by the usual ``advance``.
+a restarted process, followed by the usual ``advance``. The inputs and outputs are
+named in ``protocol``.
 
 Read it as tables:
 
 * ``advance`` — what happens next when nothing is in flight (start a run, call the
   model, dispatch tool tasks, start the next turn, finish the run);
-* ``recover`` — DESIGN.md's recovery table, for a process that finds work that a
-  dead process left in flight;
+* ``recover`` — the recovery table (docs/DESIGN.md), for a process that finds work
+  that a dead process left in flight;
 * ``on_result`` — what a model reply, a model error, a tool result or a
-  reconciliation changes;
-* ``command`` — what a caller's submit, cancel, approve, revise, pause or resume
-  changes.
+  reconciliation changes (``RESULTS``);
+* ``command`` — what a caller's submit, cancel, approve, revise, pause, resume or
+  compensate changes (``COMMANDS``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from attrs import evolve, field, frozen
+from attrs import evolve
 
+from perdure.actors.protocol import (
+    NOTHING,
+    Accepted,
+    Answer,
+    Approve,
+    CallModel,
+    Cancel,
+    CancelModel,
+    CancelTool,
+    Command,
+    Compensate,
+    Done,
+    Effect,
+    Env,
+    Forget,
+    ModelFailed,
+    ModelReplied,
+    Pause,
+    Reconcile,
+    ReconcileFinished,
+    Result,
+    Resume,
+    Revise,
+    RunTool,
+    Step,
+    Submit,
+    ToolFinished,
+    View,
+)
 from perdure.actors.state import (
+    DISPATCHABLE_PHASES,
+    IN_FLIGHT_PHASES,
     Generation,
     SessionState,
     Task,
-    approval_body_hash,
-    command_body_hash,
-    text_body_hash,
 )
 from perdure.errors import Refused, SessionParkedError
-from perdure.providers.base import ModelReply
 from perdure.storage.records import (
     ApprovalDecided,
     CancelRequested,
@@ -51,6 +79,7 @@ from perdure.storage.records import (
     RetryPending,
     RunFinished,
     RunStarted,
+    RunStatus,
     SessionPaused,
     SessionResumed,
     ToolAwaitingApproval,
@@ -59,191 +88,10 @@ from perdure.storage.records import (
     ToolCompleted,
     ToolExecuting,
     ToolOutcomeUnknown,
+    ToolResultKind,
     ToolTaskCreated,
-    Usage,
 )
 from perdure.tools.contract import ReplayPolicy, Tool
-
-# -- inputs ---------------------------------------------------------------------------
-
-
-@frozen(kw_only=True)
-class Env:
-    """What decisions may consult besides the state: the tools, the time, the limits."""
-
-    tools: Mapping[str, Tool]
-    now: float
-    resume_budget: int = 3
-    max_model_attempts: int = 8
-    max_turns: int = 100
-    retry_base: float = 1.0
-    retry_cap: float = 60.0
-
-
-@frozen(kw_only=True)
-class View:
-    """What this process is doing right now. Not durable: empty after a restart."""
-
-    models: frozenset[str] = frozenset()  # generation ids with a model call in flight
-    tools: frozenset[str] = frozenset()  # call ids with a tool or a reconcile in flight
-    cancelling: frozenset[str] = frozenset()  # call ids already told to stop
-    draining: bool = False  # the process is shutting down: dispatch nothing new
-
-
-@frozen
-class Submit:
-    request_id: str
-    text: str
-
-
-@frozen
-class Cancel:
-    request_id: str
-
-
-@frozen
-class Approve:
-    call_id: str
-    approved: bool
-    request_id: str
-    note: str = ""
-
-
-@frozen
-class Revise:
-    request_id: str
-    text: str
-
-
-@frozen
-class Pause:
-    request_id: str
-
-
-@frozen
-class Resume:
-    request_id: str
-
-
-@frozen
-class Compensate:
-    call_id: str
-    request_id: str
-
-
-Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate
-
-
-@frozen
-class ModelReplied:
-    generation_id: str
-    attempt: int
-    reply: ModelReply
-
-
-@frozen(kw_only=True)
-class ModelFailed:
-    generation_id: str
-    attempt: int
-    error: str
-    retryable: bool
-    retry_after: float | None = None
-    usage: Usage = field(factory=Usage)
-    jitter: float = 0.5  # a sample of U(0, 1), drawn by the shell
-
-
-@frozen(kw_only=True)
-class ToolFinished:
-    call_id: str
-    attempt: int
-    outcome: Literal["ok", "error", "timeout", "cancelled", "unknown"]
-    output: str
-    is_error: bool = False
-    terminate: bool = False
-    duration: float = 0.0
-
-
-@frozen(kw_only=True)
-class ReconcileFinished:
-    call_id: str
-    status: Literal["applied", "not_applied", "unknown"]
-    output: str = ""
-    reason: str = ""
-    is_error: bool = False  # of an applied result
-    terminate: bool = False  # an applied result ends the run
-
-
-Result = ModelReplied | ModelFailed | ToolFinished | ReconcileFinished
-
-# -- outputs --------------------------------------------------------------------------
-
-
-@frozen
-class CallModel:
-    generation_id: str
-    attempt: int
-    not_before: float | None = None
-
-
-@frozen
-class RunTool:
-    call_id: str
-    attempt: int
-
-
-@frozen
-class Reconcile:
-    call_id: str
-
-
-@frozen
-class CancelTool:
-    call_id: str
-
-
-@frozen
-class CancelModel:
-    generation_id: str
-
-
-Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel
-
-
-@frozen
-class Step:
-    records: tuple[Record, ...] = ()
-    effects: tuple[Effect, ...] = ()
-
-    def __add__(self, other: Step) -> Step:
-        return Step(self.records + other.records, self.effects + other.effects)
-
-    def __bool__(self) -> bool:
-        return bool(self.records or self.effects)
-
-
-NOTHING = Step()
-
-
-@frozen
-class Accepted:
-    """The answer to a submit: durable before the caller sees it."""
-
-    submission_id: str
-    seq: int
-    duplicate: bool = False
-
-
-@frozen
-class Done:
-    """The answer to other commands. ``seq`` is 0 when nothing had to be recorded."""
-
-    ref: str
-    seq: int = 0
-    duplicate: bool = False
-
-
-Answer = Accepted | Done
-
 
 # -- words the model reads --------------------------------------------------------------
 
@@ -272,6 +120,12 @@ def idempotency_key(session_id: str, submission_id: str, call_id: str) -> str:
 
 
 def fingerprint(tool: Tool, args: dict[str, Any]) -> str:
+    """The identity of one call: which tool, which definition of it, which arguments.
+
+    Recorded with every ``executing`` record; recovery compares it with the fingerprint
+    the same arguments get from the tool registered NOW, so a call whose tool changed
+    since it was dispatched is never taken for the same call (see ``_recover_executing``).
+    """
     canonical = json.dumps(
         {"tool": tool.name, "definition": tool.definition_hash, "args": args},
         sort_keys=True,
@@ -312,7 +166,7 @@ def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str)
     return Step((started,), (CallModel(gen_id, 1),))
 
 
-def _finish(s: SessionState, env: Env, status: str, text: str = "", reason: str = "") -> Step:
+def _finish(s: SessionState, env: Env, status: RunStatus, text: str = "", reason: str = "") -> Step:
     assert s.run is not None
     return Step(
         (
@@ -320,7 +174,7 @@ def _finish(s: SessionState, env: Env, status: str, text: str = "", reason: str 
                 session_id=s.session_id,
                 run_id=s.run.run_id,
                 submission_id=s.run.submission_id,
-                status=status,  # type: ignore[arg-type]
+                status=status,
                 final_text=text,
                 reason=reason,
                 at=env.now,
@@ -373,10 +227,10 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     if not (s.paused or view.draining):
         dispatched = NOTHING
         for task in tasks:
-            if task.phase in ("created", "approved", "denied"):
+            if task.phase in DISPATCHABLE_PHASES:
                 dispatched += _dispatch(s, env, task)
             elif task.phase == "executing" and task.call_id not in view.tools:
-                dispatched += _recheck(task)
+                dispatched += _recheck(s, env, task)
         if dispatched:
             return dispatched
     if not all(t.terminal for t in tasks):
@@ -410,20 +264,25 @@ def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
             return Step((done,))
         if s.paused or view.draining:
             continue
-        if task.phase in ("created", "approved", "denied"):
+        if task.phase in DISPATCHABLE_PHASES:
             return _dispatch(s, env, task)
         if task.phase == "executing" and task.call_id not in view.tools:
-            return _recheck(task)
+            return _recheck(s, env, task)
     return NOTHING
 
 
-def _recheck(task: Task) -> Step:
+def _recheck(s: SessionState, env: Env, task: Task) -> Step:
     """An executing call nobody runs: reconcile found it not applied while paused.
 
     (After a restart, ``recover`` has already decided every executing call, so in a
     running process this is the only way to meet one.) Ask again before running it.
     """
-    return Step((), (Reconcile(task.call_id),))
+    assert task.executing is not None
+    tool = tool_for(env.tools, task)
+    if tool is None or tool.reconcile is None:  # unregistered since: nobody can tell
+        why = "its tool is no longer registered" if tool is None else "it cannot reconcile"
+        return Step((_unknown(s, env, task, f"not re-run: {why}"),))
+    return Step((), (Reconcile(task.executing, tool),))
 
 
 def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> Step:
@@ -487,13 +346,13 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
     """created/approved/denied -> executing, awaiting approval, or an immediate result."""
     tool = tool_for(env.tools, task)
 
-    def done(output: str, kind: str) -> Step:
+    def done(output: str, kind: ToolResultKind) -> Step:
         record = ToolCompleted(
             session_id=s.session_id,
             call_id=task.call_id,
             output=output,
             is_error=True,
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             at=env.now,
         )
         return Step((record,))
@@ -523,11 +382,22 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
             at=env.now,
         )
         return Step((record,))
-    return _execute(s, env, task, tool, attempt=1)
+    return _execute(s, env, task, tool, attempt=1, run_id=_run_id(s))
 
 
-def _execute(s: SessionState, env: Env, task: Task, tool: Tool, attempt: int) -> Step:
-    """The executing record, committed BEFORE the tool may touch the world."""
+def _run_id(s: SessionState) -> str:
+    """The run that owns work started now ("" for a compensation outside any run)."""
+    return s.run.run_id if s.run is not None else ""
+
+
+def _execute(
+    s: SessionState, env: Env, task: Task, tool: Tool, *, attempt: int, run_id: str
+) -> Step:
+    """The executing record, committed BEFORE the tool may touch the world.
+
+    ``run_id`` names the run that owns this attempt: the current run, or during
+    recovery the run that continues the interrupted one (not folded in yet).
+    """
     if task.executing is not None:
         args = task.executing.args  # a re-run repeats exactly what was executed
         key = task.executing.idempotency_key
@@ -537,7 +407,7 @@ def _execute(s: SessionState, env: Env, task: Task, tool: Tool, attempt: int) ->
     record = ToolExecuting(
         session_id=s.session_id,
         call_id=task.call_id,
-        run_id=s.run.run_id if s.run is not None else "",
+        run_id=run_id,
         tool_name=tool.name,
         args=args,
         replay=tool.replay.value,
@@ -547,7 +417,7 @@ def _execute(s: SessionState, env: Env, task: Task, tool: Tool, attempt: int) ->
         attempt=attempt,
         at=env.now,
     )
-    return Step((record,), (RunTool(task.call_id, attempt),))
+    return Step((record,), (RunTool(record, tool),))
 
 
 def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
@@ -575,6 +445,13 @@ def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
 
 
 # -- recover: the recovery table -----------------------------------------------------------
+
+Decide = Callable[[str, str, str, str], RecoveryDecision]  # (subject, found, action, reason)
+_DISPATCH_ACTION: dict[str, str] = {
+    "created": "run it",
+    "approved": "run it",
+    "denied": "report the denial to the model",
+}
 
 
 def recover(s: SessionState, env: Env) -> Step:
@@ -604,9 +481,10 @@ def recover(s: SessionState, env: Env) -> Step:
     for task in s.open_compensations():
         if task.phase == "executing":
             compensating += _recover_executing(s, env, task, "", decision)
-        elif task.phase in ("created", "approved"):
+        elif task.phase in DISPATCHABLE_PHASES:
+            action = _DISPATCH_ACTION[task.phase]
             compensating += Step(
-                (decision(task.call_id, "compensation " + task.phase, "run it", "not started"),)
+                (decision(task.call_id, "compensation " + task.phase, action, "not started"),)
             )
     if run is None:
         if not s.queue:
@@ -619,7 +497,7 @@ def recover(s: SessionState, env: Env) -> Step:
     gen = s.current_generation()
     open_tasks = s.open_tasks()
     in_flight = (gen is not None and gen.phase != "completed") or any(
-        t.phase in ("created", "approved", "denied", "executing") for t in open_tasks
+        t.phase in IN_FLIGHT_PHASES for t in open_tasks
     )
     if run.cancel_requested:
         return compensating + _recover_cancelled(s, env, decision)
@@ -678,23 +556,32 @@ def recover(s: SessionState, env: Env) -> Step:
             found, action = "model request in flight", "call the model again"
         records.append(decision(gen.generation_id, found, action, "a model call has no effects"))
     # The resumed run owns the tasks from here on; _execute names it in new records.
-    resumed = evolve(run, run_id=new_run_id)
     for task in open_tasks:
         if task.phase == "executing":
-            step = _recover_executing(s, env, task, resumed.run_id, decision)
+            step = _recover_executing(s, env, task, new_run_id, decision)
             records += step.records
             effects += step.effects
-        elif task.phase in ("created", "approved", "denied"):
+        elif task.phase in DISPATCHABLE_PHASES:
+            action = _DISPATCH_ACTION[task.phase]
             records.append(
-                decision(task.call_id, task.phase, "run it", "it had not started: nothing happened")
+                decision(task.call_id, task.phase, action, "it had not started: nothing happened")
             )
         elif task.phase == "awaiting_approval":
             records.append(decision(task.call_id, task.phase, "keep waiting", "no decision yet"))
     return compensating + Step(tuple(records), tuple(effects))
 
 
-def _recover_executing(s: SessionState, env: Env, task: Task, run_id: str, decision: Any) -> Step:
-    """The heart of recovery: a call that may or may not have taken effect."""
+def _recover_executing(
+    s: SessionState, env: Env, task: Task, run_id: str, decision: Decide
+) -> Step:
+    """The heart of recovery: a call that may or may not have taken effect.
+
+    A blind re-run needs both the policy recorded with the call and the policy of the
+    tool registered now to allow it, and the call to still be the same call: if the
+    tool's definition changed since dispatch (its fingerprint differs), it is re-run
+    only if the recorded arguments still fit the new definition, and the decision
+    says so. Anything else is asked of the tool's ``reconcile`` or reported unknown.
+    """
     assert task.executing is not None
     recorded = ReplayPolicy(task.executing.replay)
     tool = tool_for(env.tools, task)
@@ -717,42 +604,42 @@ def _recover_executing(s: SessionState, env: Env, task: Task, run_id: str, decis
                 _unknown(s, env, task, "interrupted; " + why),
             )
         )
-    if recorded.replayable and tool.replay.replayable:
+    policy = f"recorded policy {recorded.value}, registered policy {tool.replay.value}"
+    change, still_fits = _definition_change(task.executing, tool)
+    if recorded.replayable and tool.replay.replayable and still_fits:
         action = f"re-run with the same idempotency key (policy {tool.replay.value})"
-        reason = f"recorded policy {recorded.value}, registered policy {tool.replay.value}"
-        rerun = _execute_again(s, env, task, tool, run_id)
-        return Step((decision(task.call_id, "executing", action, reason),)) + rerun
+        rerun = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=run_id)
+        return Step((decision(task.call_id, "executing", action, policy + change),)) + rerun
+    if recorded.replayable and tool.replay.replayable:
+        why = f"{policy}{change}"
+    else:
+        why = f"{policy}: no blind re-run{change}"
     if tool.reconcile is not None:
-        reason = (
-            f"policy {recorded.value} (now {tool.replay.value}) forbids a blind re-run; "
-            "the tool can reconcile"
-        )
         return Step(
-            (decision(task.call_id, "executing", "ask the tool's reconcile()", reason),),
-            (Reconcile(task.call_id),),
+            (decision(task.call_id, "executing", "ask the tool's reconcile()", why),),
+            (Reconcile(task.executing, tool),),
         )
-    reason = f"policy {recorded.value} (now {tool.replay.value}) forbids a re-run; no reconcile"
     return Step(
         (
-            decision(task.call_id, "executing", "report outcome unknown", reason),
+            decision(task.call_id, "executing", "report outcome unknown", why + "; no reconcile"),
             _unknown(s, env, task, "interrupted before its result was saved; not re-run"),
         )
     )
 
 
-def _execute_again(s: SessionState, env: Env, task: Task, tool: Tool, run_id: str) -> Step:
-    assert task.executing is not None
-    step = _execute_in_run(s, env, task, tool, task.attempt + 1, run_id)
-    return step
-
-
-def _execute_in_run(
-    s: SessionState, env: Env, task: Task, tool: Tool, attempt: int, run_id: str
-) -> Step:
-    step = _execute(s, env, task, tool, attempt)
-    record = step.records[0]
-    assert isinstance(record, ToolExecuting)
-    return Step((evolve(record, run_id=run_id),), step.effects)
+def _definition_change(executing: ToolExecuting, tool: Tool) -> tuple[str, bool]:
+    """Whether the call's tool changed since dispatch: words for the decision, and
+    whether the recorded arguments still fit the tool as it is now."""
+    if fingerprint(tool, executing.args) == executing.fingerprint:
+        return "", True
+    words = (
+        f"; the tool's definition changed since the call was dispatched "
+        f"({executing.tool_hash} -> {tool.definition_hash})"
+    )
+    problems = tool.validate(executing.args)
+    if problems:
+        return words + " and the recorded arguments no longer fit it: " + "; ".join(problems), False
+    return words + "; the recorded arguments still fit it", True
 
 
 def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeUnknown:
@@ -765,7 +652,7 @@ def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeU
     )
 
 
-def _recover_cancelled(s: SessionState, env: Env, decision: Any) -> Step:
+def _recover_cancelled(s: SessionState, env: Env, decision: Decide) -> Step:
     """A cancellation was winding down when the process died: finish it, never resume."""
     assert s.run is not None
     records: list[Record] = [
@@ -779,7 +666,7 @@ def _recover_cancelled(s: SessionState, env: Env, decision: Any) -> Step:
     return Step(tuple(records)) + _finish(s, env, "cancelled", reason="cancelled by request")
 
 
-def _recover_exhausted(s: SessionState, env: Env, decision: Any) -> Step:
+def _recover_exhausted(s: SessionState, env: Env, decision: Decide) -> Step:
     assert s.run is not None
     run = s.run
     reason = (
@@ -799,13 +686,9 @@ def _recover_exhausted(s: SessionState, env: Env, decision: Any) -> Step:
 
 
 def on_result(s: SessionState, env: Env, result: Result) -> Step:
-    if isinstance(result, ModelReplied):
-        return _model_replied(s, env, result)
-    if isinstance(result, ModelFailed):
-        return _model_failed(s, env, result)
-    if isinstance(result, ToolFinished):
-        return _tool_finished(s, env, result)
-    return _reconciled(s, env, result)
+    """Decide what a report of a generation or tool actor changes (``RESULTS``)."""
+    handler: Callable[[SessionState, Env, Any], Step] = RESULTS[type(result)]
+    return handler(s, env, result)
 
 
 def _live_generation(s: SessionState, generation_id: str) -> Generation | None:
@@ -886,6 +769,9 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
     return Step((evolve(finished, usage=msg.usage),))
 
 
+_RESULT_KIND: dict[str, ToolResultKind] = {"ok": "ok", "error": "error", "timeout": "timeout"}
+
+
 def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
     task = s.tasks.get(msg.call_id)
     if task is None or task.phase != "executing" or task.attempt != msg.attempt:
@@ -920,11 +806,10 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             **common,
         )
     else:
-        kind = {"ok": "ok", "error": "error", "timeout": "timeout"}[msg.outcome]
         record = ToolCompleted(
             output=msg.output,
             is_error=msg.is_error or msg.outcome != "ok",
-            kind=kind,  # type: ignore[arg-type]
+            kind=_RESULT_KIND[msg.outcome],
             attempt=msg.attempt,
             duration=msg.duration,
             terminate=msg.terminate,
@@ -972,7 +857,7 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
         why = "the effect had not happened; the session is paused"
         return Step((decision("run it once the session is resumed", why),))
     if msg.status == "not_applied" and tool is not None:
-        step = _execute(s, env, task, tool, task.attempt + 1)
+        step = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=_run_id(s))
         return (
             Step((decision("run it once, with the same key", "the effect had not happened"),))
             + step
@@ -1000,12 +885,17 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
 
 
 def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
-    """Decide a caller's command. Raises ``Refused`` (nothing recorded) when it cannot be done."""
-    body, kind = _body(cmd)
+    """Decide a caller's command. Raises ``Refused`` (nothing recorded) when it cannot be done.
+
+    A request id already seen answers as it did the first time if the command is the
+    same (kind and body), and is a conflict otherwise; the handlers in ``COMMANDS``
+    decide new commands.
+    """
+    body = cmd.body_hash
     seen = s.requests.get(cmd.request_id)
     if seen is not None:
-        if seen.kind == kind and seen.body_hash == body:
-            if kind == "submit":
+        if seen.kind == cmd.kind and seen.body_hash == body:
+            if isinstance(cmd, Submit):
                 return NOTHING, Accepted(seen.ref, seen.seq, duplicate=True)
             return NOTHING, Done(seen.ref, seen.seq, duplicate=True)
         raise Refused(
@@ -1014,89 +904,101 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
         )
     if s.parked:
         raise SessionParkedError(s.session_id, s.parked)
-    if isinstance(cmd, Submit):
-        sub_id = f"in{len(s.submissions) + 1}"
-        record: Record = InputAccepted(
-            session_id=s.session_id,
-            submission_id=sub_id,
-            request_id=cmd.request_id,
-            text=cmd.text,
-            body_hash=body,
-            at=env.now,
+    handler: Callable[[SessionState, Env, Any], tuple[Step, Answer]] = COMMANDS[type(cmd)]
+    return handler(s, env, cmd)
+
+
+def _submit(s: SessionState, env: Env, cmd: Submit) -> tuple[Step, Answer]:
+    sub_id = f"in{len(s.submissions) + 1}"
+    record = InputAccepted(
+        session_id=s.session_id,
+        submission_id=sub_id,
+        request_id=cmd.request_id,
+        text=cmd.text,
+        body_hash=cmd.body_hash,
+        at=env.now,
+    )
+    return Step((record,)), Accepted(sub_id, 0)
+
+
+def _cancel(s: SessionState, env: Env, cmd: Cancel) -> tuple[Step, Answer]:
+    if s.run is None:
+        return NOTHING, Done("")  # nothing to cancel; no record needed
+    if s.run.cancel_requested:
+        return NOTHING, Done(s.run.run_id)
+    done = [
+        s.tasks[c]
+        for g in s.submissions[s.run.submission_id].generations
+        for c in s.generations[g].call_ids
+    ]
+    compensable = s.compensable(done, lambda name: _has_compensation(env, name))
+    record = CancelRequested(
+        session_id=s.session_id,
+        run_id=s.run.run_id,
+        request_id=cmd.request_id,
+        compensable=compensable,
+        at=env.now,
+    )
+    auto = _automatic_compensations(s, env, compensable, cmd.request_id, s.goal_rev)
+    return Step((record,)) + auto, Done(s.run.run_id)
+
+
+def _approve(s: SessionState, env: Env, cmd: Approve) -> tuple[Step, Answer]:
+    task = s.tasks.get(cmd.call_id)
+    if task is None:
+        raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
+    if task.phase != "awaiting_approval":
+        raise Refused(
+            "invalid_state", f"tool call {cmd.call_id} is {task.phase}, not awaiting approval"
         )
-        return Step((record,)), Accepted(sub_id, 0)
-    if isinstance(cmd, Cancel):
-        if s.run is None:
-            return NOTHING, Done("")  # nothing to cancel; no record needed
-        if s.run.cancel_requested:
-            return NOTHING, Done(s.run.run_id)
-        done = [
-            s.tasks[c]
-            for g in s.submissions[s.run.submission_id].generations
-            for c in s.generations[g].call_ids
-        ]
-        compensable = s.compensable(done, lambda name: _has_compensation(env, name))
-        record = CancelRequested(
-            session_id=s.session_id,
-            run_id=s.run.run_id,
-            request_id=cmd.request_id,
-            compensable=compensable,
-            at=env.now,
+    record = ApprovalDecided(
+        session_id=s.session_id,
+        call_id=cmd.call_id,
+        approved=cmd.approved,
+        request_id=cmd.request_id,
+        note=cmd.note,
+        at=env.now,
+    )
+    return Step((record,)), Done(cmd.call_id)
+
+
+def _revise(s: SessionState, env: Env, cmd: Revise) -> tuple[Step, Answer]:
+    if s.run is None:
+        raise Refused(
+            "invalid_state", "no run is in progress to revise; submit a new message instead"
         )
-        auto = _automatic_compensations(s, env, compensable, cmd.request_id, s.goal_rev)
-        return Step((record,)) + auto, Done(s.run.run_id)
-    if isinstance(cmd, Approve):
-        task = s.tasks.get(cmd.call_id)
-        if task is None:
-            raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
-        if task.phase != "awaiting_approval":
-            raise Refused(
-                "invalid_state", f"tool call {cmd.call_id} is {task.phase}, not awaiting approval"
-            )
-        record = ApprovalDecided(
-            session_id=s.session_id,
-            call_id=cmd.call_id,
-            approved=cmd.approved,
-            request_id=cmd.request_id,
-            note=cmd.note,
-            at=env.now,
-        )
-        return Step((record,)), Done(cmd.call_id)
-    if isinstance(cmd, Revise):
-        if s.run is None:
-            raise Refused(
-                "invalid_state", "no run is in progress to revise; submit a new message instead"
-            )
-        rev = s.goal_rev + 1
-        old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
-        compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
-        record = GoalRevised(
-            session_id=s.session_id,
-            goal_rev=rev,
-            text=cmd.text,
-            request_id=cmd.request_id,
-            compensable=compensable,
-            at=env.now,
-        )
-        auto = _automatic_compensations(s, env, compensable, cmd.request_id, rev)
-        return Step((record,)) + auto, Done(str(rev))
-    if isinstance(cmd, Compensate):
-        return _compensate(s, env, cmd.call_id, cmd.request_id, automatic=False), Done(
-            compensation_id(cmd.call_id)
-        )
-    if isinstance(cmd, Pause):
-        if s.paused:
-            return NOTHING, Done("")
-        return Step(
-            (SessionPaused(session_id=s.session_id, request_id=cmd.request_id, at=env.now),)
-        ), Done("")
-    if isinstance(cmd, Resume):
-        if not s.paused:
-            return NOTHING, Done("")
-        return Step(
-            (SessionResumed(session_id=s.session_id, request_id=cmd.request_id, at=env.now),)
-        ), Done("")
-    raise AssertionError(f"unknown command {cmd!r}")
+    rev = s.goal_rev + 1
+    old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
+    compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
+    record = GoalRevised(
+        session_id=s.session_id,
+        goal_rev=rev,
+        text=cmd.text,
+        request_id=cmd.request_id,
+        compensable=compensable,
+        at=env.now,
+    )
+    auto = _automatic_compensations(s, env, compensable, cmd.request_id, rev)
+    return Step((record,)) + auto, Done(str(rev))
+
+
+def _compensate_command(s: SessionState, env: Env, cmd: Compensate) -> tuple[Step, Answer]:
+    step = _compensate(s, env, cmd.call_id, cmd.request_id, automatic=False)
+    return step, Done(compensation_id(cmd.call_id))
+
+
+def _pause(s: SessionState, env: Env, cmd: Pause) -> tuple[Step, Answer]:
+    if s.paused:
+        return NOTHING, Done("")
+    record = SessionPaused(session_id=s.session_id, request_id=cmd.request_id, at=env.now)
+    return Step((record,)), Done("")
+
+
+def _resume(s: SessionState, env: Env, cmd: Resume) -> tuple[Step, Answer]:
+    if not s.paused:
+        return NOTHING, Done("")
+    record = SessionResumed(session_id=s.session_id, request_id=cmd.request_id, at=env.now)
+    return Step((record,)), Done("")
 
 
 def compensation_id(call_id: str) -> str:
@@ -1165,29 +1067,20 @@ def _automatic_compensations(
     return step
 
 
-def _body(cmd: Command) -> tuple[str, str]:
-    if isinstance(cmd, Submit):
-        return text_body_hash(cmd.text), "submit"
-    if isinstance(cmd, Compensate):
-        return text_body_hash(f"\x00compensate\x00{cmd.call_id}"), "compensate"
-    if isinstance(cmd, Approve):
-        return approval_body_hash(cmd.call_id, cmd.approved), "approve"
-    if isinstance(cmd, Revise):
-        return text_body_hash(cmd.text), "revise"
-    kind = {Cancel: "cancel", Pause: "pause", Resume: "resume"}[type(cmd)]
-    return command_body_hash(kind), kind
-
-
 # -- the driver: decide, fold, advance, until nothing changes ----------------------------------
 
 
-def settle(s: SessionState, env: Env, view: View, first: Step = NOTHING) -> Step:
+def settle(
+    s: SessionState, env: Env, view: View, first: Step = NOTHING, *, recovering: bool = False
+) -> Step:
     """Fold ``first`` into ``s``, then keep advancing until the session is settled.
 
     Returns everything to commit (``first`` included) as one step: e.g. the last tool
     result and the start of the next model turn land in the same commit. Mutates
     ``s`` by applying the returned records (the caller rolls back by re-folding the
-    log if the commit fails).
+    log if the commit fails). Calls settled by the step get their ``Forget`` effect,
+    except those settled by recovery itself (``recovering``): a runner the dead
+    process left behind may still be using what the tool kept.
     """
     s.apply_all(first.records)
     total = first
@@ -1202,11 +1095,29 @@ def settle(s: SessionState, env: Env, view: View, first: Step = NOTHING) -> Step
         )
         step = advance(s, env, current)
         if not step:
-            return total
+            settled = total.records[len(first.records) :] if recovering else total.records
+            return total + _forget(s, env, settled, tools)
         s.apply_all(step.records)
         _note_effects(step.effects, models, tools, cancelling)
         total += step
     raise AssertionError(f"session {s.session_id}: advance did not settle")
+
+
+def _forget(s: SessionState, env: Env, records: tuple[Record, ...], running: set[str]) -> Step:
+    """``Forget`` for every executed call that ``records`` settle, once nothing runs it."""
+    if not env.forget_settled:
+        return NOTHING
+    effects: list[Effect] = []
+    for record in records:
+        if not isinstance(record, ToolCompleted | ToolOutcomeUnknown | ToolCancelled):
+            continue
+        task = s.tasks[record.call_id]
+        tool = tool_for(env.tools, task)
+        if task.executing is None or tool is None or tool.forget is None:
+            continue
+        if record.call_id not in running:
+            effects.append(Forget(task.executing, tool))
+    return Step((), tuple(effects))
 
 
 def _note_effects(
@@ -1221,3 +1132,23 @@ def _note_effects(
             cancelling.add(e.call_id)
         elif isinstance(e, CancelModel):
             models.discard(e.generation_id)
+
+
+# -- the tables ---------------------------------------------------------------------------------
+
+COMMANDS: dict[type, Callable[[SessionState, Env, Any], tuple[Step, Answer]]] = {
+    Submit: _submit,
+    Cancel: _cancel,
+    Approve: _approve,
+    Revise: _revise,
+    Pause: _pause,
+    Resume: _resume,
+    Compensate: _compensate_command,
+}
+
+RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
+    ModelReplied: _model_replied,
+    ModelFailed: _model_failed,
+    ToolFinished: _tool_finished,
+    ReconcileFinished: _reconciled,
+}

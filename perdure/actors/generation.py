@@ -14,7 +14,7 @@ import trio
 
 from perdure import _faults
 from perdure.actors.context import ActorContext
-from perdure.actors.decide import ModelFailed, ModelReplied, Result
+from perdure.actors.protocol import ModelFailed, ModelReplied, Result
 from perdure.providers.base import ModelRequest, classify
 from perdure.storage.bus import Event
 

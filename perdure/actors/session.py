@@ -18,35 +18,38 @@ the session's mailbox; the session decides what their results mean.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
 import trio
 from attrs import define, evolve, field
 
-from perdure.actors import conversation, decide
+from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
-from perdure.actors.tool import make_context, run_forget, run_reconcile, run_tool
+from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed
+from perdure.storage.records import Committed, RunFinished
 
 log = logging.getLogger("perdure.session")
 
 RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
 
+T = TypeVar("T")
+A = TypeVar("A", protocol.Accepted, protocol.Done)
 
-class Reply:
+
+class Reply(Generic[T]):
     """A one-shot answer slot for a caller waiting on the session."""
 
     def __init__(self) -> None:
         self._done = trio.Event()
-        self._value: Any = None
+        self._value: T | None = None
         self._error: BaseException | None = None
 
-    def set(self, value: Any) -> None:
+    def set(self, value: T) -> None:
         if not self._done.is_set():
             self._value = value
             self._done.set()
@@ -56,42 +59,47 @@ class Reply:
             self._error = error
             self._done.set()
 
-    async def wait(self) -> Any:
+    async def wait(self) -> T:
         await self._done.wait()
         if self._error is not None:
             raise self._error
-        return self._value
+        return cast(T, self._value)  # set() stored a T
 
 
 @define
-class CommandMsg:
-    command: decide.Command
-    reply: Reply = field(factory=Reply)
+class CommandMsg(Generic[A]):
+    """A caller's command; ``A`` is the answer it gets (``Accepted`` for a submit)."""
+
+    command: protocol.Command
+    reply: Reply[A] = field(factory=Reply)
 
 
 @define
 class WaitIdle:
-    reply: Reply = field(factory=Reply)
+    reply: Reply[RunFinished | None] = field(factory=Reply)
 
 
 @define
-class Query:
+class Query(Generic[T]):
     """Read the state inside the actor (consistent with its commits)."""
 
-    fn: Any
-    reply: Reply = field(factory=Reply)
+    fn: Callable[[SessionState], T]
+    reply: Reply[T] = field(factory=Reply)
 
 
 @define
 class Drain:
     """Stop dispatching; answer once no tool of this session is running."""
 
-    reply: Reply = field(factory=Reply)
+    reply: Reply[None] = field(factory=Reply)
+
+
+Message = CommandMsg[Any] | WaitIdle | Query[Any] | Drain
 
 
 @define
 class _RetryResult:
-    result: decide.Result
+    result: protocol.Result
 
 
 @define
@@ -123,12 +131,11 @@ class SessionActor:
         self._models: dict[str, trio.CancelScope] = {}
         self._tools: dict[str, trio.CancelScope] = {}
         self._cancelling: set[str] = set()
-        self._waiters: list[Reply] = []
-        self._drains: list[Reply] = []
+        self._waiters: list[Reply[RunFinished | None]] = []
+        self._drains: list[Reply[None]] = []
         self._draining = False
-        self._pending: list[Reply] = []  # replies owed if this actor dies
+        self._pending: list[Reply[Any]] = []  # replies owed if this actor dies
         self._messages = conversation.MessageCache()  # the model's view, built incrementally
-        self._forgotten: set[str] = set()  # settled calls whose tool state was dropped
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -136,9 +143,7 @@ class SessionActor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.state = await self._load()
-            # No forget for what recovery settles: a runner left by the dead process (a
-            # bash command in its own process group) may still be using its state.
-            await self._commit(decide.recover(self.state, self._env()), forget=False)
+            await self._commit(decide.recover(self.state, self._env()), recovering=True)
             self.started = True
             task_status.started()
             self._after_message()
@@ -190,9 +195,9 @@ class SessionActor:
         records = await self.ctx.journal.read_session(self.session_id)
         return SessionState.fold(self.session_id, records)
 
-    def _env(self) -> decide.Env:
+    def _env(self) -> protocol.Env:
         c = self.ctx
-        return decide.Env(
+        return protocol.Env(
             tools=c.tools,
             now=c.clock(),
             resume_budget=c.resume_budget,
@@ -200,10 +205,11 @@ class SessionActor:
             max_turns=c.max_turns,
             retry_base=c.retry_base,
             retry_cap=c.retry_cap,
+            forget_settled=c.forget_settled,
         )
 
-    def _view(self) -> decide.View:
-        return decide.View(
+    def _view(self) -> protocol.View:
+        return protocol.View(
             models=frozenset(self._models),
             tools=frozenset(self._tools),
             cancelling=frozenset(self._cancelling),
@@ -215,15 +221,14 @@ class SessionActor:
     async def _handle(self, message: Any) -> None:
         if isinstance(message, CommandMsg):
             await self._command(message)
-        elif isinstance(message, decide.ModelReplied | decide.ModelFailed):
+        elif isinstance(message, protocol.ModelReplied | protocol.ModelFailed):
             if self._models.pop(message.generation_id, None) is None:
                 return  # the call was cancelled; its late report means nothing
             await self._result(message)
-        elif isinstance(message, decide.ToolFinished | decide.ReconcileFinished):
+        elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
             self._tools.pop(message.call_id, None)
             self._cancelling.discard(message.call_id)
             await self._result(message)
-            self._forget_settled([message.call_id])  # e.g. a late result of a cancelled call
         elif isinstance(message, _RetryResult):
             self._release(message.result)
             await self._result(message.result)
@@ -240,7 +245,7 @@ class SessionActor:
         else:
             raise TypeError(f"session {self.session_id}: unexpected message {message!r}")
 
-    async def _command(self, message: CommandMsg) -> None:
+    async def _command(self, message: CommandMsg[Any]) -> None:
         reply = message.reply
         try:
             step, answer = decide.command(self.state, self._env(), message.command)
@@ -261,7 +266,7 @@ class SessionActor:
             answer = evolve(answer, seq=committed[0].seq)
         reply.set(answer)
 
-    async def _result(self, result: decide.Result) -> None:
+    async def _result(self, result: protocol.Result) -> None:
         step = decide.on_result(self.state, self._env(), result)
         try:
             await self._commit(step)
@@ -277,20 +282,20 @@ class SessionActor:
             assert self._nursery is not None
             self._nursery.start_soon(self._retry_later, result)
 
-    def _hold(self, result: decide.Result) -> None:
+    def _hold(self, result: protocol.Result) -> None:
         placeholder = trio.CancelScope()
-        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
+        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
             self._models[result.generation_id] = placeholder
         else:
             self._tools[result.call_id] = placeholder
 
-    def _release(self, result: decide.Result) -> None:
-        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
+    def _release(self, result: protocol.Result) -> None:
+        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
             self._models.pop(result.generation_id, None)
         else:
             self._tools.pop(result.call_id, None)
 
-    async def _retry_later(self, result: decide.Result, delay: float = 1.0) -> None:
+    async def _retry_later(self, result: protocol.Result, delay: float = 1.0) -> None:
         await trio.sleep(delay)
         await self.mailbox.send.send(_RetryResult(result))
 
@@ -304,17 +309,17 @@ class SessionActor:
                     reply.set(outcome)
             self._waiters.clear()
         if self._drains and not self._tools:
-            for reply in self._drains:
-                reply.set(None)
+            for drained in self._drains:
+                drained.set(None)
             self._drains.clear()
 
     # -- commit, then act ------------------------------------------------------------
 
-    async def _commit(self, first: decide.Step, *, forget: bool = True) -> list[Committed]:
+    async def _commit(self, first: protocol.Step, *, recovering: bool = False) -> list[Committed]:
         """Settle, commit everything in one append, then perform the effects."""
         state = self.state
         rev_before = state.goal_rev
-        step = decide.settle(state, self._env(), self._view(), first)
+        step = decide.settle(state, self._env(), self._view(), first, recovering=recovering)
         committed: list[Committed] = []
         if step.records:
             try:
@@ -330,36 +335,7 @@ class SessionActor:
                 state.note_committed(c)
         for effect in step.effects:
             self._perform(effect)
-        if forget:
-            self._forget_settled(getattr(c.record, "call_id", "") for c in committed)
         return committed
-
-    def _forget_settled(self, call_ids: Iterable[str]) -> None:
-        """Let tools drop the reconcile state of calls that are settled and not running.
-
-        Only after the terminal record is durable: until then a crash would need it.
-        """
-        nursery = self._nursery
-        assert nursery is not None
-        if not self.ctx.forget_settled:
-            return
-        for call_id in call_ids:
-            task = self.state.tasks.get(call_id)
-            if (
-                task is None
-                or not task.terminal
-                or task.executing is None
-                or call_id in self._tools
-                or call_id in self._forgotten
-            ):
-                continue
-            tool = decide.tool_for(self.ctx.tools, task)
-            if tool is None or tool.forget is None:
-                continue
-            self._forgotten.add(call_id)
-            key = task.executing.idempotency_key
-            tctx = make_context(self.ctx, self.session_id, call_id, key, task.attempt)
-            nursery.start_soon(run_forget, tool, tctx)
 
     async def _reload_after(self, failed: LogError) -> SessionState:
         """Re-read the state after a failed commit, waiting out a short outage.
@@ -380,39 +356,31 @@ class SessionActor:
             f"be re-read ({reread})"
         ) from failed
 
-    def _perform(self, effect: decide.Effect) -> None:
+    def _perform(self, effect: protocol.Effect) -> None:
+        """Start what a durable step asks for; each effect carries what it needs."""
         nursery = self._nursery
         assert nursery is not None
-        state = self.state
-        if isinstance(effect, decide.CallModel):
+        ctx, outbox = self.ctx, self.mailbox.send
+        if isinstance(effect, protocol.CallModel):
             request = conversation.request(
-                state, self.ctx.tools, effect.generation_id, effect.attempt, self._messages
+                self.state, ctx.tools, effect.generation_id, effect.attempt, self._messages
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
-            nursery.start_soon(
-                call_model, self.ctx, request, effect.not_before, self.mailbox.send, scope
-            )
-        elif isinstance(effect, decide.RunTool | decide.Reconcile):
-            task = state.tasks[effect.call_id]
-            executing = task.executing
-            assert executing is not None
-            tool = decide.tool_for(self.ctx.tools, task)
-            assert tool is not None, f"no tool for {task.call_id}"
-            tctx = make_context(
-                self.ctx, self.session_id, task.call_id, executing.idempotency_key, task.attempt
-            )
+            nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)
+        elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
-            args = dict(executing.args)
-            if isinstance(effect, decide.RunTool):
-                nursery.start_soon(run_tool, self.ctx, tool, tctx, args, self.mailbox.send, scope)
-            else:
-                nursery.start_soon(run_reconcile, tool, tctx, args, self.mailbox.send, scope)
-        elif isinstance(effect, decide.CancelTool):
+            nursery.start_soon(run_tool, ctx, effect.tool, effect.executing, outbox, scope)
+        elif isinstance(effect, protocol.Reconcile):
+            scope = self._tools[effect.call_id] = trio.CancelScope()
+            nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)
+        elif isinstance(effect, protocol.Forget):
+            nursery.start_soon(run_forget, ctx, effect.tool, effect.executing)
+        elif isinstance(effect, protocol.CancelTool):
             tool_scope = self._tools.get(effect.call_id)
             if tool_scope is not None:
                 self._cancelling.add(effect.call_id)
                 tool_scope.cancel()
-        elif isinstance(effect, decide.CancelModel):
+        elif isinstance(effect, protocol.CancelModel):
             model_scope = self._models.pop(effect.generation_id, None)
             if model_scope is not None:
                 model_scope.cancel()

@@ -8,12 +8,21 @@ one had when its last record became durable.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from attrs import define, field
 
+from perdure.actors.protocol import (
+    Approve,
+    Cancel,
+    Compensate,
+    Pause,
+    Resume,
+    Revise,
+    Submit,
+    text_body_hash,
+)
 from perdure.storage.records import (
     ApprovalDecided,
     CancelRequested,
@@ -53,7 +62,12 @@ TaskPhase = Literal[
     "outcome_unknown",
     "cancelled",
 ]
-TERMINAL_PHASES: frozenset[str] = frozenset({"completed", "outcome_unknown", "cancelled"})
+# Named sets of phases, so that every decision about "which tasks" reads the same.
+TERMINAL_PHASES: frozenset[TaskPhase] = frozenset({"completed", "outcome_unknown", "cancelled"})
+# Not started, and the next step is the dispatcher's (run it, or record its denial).
+DISPATCHABLE_PHASES: frozenset[TaskPhase] = frozenset({"created", "approved", "denied"})
+# Work a dead process may have left half done: to be decided by recovery.
+IN_FLIGHT_PHASES: frozenset[TaskPhase] = DISPATCHABLE_PHASES | {"executing"}
 ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
 
 
@@ -254,10 +268,15 @@ class SessionState:
             self.apply(record)
 
     def apply(self, record: Record) -> None:
-        """Advance the state by one record. Must stay total and deterministic."""
+        """Advance the state by one record. Deterministic; every record type has a handler.
+
+        A record type without one is a bug (a new record the fold was not taught), not
+        something to skip: skipping would rebuild a state the dead process never had.
+        """
         handler = _HANDLERS.get(type(record))
-        if handler is not None:
-            handler(self, record)
+        if handler is None:
+            raise TypeError(f"session {self.session_id}: no fold for {type(record).__name__}")
+        handler(self, record)
 
     def note_committed(self, c: Committed) -> None:
         """Bookkeeping that needs the sequence number (known only after the commit)."""
@@ -280,7 +299,7 @@ class SessionState:
             r.submission_id, r.request_id, r.text, r.body_hash, r.at
         )
         self.queue.append(r.submission_id)
-        self.requests[r.request_id] = RequestSeen("submit", r.body_hash, r.submission_id)
+        self.requests[r.request_id] = RequestSeen(Submit.kind, r.body_hash, r.submission_id)
 
     def _run_started(self, r: RunStarted) -> None:
         run = Run(r.run_id, r.submission_id, r.goal_rev, r.resume_attempt, r.resumed_from, r.at)
@@ -358,8 +377,8 @@ class SessionState:
 
     def _approval_decided(self, r: ApprovalDecided) -> None:
         self.tasks[r.call_id].phase = "approved" if r.approved else "denied"
-        body = approval_body_hash(r.call_id, r.approved)
-        self.requests[r.request_id] = RequestSeen("approve", body, r.call_id)
+        body = Approve.hash_of(r.call_id, r.approved)
+        self.requests[r.request_id] = RequestSeen(Approve.kind, body, r.call_id)
 
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self.tasks[r.call_id]
@@ -383,30 +402,31 @@ class SessionState:
         run = self.runs.get(r.run_id)
         if run is not None:
             run.cancel_requested = True
-        self.requests[r.request_id] = RequestSeen("cancel", command_body_hash("cancel"), r.run_id)
+        self.requests[r.request_id] = RequestSeen(Cancel.kind, Cancel.hash_of(), r.run_id)
 
     def _goal_revised(self, r: GoalRevised) -> None:
         open_calls = [t.call_id for t in self.open_tasks()]
         self.goal_rev = r.goal_rev
         self.revisions.append(r)
         self.conversation.append(Revision(r.goal_rev, r.text, open_calls))
-        self.requests[r.request_id] = RequestSeen("revise", text_body_hash(r.text), str(r.goal_rev))
+        body = text_body_hash(r.text)
+        self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True
-        self.requests[r.request_id] = RequestSeen("pause", command_body_hash("pause"), "")
+        self.requests[r.request_id] = RequestSeen(Pause.kind, Pause.hash_of(), "")
 
     def _resumed(self, r: SessionResumed) -> None:
         self.paused = False
-        self.requests[r.request_id] = RequestSeen("resume", command_body_hash("resume"), "")
+        self.requests[r.request_id] = RequestSeen(Resume.kind, Resume.hash_of(), "")
 
     def _compensation_requested(self, r: CompensationRequested) -> None:
         self.compensations[r.compensation_id] = Compensation(
             r.call_id, r.compensation_id, r.automatic
         )
         self.tasks[r.call_id].compensated_by = r.compensation_id
-        body = text_body_hash(f"\x00compensate\x00{r.call_id}")
-        self.requests[r.request_id] = RequestSeen("compensate", body, r.compensation_id)
+        body = Compensate.hash_of(r.call_id)
+        self.requests[r.request_id] = RequestSeen(Compensate.kind, body, r.compensation_id)
 
     def _compensation_finished(self, r: CompensationFinished) -> None:
         comp = self.compensations[r.compensation_id]
@@ -430,18 +450,6 @@ class SessionState:
 
     def _ignore(self, r: Record) -> None:
         pass
-
-
-def text_body_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def command_body_hash(kind: str) -> str:
-    return text_body_hash(f"\x00{kind}")
-
-
-def approval_body_hash(call_id: str, approved: bool) -> str:
-    return text_body_hash(f"\x00approve\x00{call_id}\x00{approved}")
 
 
 _HANDLERS: dict[type, Any] = {

@@ -35,12 +35,12 @@ import contextlib
 import logging
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from perdure.actors.context import ActorContext
-from perdure.actors.session import Drain, Mailbox, SessionActor
+from perdure.actors.session import Drain, Mailbox, Reply, SessionActor
 from perdure.errors import (
     NotOwnerRefused,
     Refused,
@@ -60,6 +60,16 @@ from perdure.storage.backend import (
 from perdure.storage.records import SessionCreated, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
+
+T = TypeVar("T")
+
+
+class Asking(Protocol[T]):
+    """A message for a session actor that carries the slot its answer goes to."""
+
+    @property
+    def reply(self) -> Reply[T]: ...
+
 
 MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
 
@@ -382,7 +392,7 @@ class Supervisor:
         """Answer whatever was already queued for a parked session, then stop listening."""
         _refuse_queued(box, SessionParkedError(session_id, reason))
 
-    async def ask(self, session_id: str, make: Callable[[], Any]) -> Any:
+    async def ask(self, session_id: str, make: Callable[[], Asking[T]]) -> T:
         """Send a message built by ``make`` to the session and wait for its reply."""
         box = await self.mailbox(session_id)
         outage = self.unreachable.get(session_id)

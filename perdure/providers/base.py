@@ -75,9 +75,12 @@ class ToolResultBlock:
 Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 
+Role = Literal["user", "assistant"]
+
+
 @frozen
 class Message:
-    role: Literal["user", "assistant"]
+    role: Role
     content: tuple[Block, ...]
 
 

@@ -37,7 +37,7 @@ import re
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import trio
 
@@ -61,7 +61,10 @@ _SKIP_DIRS = frozenset({".git", STATE_DIR})
 Path_ = Annotated[str, "a path relative to the workspace root"]
 
 
-async def _in_thread(fn: Callable[[], Any], *, abandon: bool = False) -> Any:
+R = TypeVar("R")
+
+
+async def _in_thread(fn: Callable[[], R], *, abandon: bool = False) -> R:
     """Run blocking file work in a worker thread. Only read-only work may be abandoned."""
     return await trio.to_thread.run_sync(fn, abandon_on_cancel=abandon)
 
@@ -115,7 +118,7 @@ async def read_file(
             )
         return _clip(text)
 
-    return await _in_thread(work, abandon=True)  # type: ignore[no-any-return]
+    return await _in_thread(work, abandon=True)
 
 
 async def list_dir(
@@ -150,7 +153,7 @@ async def list_dir(
             return f"'{shown}' is empty"
         return _clip("\n".join(lines))
 
-    return await _in_thread(work, abandon=True)  # type: ignore[no-any-return]
+    return await _in_thread(work, abandon=True)
 
 
 async def grep(
@@ -182,7 +185,7 @@ async def grep(
                 break
         return _clip("\n".join(matches)) if matches else "no matches"
 
-    return await _in_thread(work, abandon=True)  # type: ignore[no-any-return]
+    return await _in_thread(work, abandon=True)
 
 
 def _walk_files(root: Path, start: Path) -> list[Path]:
@@ -253,7 +256,7 @@ async def write_file(
         verb = "created" if before is None else "overwrote"
         return f"{verb} '{shown}' ({len(data)} bytes)"
 
-    return await _in_thread(work)  # type: ignore[no-any-return]
+    return await _in_thread(work)
 
 
 async def _write_file_reconcile(ctx: ToolContext, path: str, content: str) -> Reconciled:
@@ -276,7 +279,7 @@ async def _write_file_reconcile(ctx: ToolContext, path: str, content: str) -> Re
             "it was changed by something else"
         )
 
-    return await _in_thread(work)  # type: ignore[no-any-return]
+    return await _in_thread(work)
 
 
 # -- NEVER: edit_file -------------------------------------------------------------------
@@ -333,7 +336,7 @@ async def edit_file(
             _fs.atomic_write(real, new_data)
         return f"edited '{shown}': replaced 1 occurrence"
 
-    return await _in_thread(work)  # type: ignore[no-any-return]
+    return await _in_thread(work)
 
 
 async def _edit_file_reconcile(
@@ -366,7 +369,7 @@ async def _edit_file_reconcile(
             "the edit was made"
         )
 
-    return await _in_thread(work)  # type: ignore[no-any-return]
+    return await _in_thread(work)
 
 
 # -- NEVER: append_file -----------------------------------------------------------------
@@ -418,7 +421,7 @@ async def append_file(
         total = len(before or b"") + len(data)
         return f"appended {len(data)} bytes to '{shown}' (now {total} bytes)"
 
-    return await _in_thread(work)  # type: ignore[no-any-return]
+    return await _in_thread(work)
 
 
 async def _append_file_reconcile(ctx: ToolContext, path: str, content: str) -> Reconciled:
@@ -429,7 +432,7 @@ async def _append_file_reconcile(ctx: ToolContext, path: str, content: str) -> R
             return Reconciled.not_applied()
         return decide_append(root, journal)
 
-    return await _in_thread(work)  # type: ignore[no-any-return]
+    return await _in_thread(work)
 
 
 def decide_append(root: Path, journal: dict[str, Any]) -> Reconciled:

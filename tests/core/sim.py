@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import perdure
-from perdure.actors import decide
-from perdure.actors.decide import Env, Step, View
+from perdure.actors import decide, protocol
+from perdure.actors.protocol import Env, Reconcile, RunTool, Step, View
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Committed, Record, SessionCreated, ToolCall
@@ -63,24 +63,24 @@ class Session:
     def env(self) -> Env:
         return Env(tools=self.tools, now=self.now, **self.env_options)
 
-    def _commit(self, first: Step) -> Step:
-        step = decide.settle(self.state, self.env(), self.view, first)
+    def _commit(self, first: Step, *, recovering: bool = False) -> Step:
+        step = decide.settle(self.state, self.env(), self.view, first, recovering=recovering)
         self.log += step.records
         for effect in step.effects:  # the shell marks what it started
-            if isinstance(effect, decide.CallModel):
+            if isinstance(effect, protocol.CallModel):
                 self.view = View(
                     models=self.view.models | {effect.generation_id}, tools=self.view.tools
                 )
-            elif isinstance(effect, decide.RunTool | decide.Reconcile):
+            elif isinstance(effect, protocol.RunTool | protocol.Reconcile):
                 self.view = View(models=self.view.models, tools=self.view.tools | {effect.call_id})
         return step
 
-    def command(self, cmd: decide.Command) -> tuple[Step, decide.Answer]:
+    def command(self, cmd: protocol.Command) -> tuple[Step, protocol.Answer]:
         first, answer = decide.command(self.state, self.env(), cmd)
         return self._commit(first), answer
 
-    def result(self, result: decide.Result) -> Step:
-        if isinstance(result, decide.ModelReplied | decide.ModelFailed):
+    def result(self, result: protocol.Result) -> Step:
+        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
             self.view = View(
                 models=self.view.models - {result.generation_id}, tools=self.view.tools
             )
@@ -93,7 +93,7 @@ class Session:
         assert gen is not None
         tool_calls = tuple(ToolCall(call_id=c, name=n, input=i) for c, n, i in calls)
         return self.result(
-            decide.ModelReplied(
+            protocol.ModelReplied(
                 gen.generation_id, gen.attempt, ModelReply(text=text, tool_calls=tool_calls)
             )
         )
@@ -101,7 +101,7 @@ class Session:
     def finish_tool(self, call_id: str, output: str = "ok", **kw: Any) -> Step:
         task = self.state.tasks[call_id]
         return self.result(
-            decide.ToolFinished(
+            protocol.ToolFinished(
                 **{
                     "call_id": call_id,
                     "attempt": task.attempt,
@@ -119,7 +119,7 @@ class Session:
         )
         self.view = View()
         self.env_options.update(env)
-        return self._commit(decide.recover(self.state, self.env()))
+        return self._commit(decide.recover(self.state, self.env()), recovering=True)
 
 
 def decide_committed(seq: int, record: Record) -> Committed:
@@ -128,6 +128,16 @@ def decide_committed(seq: int, record: Record) -> Committed:
 
 def kinds(step: Step) -> list[str]:
     return [type(r).__name__ for r in step.records]
+
+
+def runs(step: Step) -> list[tuple[str, int]]:
+    """The tool attempts a step starts: (call id, attempt)."""
+    return [(e.call_id, e.executing.attempt) for e in step.effects if isinstance(e, RunTool)]
+
+
+def reconciles(step: Step) -> list[str]:
+    """The calls a step asks to reconcile."""
+    return [e.call_id for e in step.effects if isinstance(e, Reconcile)]
 
 
 def only(records: list[Record] | tuple[Record, ...], kind: type) -> list[Any]:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perdure import errors
-from perdure.actors import decide
+from perdure.actors import protocol
 from perdure.actors.conversation import MessageCache, messages
 from perdure.providers.base import ModelReply
 from tests.core.test_decide import Session
@@ -44,12 +44,12 @@ def _act(s: Session, action: str, draw: Any, n: int) -> None:
     gen = state.current_generation()
     try:
         if action == "submit":
-            s.command(decide.Submit(f"r{n}", f"task {n}"))
+            s.command(protocol.Submit(f"r{n}", f"task {n}"))
         elif action in ("reply_tools", "reply_text", "fail_model"):
             if gen is None or gen.phase == "completed" or gen.generation_id not in s.view.models:
                 return
             if action == "fail_model":
-                failed = decide.ModelFailed(
+                failed = protocol.ModelFailed(
                     generation_id=gen.generation_id,
                     attempt=gen.attempt,
                     error="boom",
@@ -74,15 +74,15 @@ def _act(s: Session, action: str, draw: Any, n: int) -> None:
                 t.call_id for t in state.tasks.values() if t.phase == "awaiting_approval"
             )
             if waiting:
-                s.command(decide.Approve(waiting[0], draw(st.booleans()), f"a{n}"))
+                s.command(protocol.Approve(waiting[0], draw(st.booleans()), f"a{n}"))
         elif action == "revise":
-            s.command(decide.Revise(f"v{n}", f"new goal {n}"))
+            s.command(protocol.Revise(f"v{n}", f"new goal {n}"))
         elif action == "cancel":
-            s.command(decide.Cancel(f"x{n}"))
+            s.command(protocol.Cancel(f"x{n}"))
         elif action == "pause":
-            s.command(decide.Pause(f"p{n}"))
+            s.command(protocol.Pause(f"p{n}"))
         elif action == "resume":
-            s.command(decide.Resume(f"u{n}"))
+            s.command(protocol.Resume(f"u{n}"))
         elif action == "restart":
             s.restart()
     except errors.Refused:
@@ -107,7 +107,7 @@ def test_cached_messages_equal_fresh_messages(data: st.DataObject) -> None:
 def test_a_long_session_renders_only_its_new_turns() -> None:
     s = Session()
     cache = MessageCache()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     for turn in range(1, 30):
         s.reply("", (f"c{turn}", "lookup", {"query": "a"}))
         s.finish_tool(f"c{turn}", output=f"o{turn}")
@@ -116,6 +116,6 @@ def test_a_long_session_renders_only_its_new_turns() -> None:
     assert cache.items == len(s.state.conversation)
     gen = s.state.current_generation()
     assert gen is not None
-    s.result(decide.ModelReplied(gen.generation_id, gen.attempt, ModelReply(text="done")))
+    s.result(protocol.ModelReplied(gen.generation_id, gen.attempt, ModelReply(text="done")))
     _check(s, cache)
     assert messages(s.state, cache=cache)[-1].role == "assistant"

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from attrs import evolve
 
 import perdure
 from perdure import errors
-from perdure.actors import decide
+from perdure.actors import decide, protocol
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
 from perdure.storage.records import (
@@ -29,34 +30,44 @@ from perdure.storage.records import (
     ToolOutcomeUnknown,
     ToolTaskCreated,
 )
-from tests.core.sim import TOOLS, Session, decide_committed, kinds, lookup, only
+from tests.core.sim import (
+    TOOLS,
+    Session,
+    decide_committed,
+    kinds,
+    lookup,
+    only,
+    reconciles,
+    runs,
+    send,
+)
 
 # -- the agent loop --------------------------------------------------------------------
 
 
 def test_submit_starts_the_run_and_asks_the_model_in_one_commit() -> None:
     s = Session()
-    step, answer = s.command(decide.Submit("r1", "hello"))
+    step, answer = s.command(protocol.Submit("r1", "hello"))
     assert kinds(step) == ["InputAccepted", "RunStarted", "GenerationStarted"]
-    assert step.effects == (decide.CallModel("in1.g1", 1),)
-    assert answer == decide.Accepted("in1", 0)
+    assert step.effects == (protocol.CallModel("in1.g1", 1),)
+    assert answer == protocol.Accepted("in1", 0)
 
 
 def test_same_request_id_same_body_is_a_duplicate_different_body_a_conflict() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "hello"))
+    s.command(protocol.Submit("r1", "hello"))
     s.state.submissions["in1"].seq = 7  # as note_committed would do
     s.state.requests["r1"].seq = 7
-    step, answer = s.command(decide.Submit("r1", "hello"))
-    assert not step and answer == decide.Accepted("in1", 7, duplicate=True)
+    step, answer = s.command(protocol.Submit("r1", "hello"))
+    assert not step and answer == protocol.Accepted("in1", 7, duplicate=True)
     with pytest.raises(errors.Refused) as info:
-        s.command(decide.Submit("r1", "something else"))
+        s.command(protocol.Submit("r1", "something else"))
     assert info.value.code == "conflict"
 
 
 def test_reply_tasks_and_dispatch_are_committed_together_before_any_effect() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     step = s.reply("two", ("c1", "lookup", {"query": "a"}), ("c2", "send", {"text": "b"}))
     assert kinds(step) == [
         "GenerationCompleted",
@@ -65,7 +76,8 @@ def test_reply_tasks_and_dispatch_are_committed_together_before_any_effect() -> 
         "ToolExecuting",
         "ToolExecuting",
     ]
-    assert step.effects == (decide.RunTool("c1", 1), decide.RunTool("c2", 1))
+    assert runs(step) == [("c1", 1), ("c2", 1)]
+    assert [e.tool for e in step.effects if isinstance(e, protocol.RunTool)] == [lookup, send]
     executing = only(step.records, ToolExecuting)
     assert executing[0].args == {"query": "a", "limit": 3}, "effective args include defaults"
     assert executing[0].replay == "safe" and executing[1].replay == "never"
@@ -75,18 +87,18 @@ def test_reply_tasks_and_dispatch_are_committed_together_before_any_effect() -> 
 
 def test_last_tool_result_and_next_turn_land_in_one_commit() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("two", ("c1", "lookup", {"query": "a"}), ("c2", "lookup", {"query": "b"}))
     assert kinds(s.finish_tool("c1")) == ["ToolCompleted"]
     step = s.finish_tool("c2")
     assert kinds(step) == ["ToolCompleted", "GenerationStarted"]
-    assert step.effects == (decide.CallModel("in1.g2", 1),)
+    assert step.effects == (protocol.CallModel("in1.g2", 1),)
 
 
 def test_final_reply_finishes_the_run_and_starts_queued_input() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "first"))
-    s.command(decide.Submit("r2", "second"))
+    s.command(protocol.Submit("r1", "first"))
+    s.command(protocol.Submit("r2", "second"))
     assert s.state.queue == ["in2"]
     step = s.reply("answer one")
     assert kinds(step) == [
@@ -102,7 +114,7 @@ def test_final_reply_finishes_the_run_and_starts_queued_input() -> None:
 
 def test_unknown_tool_and_invalid_arguments_become_error_results_not_crashes() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     step = s.reply("x", ("c1", "nope", {}), ("c2", "lookup", {"query": 5, "extra": 1}))
     done = only(step.records, ToolCompleted)
     assert [d.kind for d in done] == ["unknown_tool", "invalid_args"]
@@ -117,37 +129,37 @@ def test_unknown_tool_and_invalid_arguments_become_error_results_not_crashes() -
 
 def test_approval_gate_then_approve_or_deny() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     step = s.reply("x", ("c1", "deploy", {"target": "prod"}), ("c2", "deploy", {"target": "qa"}))
     assert len(only(step.records, ToolAwaitingApproval)) == 2
     assert not step.effects
-    step, _ = s.command(decide.Approve("c1", True, "a1"))
+    step, _ = s.command(protocol.Approve("c1", True, "a1"))
     assert kinds(step) == ["ApprovalDecided", "ToolExecuting"]
-    step, _ = s.command(decide.Approve("c2", False, "a2"))
+    step, _ = s.command(protocol.Approve("c2", False, "a2"))
     assert kinds(step) == ["ApprovalDecided", "ToolCompleted"]
     assert only(step.records, ToolCompleted)[0].kind == "denied"
     with pytest.raises(errors.Refused):
-        s.command(decide.Approve("c2", True, "a3"))
+        s.command(protocol.Approve("c2", True, "a3"))
 
 
 def test_retryable_model_error_persists_retry_pending_then_gives_up() -> None:
     s = Session(max_model_attempts=3, retry_base=1.0)
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     fail = dict(generation_id="in1.g1", error="overloaded", retryable=True, retry_after=5.0)
-    step = s.result(decide.ModelFailed(attempt=1, **fail))
+    step = s.result(protocol.ModelFailed(attempt=1, **fail))
     pending = only(step.records, RetryPending)[0]
     assert pending.not_before >= s.now + 5.0, "the server's retry-after is honoured"
-    assert step.effects == (decide.CallModel("in1.g1", 2, pending.not_before),)
-    s.result(decide.ModelFailed(attempt=2, **fail))
-    step = s.result(decide.ModelFailed(attempt=3, **fail))
+    assert step.effects == (protocol.CallModel("in1.g1", 2, pending.not_before),)
+    s.result(protocol.ModelFailed(attempt=2, **fail))
+    step = s.result(protocol.ModelFailed(attempt=3, **fail))
     assert only(step.records, RunFinished)[0].status == "failed"
 
 
 def test_fatal_model_error_fails_the_run_with_the_reason() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     step = s.result(
-        decide.ModelFailed(
+        protocol.ModelFailed(
             generation_id="in1.g1", attempt=1, error="bad request: x", retryable=False
         )
     )
@@ -157,7 +169,7 @@ def test_fatal_model_error_fails_the_run_with_the_reason() -> None:
 
 def test_terminating_tool_result_ends_the_run() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "lookup", {"query": "a"}))
     step = s.finish_tool("c1", output="final answer", terminate=True)
     assert kinds(step) == ["ToolCompleted", "RunFinished"]
@@ -166,7 +178,7 @@ def test_terminating_tool_result_ends_the_run() -> None:
 
 def test_turn_limit_fails_instead_of_looping() -> None:
     s = Session(max_turns=2)
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "lookup", {"query": "a"}))
     s.finish_tool("c1")
     s.reply("y", ("c2", "lookup", {"query": "b"}))
@@ -176,7 +188,7 @@ def test_turn_limit_fails_instead_of_looping() -> None:
 
 def test_duplicate_call_ids_from_a_provider_are_made_unique() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "lookup", {"query": "a"}))
     s.finish_tool("c1")
     step = s.reply("y", ("c1", "lookup", {"query": "b"}))
@@ -188,7 +200,7 @@ def test_duplicate_call_ids_from_a_provider_are_made_unique() -> None:
 
 def executing_session(tool: str, args: dict[str, Any]) -> Session:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", tool, args))
     return s
 
@@ -202,7 +214,7 @@ def test_recover_safe_executing_re_runs_with_the_same_key_in_a_new_run() -> None
     assert (again.attempt, again.idempotency_key, again.run_id) == (2, key, "in1.r1")
     assert only(step.records, RunFinished)[0].status == "interrupted"
     assert only(step.records, RunStarted)[0].resumed_from == "in1.r0"
-    assert decide.RunTool("c1", 2) in step.effects
+    assert ("c1", 2) in runs(step)
 
 
 def test_recover_never_executing_reports_unknown_and_continues() -> None:
@@ -217,9 +229,9 @@ def test_recover_never_executing_reports_unknown_and_continues() -> None:
 def test_recover_never_with_reconcile_asks_it() -> None:
     s = executing_session("send_checked", {"text": "hi"})
     step = s.restart()
-    assert decide.Reconcile("c1") in step.effects
+    assert "c1" in reconciles(step)
     assert not only(step.records, ToolOutcomeUnknown)
-    step = s.result(decide.ReconcileFinished(call_id="c1", status="not_applied"))
+    step = s.result(protocol.ReconcileFinished(call_id="c1", status="not_applied"))
     assert only(step.records, ToolExecuting)[0].attempt == 2
 
 
@@ -227,7 +239,7 @@ def test_a_reconciled_result_keeps_its_error_flag() -> None:
     s = executing_session("send_checked", {"text": "hi"})
     s.restart()
     step = s.result(
-        decide.ReconcileFinished(call_id="c1", status="applied", output="boom", is_error=True)
+        protocol.ReconcileFinished(call_id="c1", status="applied", output="boom", is_error=True)
     )
     done = only(step.records, ToolCompleted)[0]
     assert (done.kind, done.output, done.is_error, done.terminate) == (
@@ -243,7 +255,7 @@ def test_a_reconciled_result_that_ends_the_run_ends_it() -> None:
     s = executing_session("send_checked", {"text": "hi"})
     s.restart()
     step = s.result(
-        decide.ReconcileFinished(call_id="c1", status="applied", output="final", terminate=True)
+        protocol.ReconcileFinished(call_id="c1", status="applied", output="final", terminate=True)
     )
     assert kinds(step)[-2:] == ["ToolCompleted", "RunFinished"]
     finished = only(step.records, RunFinished)[0]
@@ -270,7 +282,7 @@ def test_recovery_is_deterministic_so_a_lost_recovery_commit_is_redone_identical
 
 def test_resume_budget_counts_resumes_without_progress() -> None:
     s = Session(resume_budget=2)
-    s.command(decide.Submit("r1", "go"))  # model request in flight, never answered
+    s.command(protocol.Submit("r1", "go"))  # model request in flight, never answered
     attempts = []
     for _ in range(2):
         step = s.restart()
@@ -283,7 +295,7 @@ def test_resume_budget_counts_resumes_without_progress() -> None:
 
 def test_progress_restarts_the_resume_count() -> None:
     s = Session(resume_budget=1)
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.restart()  # attempt 1
     s.reply("x", ("c1", "lookup", {"query": "a"}))  # progress within in1.r1
     step = s.restart()
@@ -299,7 +311,7 @@ def test_quiescent_run_waiting_for_approval_is_not_resumed() -> None:
 
 def test_finished_session_recovers_to_nothing() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("done")
     assert not s.restart()
 
@@ -309,14 +321,14 @@ def test_finished_session_recovers_to_nothing() -> None:
 
 def test_cancel_stops_pending_work_and_finishes_cancelled() -> None:
     s = executing_session("deploy", {"target": "prod"})
-    step, _ = s.command(decide.Cancel("c"))
+    step, _ = s.command(protocol.Cancel("c"))
     assert kinds(step) == ["CancelRequested", "ToolCancelled", "RunFinished"]
     assert only(step.records, RunFinished)[0].status == "cancelled"
 
 
 def test_cancel_waits_for_a_non_cancellable_executing_tool() -> None:
     s = executing_session("send", {"text": "hi"})
-    step, _ = s.command(decide.Cancel("c"))
+    step, _ = s.command(protocol.Cancel("c"))
     assert kinds(step) == ["CancelRequested"] and not step.effects
     step = s.finish_tool("c1")
     assert kinds(step) == ["ToolCompleted", "RunFinished"]
@@ -324,29 +336,29 @@ def test_cancel_waits_for_a_non_cancellable_executing_tool() -> None:
 
 def test_revision_cancels_old_tasks_before_dispatch_and_restarts_the_turn() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
-    s.command(decide.Pause("p"))
+    s.command(protocol.Submit("r1", "go"))
+    s.command(protocol.Pause("p"))
     s.reply("x", ("c1", "send", {"text": "old plan"}))  # created, not dispatched: paused
-    step, answer = s.command(decide.Revise("v", "new plan"))
+    step, answer = s.command(protocol.Revise("v", "new plan"))
     assert answer.ref == "1"
     assert kinds(step) == ["GoalRevised", "ToolCancelled"]
-    step, _ = s.command(decide.Resume("u"))
+    step, _ = s.command(protocol.Resume("u"))
     started = only(step.records, GenerationStarted)
     assert started and started[0].goal_rev == 1
 
 
 def test_stale_model_reply_of_an_old_revision_is_discarded() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
-    s.command(decide.Revise("v", "new"))
+    s.command(protocol.Submit("r1", "go"))
+    s.command(protocol.Revise("v", "new"))
     assert s.state.current_generation().generation_id == "in1.g2"  # type: ignore[union-attr]
-    stale = decide.ModelReplied("in1.g1", 1, ModelReply(text="old"))
+    stale = protocol.ModelReplied("in1.g1", 1, ModelReply(text="old"))
     assert not decide.on_result(s.state, s.env(), stale)
 
 
 def test_late_result_of_an_old_revision_is_recorded_as_stale() -> None:
     s = executing_session("send", {"text": "hi"})
-    s.command(decide.Revise("v", "new"))
+    s.command(protocol.Revise("v", "new"))
     step = s.finish_tool("c1")
     assert kinds(step)[0] == "ToolCompleted"
     assert s.state.tasks["c1"].stale
@@ -356,25 +368,25 @@ def test_late_result_of_an_old_revision_is_recorded_as_stale() -> None:
 
 def test_pause_dispatches_nothing_new_and_resume_continues() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
-    s.command(decide.Pause("p"))
+    s.command(protocol.Submit("r1", "go"))
+    s.command(protocol.Pause("p"))
     step = s.reply("x", ("c1", "lookup", {"query": "a"}))
     assert kinds(step) == ["GenerationCompleted", "ToolTaskCreated"]
-    step, _ = s.command(decide.Resume("u"))
+    step, _ = s.command(protocol.Resume("u"))
     assert kinds(step) == ["SessionResumed", "ToolExecuting"]
 
 
 def test_revise_without_a_run_is_refused() -> None:
     s = Session()
     with pytest.raises(errors.Refused):
-        s.command(decide.Revise("v", "x"))
+        s.command(protocol.Revise("v", "x"))
 
 
 def test_records_of_one_decision_fold_to_the_same_state_as_a_replay() -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "lookup", {"query": "a"}), ("c2", "deploy", {"target": "p"}))
-    s.command(decide.Approve("c2", True, "a"))
+    s.command(protocol.Approve("c2", True, "a"))
     s.finish_tool("c1")
     live = s.state
     replayed = SessionState.fold("s1", [decide_committed(i, r) for i, r in enumerate(s.log, 1)])
@@ -388,9 +400,9 @@ def test_usage_of_a_final_failed_attempt_is_kept() -> None:
     from perdure.storage.records import Usage
 
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     s.result(
-        decide.ModelFailed(
+        protocol.ModelFailed(
             generation_id="in1.g1",
             attempt=1,
             error="cut",
@@ -404,17 +416,17 @@ def test_usage_of_a_final_failed_attempt_is_kept() -> None:
 
 def test_paused_session_does_not_start_queued_input() -> None:
     s = Session()
-    s.command(decide.Pause("p"))
-    step, _ = s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Pause("p"))
+    step, _ = s.command(protocol.Submit("r1", "go"))
     assert kinds(step) == ["InputAccepted"], "no run, no model call while paused"
-    step, _ = s.command(decide.Resume("u"))
+    step, _ = s.command(protocol.Resume("u"))
     assert kinds(step) == ["SessionResumed", "RunStarted", "GenerationStarted"]
 
 
 @pytest.mark.parametrize("tool", ["lookup", "send"])
 def test_a_tool_that_cannot_tell_is_recorded_as_unknown_whatever_its_policy(tool: str) -> None:
     s = Session()
-    s.command(decide.Submit("r1", "go"))
+    s.command(protocol.Submit("r1", "go"))
     args = {"query": "a"} if tool == "lookup" else {"text": "b"}
     s.reply("one", ("c1", tool, args))
     step = s.finish_tool("c1", output="the connection broke mid-call", outcome="unknown")
@@ -423,3 +435,139 @@ def test_a_tool_that_cannot_tell_is_recorded_as_unknown_whatever_its_policy(tool
     assert "the connection broke mid-call" in unknown.reason
     assert "UNKNOWN" in unknown.output
     assert not only(step.records, ToolCompleted)
+
+
+# -- the audit's promises: each test fails if its promise is broken ---------------------------
+
+
+def test_recover_never_re_runs_a_call_recorded_never_even_if_its_tool_is_safe_now() -> None:
+    s = executing_session("send", {"text": "hi"})
+    now_safe = perdure.tool(name="send", replay=perdure.ReplayPolicy.SAFE)(send.fn)
+    s.tools = {**TOOLS, "send": now_safe}
+    step = s.restart()
+    assert not only(step.records, ToolExecuting), "recorded NEVER: never re-run blindly"
+    assert not runs(step)
+    assert only(step.records, ToolOutcomeUnknown)
+    decision = next(d for d in only(step.records, RecoveryDecision) if d.subject == "c1")
+    assert "recorded policy never, registered policy safe" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "recorded"),
+    [("send", {"text": "hi"}, ToolOutcomeUnknown), ("lookup", {"query": "a"}, ToolCompleted)],
+)
+def test_a_timeout_is_an_unknown_outcome_only_for_a_never_tool(
+    tool: str, args: dict[str, Any], recorded: type
+) -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("one", ("c1", tool, args))
+    step = s.finish_tool("c1", output="timed out after 5s", outcome="timeout")
+    assert kinds(step)[0] == recorded.__name__
+    if recorded is ToolOutcomeUnknown:
+        assert only(step.records, ToolOutcomeUnknown)[0].reason == "timeout"
+    else:
+        done = only(step.records, ToolCompleted)[0]
+        assert (done.kind, done.is_error) == ("timeout", True)
+
+
+def test_the_fingerprint_names_the_tool_its_definition_and_the_arguments() -> None:
+    base = decide.fingerprint(lookup, {"query": "a", "limit": 3})
+    assert base == decide.fingerprint(lookup, {"limit": 3, "query": "a"}), "canonical"
+    assert base != decide.fingerprint(lookup, {"query": "b", "limit": 3})
+    assert base != decide.fingerprint(send, {"query": "a", "limit": 3})
+    changed = perdure.tool(name="lookup", replay=perdure.ReplayPolicy.SAFE, version="2")(lookup.fn)
+    assert base != decide.fingerprint(changed, {"query": "a", "limit": 3})
+
+
+def test_a_safe_call_whose_tool_changed_is_re_run_only_if_its_arguments_still_fit() -> None:
+    s = executing_session("lookup", {"query": "a"})
+    executing = s.state.tasks["c1"].executing
+    assert executing is not None
+    assert executing.fingerprint == decide.fingerprint(lookup, executing.args)
+    v2 = perdure.tool(name="lookup", replay=perdure.ReplayPolicy.SAFE, version="2")(lookup.fn)
+    s.tools = {**TOOLS, "lookup": v2}
+    step = s.restart()
+    decision = next(d for d in only(step.records, RecoveryDecision) if d.subject == "c1")
+    assert "definition changed" in decision.reason and "still fit" in decision.reason
+    assert f"{lookup.definition_hash} -> {v2.definition_hash}" in decision.reason
+    assert runs(step) == [("c1", 2)]
+    assert only(step.records, ToolExecuting)[0].tool_hash == v2.definition_hash
+
+
+def test_a_call_whose_tool_changed_and_no_longer_fits_is_not_re_run() -> None:
+    s = executing_session("lookup", {"query": "a"})
+
+    async def lookup_v2(topic: str) -> str:
+        """Look up by topic."""
+        return topic
+
+    v2 = perdure.tool(name="lookup", replay=perdure.ReplayPolicy.SAFE)(lookup_v2)
+    s.tools = {**TOOLS, "lookup": v2}
+    step = s.restart()
+    decision = next(d for d in only(step.records, RecoveryDecision) if d.subject == "c1")
+    assert "definition changed" in decision.reason and "no longer fit" in decision.reason
+    assert not runs(step) and not only(step.records, ToolExecuting)
+    assert only(step.records, ToolOutcomeUnknown)
+
+
+def test_an_unchanged_tool_is_re_run_without_mention_of_a_change() -> None:
+    s = executing_session("lookup", {"query": "a"})
+    step = s.restart()
+    decision = next(d for d in only(step.records, RecoveryDecision) if d.subject == "c1")
+    assert "definition" not in decision.reason
+    assert runs(step) == [("c1", 2)]
+
+
+# -- forget: a settled call's reconcile state goes, once, and never for what recovery settles ------
+
+
+async def _reconcile_unknown(ctx: perdure.ToolContext, text: str) -> perdure.Reconciled:
+    return perdure.Reconciled.unknown()
+
+
+async def _forget_nothing(ctx: perdure.ToolContext) -> None:
+    return None
+
+
+@perdure.tool(
+    replay=perdure.ReplayPolicy.NEVER, reconcile=_reconcile_unknown, forget=_forget_nothing
+)
+async def note(text: str) -> str:
+    """Write a note (keeps reconcile state until settled)."""
+    return text
+
+
+def forgets(step: protocol.Step) -> list[str]:
+    return [e.executing.call_id for e in step.effects if isinstance(e, protocol.Forget)]
+
+
+def test_a_settled_call_is_forgotten_once_its_result_is_committed() -> None:
+    s = Session(tools={**TOOLS, "note": note}, forget_settled=True)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "note", {"text": "a"}), ("c2", "lookup", {"query": "b"}))
+    step = s.finish_tool("c1")
+    assert forgets(step) == ["c1"], "the terminal record and its Forget go in one step"
+    assert forgets(s.finish_tool("c2")) == [], "lookup keeps no state"
+
+
+def test_nothing_is_forgotten_without_full_durability() -> None:
+    s = Session(tools={**TOOLS, "note": note}, forget_settled=False)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "note", {"text": "a"}))
+    assert forgets(s.finish_tool("c1")) == []
+
+
+def test_what_recovery_settles_is_not_forgotten_but_a_reconciled_result_is() -> None:
+    s = Session(tools={**TOOLS, "note": note}, forget_settled=True)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "note", {"text": "a"}))
+    step = s.restart()
+    assert reconciles(step) == ["c1"] and forgets(step) == []
+    step = s.result(protocol.ReconcileFinished(call_id="c1", status="applied", output="a"))
+    assert forgets(step) == ["c1"]
+    s2 = Session(tools={"note": evolve(note, reconcile=None)}, forget_settled=True)
+    s2.command(protocol.Submit("r1", "go"))
+    s2.reply("x", ("c1", "note", {"text": "a"}))
+    step = s2.restart()
+    assert only(step.records, ToolOutcomeUnknown) and forgets(step) == []

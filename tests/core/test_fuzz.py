@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from perdure import errors
-from perdure.actors import decide
+from perdure.actors import decide, protocol
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Committed, ToolCall
@@ -70,46 +70,46 @@ class CoreMachine(RuleBasedStateMachine):
         self.requests = 0
         self.steps = 0
         self.crashes = 0
-        self.env = decide.Env(tools=COURSE_TOOLS, now=1000.0, resume_budget=3)
+        self.env = protocol.Env(tools=COURSE_TOOLS, now=1000.0, resume_budget=3)
         from perdure.storage.records import SessionCreated
 
-        self._commit(decide.Step((SessionCreated(session_id="s1", at=0.0),)))
+        self._commit(protocol.Step((SessionCreated(session_id="s1", at=0.0),)))
 
     # -- the shell --------------------------------------------------------------------
 
-    def _view(self) -> decide.View:
-        return decide.View(
+    def _view(self) -> protocol.View:
+        return protocol.View(
             models=frozenset(self.models),
             tools=frozenset(self.tools),
             cancelling=frozenset(self.cancelling),
         )
 
-    def _commit(self, first: decide.Step) -> None:
+    def _commit(self, first: protocol.Step) -> None:
         step = decide.settle(self.state, self.env, self._view(), first)
         for record in step.records:
             c = Committed(len(self.log) + 1, record)
             self.log.append(c)
             self.state.note_committed(c)
         for effect in step.effects:
-            if isinstance(effect, decide.CallModel):
+            if isinstance(effect, protocol.CallModel):
                 self.models[effect.generation_id] = effect.attempt
-            elif isinstance(effect, decide.RunTool):
-                self.tools[effect.call_id] = ("run", effect.attempt)
-            elif isinstance(effect, decide.Reconcile):
-                self.tools[effect.call_id] = ("reconcile", self.state.tasks[effect.call_id].attempt)
-            elif isinstance(effect, decide.CancelModel):
+            elif isinstance(effect, protocol.RunTool):
+                self.tools[effect.call_id] = ("run", effect.executing.attempt)
+            elif isinstance(effect, protocol.Reconcile):
+                self.tools[effect.call_id] = ("reconcile", effect.executing.attempt)
+            elif isinstance(effect, protocol.CancelModel):
                 self.models.pop(effect.generation_id, None)
-            elif isinstance(effect, decide.CancelTool):
+            elif isinstance(effect, protocol.CancelTool):
                 self.cancelling.add(effect.call_id)
 
-    def _command(self, cmd: decide.Command) -> None:
+    def _command(self, cmd: protocol.Command) -> None:
         try:
             first, _ = decide.command(self.state, self.env, cmd)
         except errors.Refused:
             return
         self._commit(first)
 
-    def _result(self, result: decide.Result) -> None:
+    def _result(self, result: protocol.Result) -> None:
         self._commit(decide.on_result(self.state, self.env, result))
 
     # -- rules ---------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class CoreMachine(RuleBasedStateMachine):
     def submit(self, reuse: bool) -> None:
         if not reuse or not self.requests:
             self.requests += 1
-        self._command(decide.Submit(f"r{self.requests}", f"task {self.requests}"))
+        self._command(protocol.Submit(f"r{self.requests}", f"task {self.requests}"))
 
     @rule(data=st.data())
     def model_replies(self, data: st.DataObject) -> None:
@@ -131,7 +131,7 @@ class CoreMachine(RuleBasedStateMachine):
             ToolCall(call_id=f"{gen}-{i}", name=n, input=dict(a)) for i, (n, a) in enumerate(picks)
         )
         reply = ModelReply(text=f"reply to {gen}", tool_calls=calls)
-        self._result(decide.ModelReplied(gen, attempt, reply))
+        self._result(protocol.ModelReplied(gen, attempt, reply))
 
     @rule(data=st.data(), retryable=st.booleans())
     def model_fails(self, data: st.DataObject, retryable: bool) -> None:
@@ -140,7 +140,7 @@ class CoreMachine(RuleBasedStateMachine):
         gen = data.draw(st.sampled_from(sorted(self.models)))
         attempt = self.models.pop(gen)
         self._result(
-            decide.ModelFailed(
+            protocol.ModelFailed(
                 generation_id=gen, attempt=attempt, error="boom", retryable=retryable
             )
         )
@@ -160,7 +160,7 @@ class CoreMachine(RuleBasedStateMachine):
         if outcome != "cancelled" or data.draw(st.booleans()):
             self.effects[call] += 1  # the tool touched the world
         self._result(
-            decide.ToolFinished(
+            protocol.ToolFinished(
                 call_id=call,
                 attempt=attempt,
                 outcome=outcome,  # type: ignore[arg-type]
@@ -184,7 +184,7 @@ class CoreMachine(RuleBasedStateMachine):
             status = "applied"
         flags = data.draw(st.sampled_from([(False, False), (True, False), (False, True)]))
         self._result(
-            decide.ReconcileFinished(
+            protocol.ReconcileFinished(
                 call_id=call,
                 status=status,  # type: ignore[arg-type]
                 output="reconciled",
@@ -200,22 +200,22 @@ class CoreMachine(RuleBasedStateMachine):
             return
         call = data.draw(st.sampled_from(waiting))
         self.requests += 1
-        self._command(decide.Approve(call, approved, f"a{self.requests}"))
+        self._command(protocol.Approve(call, approved, f"a{self.requests}"))
 
     @rule()
     def revise(self) -> None:
         self.requests += 1
-        self._command(decide.Revise(f"v{self.requests}", "new goal"))
+        self._command(protocol.Revise(f"v{self.requests}", "new goal"))
 
     @rule()
     def cancel(self) -> None:
         self.requests += 1
-        self._command(decide.Cancel(f"c{self.requests}"))
+        self._command(protocol.Cancel(f"c{self.requests}"))
 
     @rule(pause=st.booleans())
     def pause_or_resume(self, pause: bool) -> None:
         self.requests += 1
-        cmd = decide.Pause(f"p{self.requests}") if pause else decide.Resume(f"u{self.requests}")
+        cmd = protocol.Pause(f"p{self.requests}") if pause else protocol.Resume(f"u{self.requests}")
         self._command(cmd)
 
     @rule(data=st.data())
@@ -224,7 +224,7 @@ class CoreMachine(RuleBasedStateMachine):
         if not done:
             return
         self.requests += 1
-        self._command(decide.Compensate(data.draw(st.sampled_from(done)), f"k{self.requests}"))
+        self._command(protocol.Compensate(data.draw(st.sampled_from(done)), f"k{self.requests}"))
 
     @rule(data=st.data())
     def crash(self, data: st.DataObject) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from perdure.actors import decide
+from perdure.actors import decide, protocol
 from perdure.actors.state import SessionState
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import Record
@@ -48,17 +48,28 @@ def _record(record: Record) -> dict[str, Any]:
     return out
 
 
+def _effect(effect: protocol.Effect) -> str:
+    """An effect by what identifies it (a tool effect by its call and attempt)."""
+    if isinstance(effect, protocol.RunTool):
+        fields: tuple[Any, ...] = (effect.call_id, effect.executing.attempt)
+    elif isinstance(effect, protocol.Reconcile | protocol.Forget):
+        fields = (effect.executing.call_id,)
+    else:
+        fields = attrs.astuple(effect)
+    return f"{type(effect).__name__}{fields}"
+
+
 def recovery_plan(log_dir: Path) -> dict[str, Any]:
     log = LmdbLog(log_dir, readonly=True)
     try:
-        env = decide.Env(tools={t.name: t for t in ALL_TOOLS}, now=1_000_000.0)
+        env = protocol.Env(tools={t.name: t for t in ALL_TOOLS}, now=1_000_000.0)
         plan: dict[str, Any] = {}
         for sid in sorted(log.active_sessions()):
             state = SessionState.fold(sid, log.read_session(sid))
-            step = decide.settle(state, env, decide.View(), decide.recover(state, env))
+            step = decide.settle(state, env, protocol.View(), decide.recover(state, env))
             plan[sid] = {
                 "records": [_record(r) for r in step.records],
-                "effects": [f"{type(e).__name__}{attrs.astuple(e)}" for e in step.effects],
+                "effects": [_effect(e) for e in step.effects],
             }
         return plan
     finally:

@@ -47,9 +47,18 @@ async def add(a: int, b: int) -> int:
     return a + b
 
 
+LOOKUPS_STARTED: dict[str, trio.Event] = {}
+
+
 @perdure.tool(replay=ReplayPolicy.SAFE)
 async def lookup(key: str) -> str:
     """Look a key up in a small table."""
+    # Each lookup waits until the other one has started: two calls of one turn that ran
+    # one after the other would never get here (and time out instead).
+    LOOKUPS_STARTED.setdefault(key, trio.Event()).set()
+    other = "omega" if key == "alpha" else "alpha"
+    with trio.fail_after(10):
+        await LOOKUPS_STARTED.setdefault(other, trio.Event()).wait()
     await trio.sleep(0.01 if key == "alpha" else 0)  # finish out of order
     return {"alpha": "first letter", "omega": "last letter"}[key]
 
@@ -188,11 +197,15 @@ async def test_parallel_tool_use_round_trip(
         ),
         Reply(content=[Text("alpha is first, omega is last.")]),
     )
+    LOOKUPS_STARTED.clear()
     async with runtime(log_dir, provider) as rt:
         sid, outcome = await ask(rt, "Look up alpha and omega.")
         committed = await records(rt, sid)
     assert outcome.status == "completed"
-    assert {r.call_id for r in of(ToolCompleted, committed)} == {"toolu_a", "toolu_o"}
+    done = of(ToolCompleted, committed)
+    assert {r.call_id for r in done} == {"toolu_a", "toolu_o"}
+    assert not any(r.is_error for r in done), "both ran at once (each waited for the other)"
+    assert [r.call_id for r in done] == ["toolu_o", "toolu_a"], "completed out of order"
     assistant, results = sent_messages(fake.requests[1].body)[1:]
     assert [b["id"] for b in assistant["content"]] == ["toolu_a", "toolu_o"]
     assert results == {
@@ -364,18 +377,27 @@ async def test_retries_stop_at_max_model_attempts(
 async def test_cancelling_a_run_stops_the_stream(
     fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
 ) -> None:
-    fake.script(Reply(content=[Text("a very slow answer " * 5)], chunk=3, event_delay=0.05))
+    fake.script(Reply(content=[Text("a very slow answer " * 20)], chunk=3, event_delay=0.05))
     async with runtime(log_dir, provider) as rt:
         sid = await rt.create_session()
-        await rt.submit(sid, "Take your time.")
-        await trio.sleep(0.3)
+        async with aclosing(rt.events(sid)) as events:
+            await rt.submit(sid, "Take your time.")
+            async for event in events:
+                if event.kind == "text_delta":  # the answer is streaming now
+                    break
         await rt.cancel(sid)
-        with trio.fail_after(2):
+        with trio.fail_after(10):
             outcome = await rt.wait_idle(sid)
         committed = await records(rt, sid)
+        # The runtime hung up: the server's next writes fail, long before the stream's end.
+        with trio.fail_after(10):
+            while not fake.streams[0].aborted:  # noqa: ASYNC110 (the server is a thread)
+                await trio.sleep(0.05)
     assert outcome is not None
     assert outcome.status == "cancelled"
     assert of(GenerationCompleted, committed) == []
+    (stream,) = fake.streams
+    assert stream.sent < stream.total, "the stream was cut, not read to its end"
 
 
 # -- usage ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ checks what recovery decided and every invariant of DESIGN.md via the checker.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,16 +79,27 @@ def test_model_reply_received_but_not_committed(make_plan: Any) -> None:
 
 def test_crash_during_retry_back_off_still_retries(make_plan: Any) -> None:
     script = note_then_done()
-    script[0].update(fail_attempts=1, retry_after=0.3)
+    script[0].update(fail_attempts=1, retry_after=4.0)
     plan = make_plan(script)
     # commit 3 is the RetryPending record, persisted before the back-off sleep.
-    outcome = crash_and_restart(plan, "commit@3")
+    first = run_child(plan, fault="commit@3")
+    assert first.killed, first.stderr
+    # The restart comes a while after the crash, as a deploy would: long enough that a
+    # back-off restarted from scratch, or ignored, would be told apart from one resumed.
+    time.sleep(1.5)
+    outcome = run_child(plan).outcome("s1")
     assert outcome["status"] == "completed"
     pending = records(plan, RetryPending)
     assert len(pending) == 1 and pending[0].attempt == 1
     first_reply = records(plan, GenerationCompleted)[0]
     assert first_reply.attempt == 2, "the retry after restart is attempt 2"
-    assert any(d.found == "retry back-off" for d in records(plan, RecoveryDecision))
+    resumed = next(d for d in records(plan, RecoveryDecision) if d.found == "retry back-off")
+    gap = resumed.at - pending[0].at  # how long the process was down (>= 1.5 s)
+    assert gap >= 1.5
+    # The retry waits for the recorded time: not earlier (the back-off was honoured) ...
+    assert first_reply.at >= pending[0].not_before
+    # ... and not a whole back-off after the restart (the time already waited counts).
+    assert first_reply.at - pending[0].not_before < gap / 2
     assert_sound(plan)
 
 
@@ -194,9 +206,16 @@ def test_queued_input_survives_a_crash(make_plan: Any) -> None:
         {"text": "second done"},
     ]
     plan = make_plan(script, inputs=["first", "second"])
-    outcome = crash_and_restart(plan, "tool.after:slow_lookup")
+    first = run_child(plan, fault="tool.after:slow_lookup")
+    assert first.killed, first.stderr
+    accepted = records(plan, InputAccepted)
+    assert [a.text for a in accepted] == ["first", "second"], "both inputs were durable"
+    # The restarted process submits NOTHING: the queued input must come from the log.
+    plan["sessions"] = {"s1": []}
+    outcome = run_child(plan).outcome("s1")
     assert outcome["status"] == "completed"
     assert outcome["final_text"] == "second done"
+    assert records(plan, InputAccepted) == accepted, "no input was re-created"
     finished = [r for r in records(plan, RunFinished) if r.status == "completed"]
     assert [r.submission_id for r in finished] == ["in1", "in2"]
     assert_sound(plan)

@@ -1,0 +1,303 @@
+"""The vocabulary of a session's decisions: what goes in, what comes out.
+
+``decide`` is a pure function of a session's state and ONE input; this module names
+those inputs and outputs, as h11 keeps its events apart from its state machine:
+
+* inputs — ``Env`` (tools, time, limits) and ``View`` (what this process is doing
+  now), a caller's ``Command``, or a ``Result`` reported by a generation or tool actor;
+* outputs — a ``Step``: the records to commit and the ``Effect``s to perform once
+  they are durable; and for a command, an ``Answer`` for the caller.
+
+Every effect carries what the shell needs to perform it, so the shell never reads
+back into the state to act. Every command owns its kind and the hash of its body,
+which request-id deduplication compares (the fold computes the same hash from the
+record the command produced, through the same function).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import ClassVar, Literal
+
+from attrs import field, frozen
+
+from perdure.providers.base import ModelReply
+from perdure.storage.records import Record, ToolExecuting, Usage
+from perdure.tools.contract import Tool
+
+# -- the environment ----------------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class Env:
+    """What decisions may consult besides the state: the tools, the time, the limits."""
+
+    tools: Mapping[str, Tool]
+    now: float
+    resume_budget: int = 3
+    max_model_attempts: int = 8
+    max_turns: int = 100
+    retry_base: float = 1.0
+    retry_cap: float = 60.0
+    # Let tools drop a settled call's reconcile state (``Forget``); only with durable
+    # ("full") commits, so no terminal record a power loss could undo outlives it.
+    forget_settled: bool = False
+
+
+@frozen(kw_only=True)
+class View:
+    """What this process is doing right now. Not durable: empty after a restart."""
+
+    models: frozenset[str] = frozenset()  # generation ids with a model call in flight
+    tools: frozenset[str] = frozenset()  # call ids with a tool or a reconcile in flight
+    cancelling: frozenset[str] = frozenset()  # call ids already told to stop
+    draining: bool = False  # the process is shutting down: dispatch nothing new
+
+
+# -- commands: what callers ask -------------------------------------------------------------
+
+
+def text_body_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@frozen
+class Submit:
+    kind: ClassVar[str] = "submit"
+    request_id: str
+    text: str
+
+    @property
+    def body_hash(self) -> str:
+        return text_body_hash(self.text)
+
+
+@frozen
+class Cancel:
+    kind: ClassVar[str] = "cancel"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return Cancel.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00cancel")
+
+
+@frozen
+class Approve:
+    kind: ClassVar[str] = "approve"
+    call_id: str
+    approved: bool
+    request_id: str
+    note: str = ""
+
+    @property
+    def body_hash(self) -> str:
+        return Approve.hash_of(self.call_id, self.approved)
+
+    @staticmethod
+    def hash_of(call_id: str, approved: bool) -> str:
+        return text_body_hash(f"\x00approve\x00{call_id}\x00{approved}")
+
+
+@frozen
+class Revise:
+    kind: ClassVar[str] = "revise"
+    request_id: str
+    text: str
+
+    @property
+    def body_hash(self) -> str:
+        return text_body_hash(self.text)
+
+
+@frozen
+class Pause:
+    kind: ClassVar[str] = "pause"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return Pause.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00pause")
+
+
+@frozen
+class Resume:
+    kind: ClassVar[str] = "resume"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return Resume.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00resume")
+
+
+@frozen
+class Compensate:
+    kind: ClassVar[str] = "compensate"
+    call_id: str
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return Compensate.hash_of(self.call_id)
+
+    @staticmethod
+    def hash_of(call_id: str) -> str:
+        return text_body_hash(f"\x00compensate\x00{call_id}")
+
+
+Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate
+
+# -- results: what the actors report ----------------------------------------------------------
+
+
+@frozen
+class ModelReplied:
+    generation_id: str
+    attempt: int
+    reply: ModelReply
+
+
+@frozen(kw_only=True)
+class ModelFailed:
+    generation_id: str
+    attempt: int
+    error: str
+    retryable: bool
+    retry_after: float | None = None
+    usage: Usage = field(factory=Usage)
+    jitter: float = 0.5  # a sample of U(0, 1), drawn by the shell
+
+
+ToolOutcome = Literal["ok", "error", "timeout", "cancelled", "unknown"]
+
+
+@frozen(kw_only=True)
+class ToolFinished:
+    call_id: str
+    attempt: int
+    outcome: ToolOutcome
+    output: str
+    is_error: bool = False
+    terminate: bool = False
+    duration: float = 0.0
+
+
+@frozen(kw_only=True)
+class ReconcileFinished:
+    call_id: str
+    status: Literal["applied", "not_applied", "unknown"]
+    output: str = ""
+    reason: str = ""
+    is_error: bool = False  # of an applied result
+    terminate: bool = False  # an applied result ends the run
+
+
+Result = ModelReplied | ModelFailed | ToolFinished | ReconcileFinished
+
+# -- effects: what the shell performs once the step is durable ----------------------------------
+
+
+@frozen
+class CallModel:
+    generation_id: str
+    attempt: int
+    not_before: float | None = None
+
+
+@frozen
+class RunTool:
+    """Run one attempt of a call, exactly as its durable ``executing`` record says."""
+
+    executing: ToolExecuting
+    tool: Tool
+
+    @property
+    def call_id(self) -> str:
+        return self.executing.call_id
+
+
+@frozen
+class Reconcile:
+    """Ask the tool whether the call recorded by ``executing`` took effect."""
+
+    executing: ToolExecuting
+    tool: Tool
+
+    @property
+    def call_id(self) -> str:
+        return self.executing.call_id
+
+
+@frozen
+class CancelTool:
+    call_id: str
+
+
+@frozen
+class CancelModel:
+    generation_id: str
+
+
+@frozen
+class Forget:
+    """The call is settled (its terminal record is durable, nothing runs for it): the
+    tool may drop the state it kept for ``reconcile``."""
+
+    executing: ToolExecuting
+    tool: Tool
+
+
+Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel | Forget
+
+
+@frozen
+class Step:
+    """What one decision produced: records to commit, then effects to perform."""
+
+    records: tuple[Record, ...] = ()
+    effects: tuple[Effect, ...] = ()
+
+    def __add__(self, other: Step) -> Step:
+        return Step(self.records + other.records, self.effects + other.effects)
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.effects)
+
+
+NOTHING = Step()
+
+# -- answers: what a caller hears ---------------------------------------------------------------
+
+
+@frozen
+class Accepted:
+    """The answer to a submit: durable before the caller sees it."""
+
+    submission_id: str
+    seq: int
+    duplicate: bool = False
+
+
+@frozen
+class Done:
+    """The answer to other commands. ``seq`` is 0 when nothing had to be recorded."""
+
+    ref: str
+    seq: int = 0
+    duplicate: bool = False
+
+
+Answer = Accepted | Done
