@@ -1,4 +1,4 @@
-"""``perdure check``: verify a log's frames and DESIGN.md's invariants, read-only.
+"""``perdure check``: verify a log's frames and the invariants of docs/DESIGN.md, read-only.
 
 Two passes over one read transaction's view of the log (safe beside a running
 owner: LMDB readers never block the writer):

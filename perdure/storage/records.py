@@ -3,7 +3,7 @@
 A record is a fact that has happened and been made durable. Actors never mutate
 state directly; they decide which records to append, the Journal makes them
 durable, and the state of every actor is a fold over its records. The names
-follow the lifecycles of DESIGN.md:
+follow the lifecycles of docs/DESIGN.md:
 
 * run:        InputAccepted -> RunStarted -> ... -> RunFinished
 * generation: GenerationStarted -> (RetryPending ...) -> GenerationCompleted

@@ -8,7 +8,7 @@ tool's effect may or may not have happened), the state is rebuilt from the kept
 records alone, and ``recover`` runs. After every step:
 
 * the live state equals the state folded from the records (what a restart sees);
-* DESIGN.md's invariants hold over the history (the shared history checker),
+* the invariants of docs/DESIGN.md hold over the history (the shared history checker),
   including "a NEVER call takes effect at most once" over the effects ledger.
 """
 

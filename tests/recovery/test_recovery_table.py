@@ -1,9 +1,9 @@
-"""Every row of DESIGN.md's recovery table, with a real process killed at that point.
+"""Every row of the recovery table (docs/DESIGN.md), with a real process killed at that point.
 
 Each test runs the runtime in a child process with a PERDURE_FAULT that SIGKILLs
 it in one crash window, starts a fresh child on the same log (which re-submits the
 same inputs with the same request ids, as a retrying caller would), and then
-checks what recovery decided and every invariant of DESIGN.md via the checker.
+checks what recovery decided and every invariant of docs/DESIGN.md via the checker.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A clean run counts its commits K. Then for every n in 1..K a fresh child is killed
 right after its n-th commit is durable, a second child recovers on the same log,
-and the history checker verifies DESIGN.md's invariants, including: the NEVER
+and the history checker verifies the invariants of docs/DESIGN.md, including: the NEVER
 note took effect at most once, and the input got exactly one outcome.
 """
 

@@ -4,7 +4,7 @@ For a workload, a clean run counts its commits K. Then each fault point — ever
 ``commit@n`` for n in 1..K (or a sample), ``tool.before``/``tool.after`` of each
 of its tools, ``model.after`` — runs in a fresh directory: a child is killed at the
 point, a second child recovers on the same log and finishes, and the history
-checker verifies DESIGN.md's invariants. Compound crashes kill the recovering
+checker verifies the invariants of docs/DESIGN.md. Compound crashes kill the recovering
 child again after its m-th commit, for m in 1..M, before a final clean recovery.
 
 On PostgreSQL (``cluster`` given) every run gets a fresh database, snapshots are

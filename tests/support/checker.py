@@ -1,4 +1,4 @@
-"""The history checker: DESIGN.md's invariants over a whole log and the tools' ledger.
+"""The history checker: the invariants of docs/DESIGN.md over a whole log and the tools' ledger.
 
 The log part is ``perdure.check`` (the same code as ``perdure check``); this module
 adds the side-effect ledger written by ``ledger_tools``: every effect must have an
