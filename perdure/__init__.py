@@ -8,6 +8,7 @@ work that was pending.
 
 from perdure._runtime import Runtime, open_runtime
 from perdure.actors.protocol import Accepted, Done
+from perdure.budget import Budget, Price
 from perdure.errors import (
     NotOwnerRefused,
     PerdureError,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accepted",
+    "Budget",
     "CommitUnknown",
     "CorruptRecord",
     "Done",
@@ -58,6 +60,7 @@ __all__ = [
     "NotOwnerRefused",
     "OutcomeUnknown",
     "PerdureError",
+    "Price",
     "ProviderError",
     "Reconciled",
     "Refused",

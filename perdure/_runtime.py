@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
@@ -32,12 +32,13 @@ from perdure.actors.context import ActorContext
 from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor
+from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.providers.base import Message, Provider
 from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
-from perdure.storage.records import Committed, RunFinished
+from perdure.storage.records import Budget, Committed, RunFinished
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
@@ -101,19 +102,26 @@ class Runtime:
     # -- sessions -------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str | None = None, *, system: str | None = None
+        self,
+        session_id: str | None = None,
+        *,
+        system: str | None = None,
+        budget: Budget | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
-        Raises ``Refused("conflict")`` if the session exists with another system prompt.
+        ``budget`` replaces the runtime's default budget for this session. Raises
+        ``Refused("conflict")`` if the session exists with another system prompt.
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self._sup.create_session(sid, system)
+        await self._sup.create_session(sid, system, budget)
         return sid
 
-    async def ensure_session(self, session_id: str, *, system: str | None = None) -> bool:
+    async def ensure_session(
+        self, session_id: str, *, system: str | None = None, budget: Budget | None = None
+    ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
-        return await self._sup.create_session(session_id, system)
+        return await self._sup.create_session(session_id, system, budget)
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.journal.sessions()
@@ -134,10 +142,19 @@ class Runtime:
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Done](command))
 
     async def submit(
-        self, session_id: str, text: str, *, request_id: str | None = None
+        self,
+        session_id: str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        budget: Budget | None = None,
     ) -> protocol.Accepted:
-        """Queue user input; returns once it is durable. Same ``request_id`` -> same answer."""
-        command = protocol.Submit(request_id or _rid(), text)
+        """Queue user input; returns once it is durable. Same ``request_id`` -> same answer.
+
+        ``budget`` (recorded with the input) replaces the session's budget from this
+        input on: e.g. to continue a run that stopped at its budget.
+        """
+        command = protocol.Submit(request_id or _rid(), text, budget)
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Accepted](command))
 
     async def cancel(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
@@ -158,10 +175,18 @@ class Runtime:
         return await self._done(session_id, cmd)
 
     async def revise(
-        self, session_id: str, text: str, *, request_id: str | None = None
+        self,
+        session_id: str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        budget: Budget | None = None,
     ) -> protocol.Done:
-        """Change the request of the current run; returns the new goal revision in ``ref``."""
-        return await self._done(session_id, protocol.Revise(request_id or _rid(), text))
+        """Change the request of the current run; returns the new goal revision in ``ref``.
+
+        ``budget`` replaces the session's budget from this revision on.
+        """
+        return await self._done(session_id, protocol.Revise(request_id or _rid(), text, budget))
 
     async def pause(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
         """Dispatch nothing new (running tools finish); durable across restarts."""
@@ -320,6 +345,8 @@ async def open_runtime(
     node_id: str | None = None,
     lease_ttl: float | None = None,
     idle_timeout: float | None = 300.0,
+    budget: Budget | None = None,
+    prices: Mapping[str, Price] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -336,7 +363,10 @@ async def open_runtime(
     ``map_size`` is LMDB's initial map size. A session left idle for
     ``idle_timeout`` seconds has its actor evicted from memory (and, with
     PostgreSQL, its lease given up); its next command starts it again from the log.
-    ``None`` keeps every session's actor resident.
+    ``None`` keeps every session's actor resident. ``budget`` limits what every
+    session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
+    model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
+    replaces the built-in price table used for cost.
     """
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
@@ -371,6 +401,8 @@ async def open_runtime(
                 retry_cap=retry_cap,
                 idle_timeout=idle_timeout,
                 forget_settled=durability == "full",
+                budget=budget,
+                prices=dict(DEFAULT_PRICES if prices is None else prices),
             )
             supervisor = Supervisor(ctx)
             body_error: BaseException | None = None

@@ -16,6 +16,7 @@ into styled lines for the terminal. Nothing here performs I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -26,6 +27,7 @@ from perdure.actors.state import (
     Task,
     UserTurn,
 )
+from perdure.budget import DEFAULT_PRICES, Price, Spend, spent_cost
 from perdure.storage.records import (
     RecoveryDecision,
     ToolCancelled,
@@ -210,8 +212,16 @@ def _decision(d: RecoveryDecision) -> dict[str, Any]:
     return {k: v for k, v in attrs.asdict(d).items() if k != "session_id"}
 
 
-def summarize(s: SessionState) -> Summary:
-    """The session's state as JSON-ready data; see the module docstring."""
+def _cost(spend: Spend, prices: Mapping[str, Price]) -> dict[str, Any]:
+    usd, unpriced = spent_cost(spend, prices)
+    return {"usd": round(usd, 6), "unpriced_models": unpriced}
+
+
+def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> Summary:
+    """The session's state as JSON-ready data; see the module docstring.
+
+    Cost is the usage of each model at ``prices`` (models without a price are listed).
+    """
     current = s.run.run_id if s.run is not None else None
     runs = []
     for run in s.runs.values():
@@ -229,6 +239,7 @@ def summarize(s: SessionState) -> Summary:
                 "final_text": fin.final_text if fin else None,
                 "reason": fin.reason if fin else None,
                 "usage": _usage(run.usage),
+                "cost": _cost(run.spend, prices),
             }
         )
     answered = [
@@ -284,6 +295,8 @@ def summarize(s: SessionState) -> Summary:
         ],
         "decisions": [_decision(d) for d in s.decisions],
         "usage": _usage(s.usage),
+        "cost": _cost(s.spend, prices),
+        "budget": None if s.budget is None else attrs.asdict(s.budget),
     }
 
 
@@ -329,4 +342,9 @@ def render(summary: Summary) -> list[tuple[str, str]]:
             f"{u['cache_read_input_tokens']} read) over {len(summary['runs'])} run(s)",
         )
     )
+    cost = summary["cost"]
+    unpriced = (
+        f" (no price for {', '.join(cost['unpriced_models'])})" if cost["unpriced_models"] else ""
+    )
+    out.append(("plain", f"  cost: ${cost['usd']:.4f}{unpriced}"))
     return out

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from attrs import define, field
 
+from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.providers.base import Provider
 from perdure.storage.journal import Journal
 from perdure.tools.contract import Tool
@@ -35,3 +36,5 @@ class ActorContext:
     # synced ("full" durability): a terminal record that a power loss could still undo
     # must not outlive the evidence its reconcile would need.
     forget_settled: bool = True
+    budget: Budget | None = None  # the default budget of every session (perdure.budget)
+    prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)

@@ -64,6 +64,7 @@ from perdure.actors.state import (
     SessionState,
     Task,
 )
+from perdure.budget import over_budget
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.records import (
     ApprovalDecided,
@@ -211,18 +212,18 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     if run.cancel_requested:
         return _wind_down(s, env, view, "the run was cancelled")
     gen = s.current_generation()
-    if gen is None:  # a run always starts with its first generation; be total anyway
-        return (
-            NOTHING
-            if s.paused or view.draining
-            else _next_generation(s, env, run.run_id, run.submission_id)
-        )
+    if gen is None:  # a new run: its first model turn
+        if s.paused or view.draining:
+            return NOTHING
+        return _budget_stop(s, env) or _next_generation(s, env, run.run_id, run.submission_id)
     if gen.goal_rev < s.goal_rev:
         return _apply_revision(s, env, view, gen)
-    if gen.phase != "completed":
+    if gen.phase != "completed":  # a call to (re)make: a retry, or one a restart lost
         if gen.generation_id in view.models or s.paused or view.draining:
             return NOTHING
-        return Step((), (CallModel(gen.generation_id, gen.attempt, gen.not_before),))
+        return _budget_stop(s, env) or Step(
+            (), (CallModel(gen.generation_id, gen.attempt, gen.not_before),)
+        )
     tasks = s.tasks_of(gen)
     if not (s.paused or view.draining):
         dispatched = NOTHING
@@ -326,7 +327,21 @@ def _continue_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -
         return _finish(
             s, env, "failed", reason=f"the run reached its limit of {env.max_turns} model turns"
         )
-    return _next_generation(s, env, run_id, submission_id)
+    return _budget_stop(s, env) or _next_generation(s, env, run_id, submission_id)
+
+
+def _budget_stop(s: SessionState, env: Env) -> Step:
+    """Before a model call: the run finishes ``stopped`` if a budget in force is spent.
+
+    The spend is the usage folded from the log (every reply, every failed attempt), so
+    a restart counts what was spent before it. The session's own budget, if it was
+    given one, replaces the runtime's default.
+    """
+    budget = s.budget if s.budget is not None else env.budget
+    if budget is None or s.run is None:
+        return NOTHING
+    why = over_budget(budget, s.run.spend, s.spend, env.prices)
+    return NOTHING if why is None else _finish(s, env, "stopped", reason=why)
 
 
 def _start_run(s: SessionState, env: Env) -> Step:
@@ -339,7 +354,7 @@ def _start_run(s: SessionState, env: Env) -> Step:
         goal_rev=s.goal_rev,
         at=env.now,
     )
-    return Step((started,)) + _next_generation(s, env, run_id, sub.submission_id)
+    return Step((started,))  # advance starts its first model turn next
 
 
 def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
@@ -759,9 +774,10 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
             not_before=not_before,
             error=msg.error,
             usage=msg.usage,
+            model=msg.model,
             at=env.now,
         )
-        return Step((pending,), (CallModel(gen.generation_id, msg.attempt + 1, not_before),))
+        return Step((pending,))  # advance makes the call, once the budget allows it
     why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
     failed = _finish(s, env, "failed", reason=f"the model call failed after {why}: {msg.error}")
     finished = failed.records[0]
@@ -916,6 +932,7 @@ def _submit(s: SessionState, env: Env, cmd: Submit) -> tuple[Step, Answer]:
         request_id=cmd.request_id,
         text=cmd.text,
         body_hash=cmd.body_hash,
+        budget=cmd.budget,
         at=env.now,
     )
     return Step((record,)), Accepted(sub_id, 0)
@@ -976,6 +993,7 @@ def _revise(s: SessionState, env: Env, cmd: Revise) -> tuple[Step, Answer]:
         text=cmd.text,
         request_id=cmd.request_id,
         compensable=compensable,
+        budget=cmd.budget,
         at=env.now,
     )
     auto = _automatic_compensations(s, env, compensable, cmd.request_id, rev)

@@ -62,6 +62,8 @@ async def call_model(
                 retry_after=err.retry_after,
                 usage=err.usage,
                 jitter=ctx.rng.random(),
+                # Which model the failed attempt asked, so its usage is priced right.
+                model=err.model or str(getattr(ctx.provider, "model", "") or ""),
             )
         else:
             if _faults.ACTIVE:

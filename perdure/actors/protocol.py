@@ -22,8 +22,9 @@ from typing import ClassVar, Literal
 
 from attrs import field, frozen
 
+from perdure.budget import DEFAULT_PRICES, Price
 from perdure.providers.base import ModelReply
-from perdure.storage.records import Record, ToolExecuting, Usage
+from perdure.storage.records import Budget, Record, ToolExecuting, Usage
 from perdure.tools.contract import Tool
 
 # -- the environment ----------------------------------------------------------------------
@@ -43,6 +44,8 @@ class Env:
     # Let tools drop a settled call's reconcile state (``Forget``); only with durable
     # ("full") commits, so no terminal record a power loss could undo outlives it.
     forget_settled: bool = False
+    budget: Budget | None = None  # the runtime's default; a session may have its own
+    prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
 
 
 @frozen(kw_only=True)
@@ -62,15 +65,24 @@ def text_body_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def with_budget_hash(text: str, budget: Budget | None) -> str:
+    """The body hash of a text that may come with a budget (without one: as before)."""
+    if budget is None:
+        return text_body_hash(text)
+    limits = (budget.run_tokens, budget.session_tokens, budget.run_cost, budget.session_cost)
+    return text_body_hash(f"{text}\x00budget\x00{limits!r}")
+
+
 @frozen
 class Submit:
     kind: ClassVar[str] = "submit"
     request_id: str
     text: str
+    budget: Budget | None = None  # replaces the session's budget from this input on
 
     @property
     def body_hash(self) -> str:
-        return text_body_hash(self.text)
+        return with_budget_hash(self.text, self.budget)
 
 
 @frozen
@@ -109,10 +121,11 @@ class Revise:
     kind: ClassVar[str] = "revise"
     request_id: str
     text: str
+    budget: Budget | None = None  # replaces the session's budget from this revision on
 
     @property
     def body_hash(self) -> str:
-        return text_body_hash(self.text)
+        return with_budget_hash(self.text, self.budget)
 
 
 @frozen
@@ -179,6 +192,7 @@ class ModelFailed:
     retry_after: float | None = None
     usage: Usage = field(factory=Usage)
     jitter: float = 0.5  # a sample of U(0, 1), drawn by the shell
+    model: str = ""  # the model asked
 
 
 ToolOutcome = Literal["ok", "error", "timeout", "cancelled", "unknown"]

@@ -206,6 +206,8 @@ class SessionActor:
             retry_base=c.retry_base,
             retry_cap=c.retry_cap,
             forget_settled=c.forget_settled,
+            budget=c.budget,
+            prices=c.prices,
         )
 
     def _view(self) -> protocol.View:

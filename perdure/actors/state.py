@@ -21,10 +21,11 @@ from perdure.actors.protocol import (
     Resume,
     Revise,
     Submit,
-    text_body_hash,
+    with_budget_hash,
 )
 from perdure.storage.records import (
     ApprovalDecided,
+    Budget,
     CancelRequested,
     Committed,
     CompensationFinished,
@@ -112,6 +113,7 @@ class Generation:
     reply: GenerationCompleted | None = None
     call_ids: list[str] = field(factory=list)
     usage: Usage = field(factory=Usage)
+    model: str = ""  # the model asked (from a retry record) or that answered
 
 
 @define
@@ -126,6 +128,7 @@ class Run:
     progressed: bool = False  # a reply or a tool result was committed during this run
     finished: RunFinished | None = None
     usage: Usage = field(factory=Usage)
+    spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
 
 
 @define
@@ -207,6 +210,8 @@ class SessionState:
     decisions: list[RecoveryDecision] = field(factory=list)
     compensations: dict[str, Compensation] = field(factory=dict)  # by compensation id
     usage: Usage = field(factory=Usage)
+    spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
+    budget: Budget | None = None  # the last budget given to this session (None: the default)
     paused: bool = False
     parked: str | None = None
     last_outcome: RunFinished | None = None
@@ -293,6 +298,7 @@ class SessionState:
     def _session_created(self, r: SessionCreated) -> None:
         self.created = True
         self.system = r.system
+        self.budget = r.budget
 
     def _input_accepted(self, r: InputAccepted) -> None:
         self.submissions[r.submission_id] = Submission(
@@ -300,6 +306,8 @@ class SessionState:
         )
         self.queue.append(r.submission_id)
         self.requests[r.request_id] = RequestSeen(Submit.kind, r.body_hash, r.submission_id)
+        if r.budget is not None:
+            self.budget = r.budget
 
     def _run_started(self, r: RunStarted) -> None:
         run = Run(r.run_id, r.submission_id, r.goal_rev, r.resume_attempt, r.resumed_from, r.at)
@@ -315,8 +323,10 @@ class SessionState:
         run = self.runs.get(r.run_id)
         if run is not None:
             run.finished = r
-            run.usage = run.usage + r.usage
-        self.usage = self.usage + r.usage
+            gen = self.current_generation() if self.run is run else None
+            self._spend(run, gen.model if gen is not None else "", r.usage)
+        else:
+            self.usage = self.usage + r.usage
         if self.run is not None and self.run.run_id == r.run_id:
             self.run = None
         if r.status == "interrupted":
@@ -327,6 +337,8 @@ class SessionState:
             self.conversation.append(Note("[The user cancelled the request above.]"))
         elif r.status == "failed":
             self.conversation.append(Note(f"[The request above failed: {r.reason}]"))
+        elif r.status == "stopped":
+            self.conversation.append(Note(f"[The request above was stopped: {r.reason}]"))
 
     def _generation_started(self, r: GenerationStarted) -> None:
         run = self.runs[r.run_id]
@@ -340,6 +352,7 @@ class SessionState:
         gen.attempt = r.attempt + 1
         gen.not_before = r.not_before
         gen.last_error = r.error
+        gen.model = r.model or gen.model
         self._add_usage(gen, r.usage)
 
     def _generation_completed(self, r: GenerationCompleted) -> None:
@@ -348,6 +361,7 @@ class SessionState:
         gen.attempt = r.attempt
         gen.reply = r
         gen.call_ids = [c.call_id for c in r.tool_calls]
+        gen.model = r.model or gen.model
         self._add_usage(gen, r.usage)
         self.conversation.append(AssistantTurn(r.generation_id))
         if self.run is not None:
@@ -355,10 +369,18 @@ class SessionState:
 
     def _add_usage(self, gen: Generation, usage: Usage) -> None:
         gen.usage = gen.usage + usage
-        self.usage = self.usage + usage
         run = self.runs.get(gen.run_id)
         if run is not None:
-            run.usage = run.usage + usage
+            self._spend(run, gen.model, usage)
+        else:
+            self.usage = self.usage + usage
+
+    def _spend(self, run: Run, model: str, usage: Usage) -> None:
+        """Count ``usage`` for the run and the session, in total and by model."""
+        run.usage = run.usage + usage
+        self.usage = self.usage + usage
+        run.spend[model] = run.spend.get(model, Usage()) + usage
+        self.spend[model] = self.spend.get(model, Usage()) + usage
 
     def _tool_task_created(self, r: ToolTaskCreated) -> None:
         gen = self.generations.get(r.generation_id)
@@ -409,7 +431,9 @@ class SessionState:
         self.goal_rev = r.goal_rev
         self.revisions.append(r)
         self.conversation.append(Revision(r.goal_rev, r.text, open_calls))
-        body = text_body_hash(r.text)
+        if r.budget is not None:
+            self.budget = r.budget
+        body = with_budget_hash(r.text, r.budget)
         self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
 
     def _paused(self, r: SessionPaused) -> None:

@@ -57,7 +57,7 @@ from perdure.storage.backend import (
     StorageFull,
     check_session_id,
 )
-from perdure.storage.records import SessionCreated, SessionParked
+from perdure.storage.records import Budget, SessionCreated, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
 
@@ -188,7 +188,9 @@ class Supervisor:
 
     # -- sessions ---------------------------------------------------------------------
 
-    async def create_session(self, session_id: str, system: str | None) -> bool:
+    async def create_session(
+        self, session_id: str, system: str | None, budget: Budget | None = None
+    ) -> bool:
         """Record a new session; False if it already existed (creation is idempotent).
 
         Asking again with another system prompt is a conflict: the session keeps the
@@ -207,7 +209,9 @@ class Supervisor:
                         )
                 return False
             await self._acquire(session_id)
-            record = SessionCreated(session_id=session_id, system=system, at=self.ctx.clock())
+            record = SessionCreated(
+                session_id=session_id, system=system, budget=budget, at=self.ctx.clock()
+            )
             await self.journal.append([record])
             return True
 

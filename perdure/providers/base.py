@@ -127,6 +127,7 @@ class ProviderError(Exception):
         retry_after: float | None = None,
         status: int | None = None,
         usage: Usage | None = None,
+        model: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -134,6 +135,7 @@ class ProviderError(Exception):
         self.retry_after = retry_after
         self.status = status
         self.usage = usage or Usage()
+        self.model = model  # the model asked, when the provider knows it
 
 
 class Provider(Protocol):

@@ -25,8 +25,9 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
-RunStatus = Literal["completed", "cancelled", "failed", "interrupted"]
-FINAL_RUN_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "failed"})
+RunStatus = Literal["completed", "cancelled", "failed", "stopped", "interrupted"]
+# "stopped": a budget was spent (the session goes on with a new input or a revision).
+FINAL_RUN_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "failed", "stopped"})
 
 ReplayName = Literal["safe", "keyed", "never"]
 
@@ -72,6 +73,26 @@ class Usage:
         )
 
 
+@frozen(kw_only=True)
+class Budget:
+    """Limits on what a run and a session may spend. ``None`` means no limit."""
+
+    run_tokens: int | None = None
+    session_tokens: int | None = None
+    run_cost: float | None = None  # US dollars
+    session_cost: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("run_tokens", "session_tokens", "run_cost", "session_cost"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise ValueError(f"Budget.{name} must be a non-negative number, got {value!r}")
+
+    @property
+    def limits_cost(self) -> bool:
+        return self.run_cost is not None or self.session_cost is not None
+
+
 @frozen
 class ThinkingBlock:
     """The model's reasoning before its answer, as the provider returned it.
@@ -105,6 +126,7 @@ class SessionCreated:
     session_id: str
     system: str | None = None
     request_id: str | None = None
+    budget: Budget | None = None  # the session's own budget (perdure.budget)
     at: float
 
 
@@ -117,6 +139,7 @@ class InputAccepted:
     request_id: str
     text: str
     body_hash: str
+    budget: Budget | None = None  # replaces the session's budget from this input on
     at: float
 
 
@@ -168,6 +191,7 @@ class RetryPending:
     not_before: float  # wall-clock time
     error: str
     usage: Usage = field(factory=Usage)
+    model: str = ""  # the model asked (its usage is priced at that model's price)
     at: float
 
 
@@ -299,6 +323,7 @@ class GoalRevised:
     text: str
     request_id: str
     compensable: list[str] = field(factory=list)  # completed calls of the old goal
+    budget: Budget | None = None  # replaces the session's budget from this revision on
     at: float
 
 

@@ -156,3 +156,32 @@ def test_an_empty_session_is_idle() -> None:
     assert summary["status"] == "idle"
     assert summary["next"] == ["nothing: the session is idle and waits for input"]
     assert summary["request"]["text"] is None and summary["unconfirmed"] == []
+
+
+def test_cost_per_run_and_session_at_the_given_prices() -> None:
+    from perdure.budget import Price
+    from perdure.storage.records import Budget, Usage
+
+    records = history()
+    reply = records[4]
+    assert isinstance(reply, GenerationCompleted)
+    used = Usage(input_tokens=2_000_000, output_tokens=1_000_000)
+    records[4] = GenerationCompleted(
+        session_id=S,
+        run_id="in1.r0",
+        generation_id="in1.g1",
+        text="ok",
+        tool_calls=reply.tool_calls,
+        usage=used,
+        model="model-a-2026",
+        at=2,
+    )
+    records[0] = SessionCreated(session_id=S, system="x", budget=Budget(run_cost=9.5), at=1)
+    summary = summarize(fold(records), {"model-a": Price(input=1.0, output=3.0)})
+    json.dumps(summary)
+    assert summary["cost"] == {"usd": 5.0, "unpriced_models": []}
+    assert summary["runs"][0]["cost"] == {"usd": 5.0, "unpriced_models": []}
+    assert summary["budget"]["run_cost"] == 9.5
+    assert ("plain", "  cost: $5.0000") in render(summary)
+    unpriced = summarize(fold(records), {})
+    assert unpriced["cost"] == {"usd": 0.0, "unpriced_models": ["model-a-2026"]}

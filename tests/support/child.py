@@ -54,6 +54,7 @@ async def main(plan: dict[str, Any]) -> None:
         retry_base=options.get("retry_base", 0.05),
         resume_budget=options.get("resume_budget", 3),
         shutdown_grace=options.get("shutdown_grace", 10.0),
+        budget=perdure.Budget(**options["budget"]) if "budget" in options else None,
         **log_options,
     ) as rt:
         started = {
