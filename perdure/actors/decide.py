@@ -150,6 +150,8 @@ class ModelFailed:
     retry_after: float | None = None
     usage: Usage = field(factory=Usage)
     jitter: float = 0.5  # a sample of U(0, 1), drawn by the shell
+    provider: str = ""  # who failed
+    fallback: bool = False  # the next attempt goes to another provider: no back-off
 
 
 @frozen(kw_only=True)
@@ -869,6 +871,8 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
         return NOTHING
     if msg.retryable and msg.attempt < env.max_model_attempts:
         not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
+        if msg.fallback:  # the back-off was for the provider that failed, not the next one
+            not_before = env.now
         pending = RetryPending(
             session_id=s.session_id,
             generation_id=gen.generation_id,
@@ -876,6 +880,8 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
             not_before=not_before,
             error=msg.error,
             usage=msg.usage,
+            provider=msg.provider,
+            fallback=msg.fallback,
             at=env.now,
         )
         return Step((pending,), (CallModel(gen.generation_id, msg.attempt + 1, not_before),))

@@ -62,6 +62,8 @@ async def call_model(
                 retry_after=err.retry_after,
                 usage=err.usage,
                 jitter=ctx.rng.random(),
+                provider=err.provider or ctx.provider.name,
+                fallback=err.fallback,
             )
         else:
             if _faults.ACTIVE:

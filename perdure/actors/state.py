@@ -98,6 +98,7 @@ class Generation:
     reply: GenerationCompleted | None = None
     call_ids: list[str] = field(factory=list)
     usage: Usage = field(factory=Usage)
+    failures: list[RetryPending] = field(factory=list)  # the failed attempts, in order
 
 
 @define
@@ -321,6 +322,7 @@ class SessionState:
         gen.attempt = r.attempt + 1
         gen.not_before = r.not_before
         gen.last_error = r.error
+        gen.failures.append(r)
         self._add_usage(gen, r.usage)
 
     def _generation_completed(self, r: GenerationCompleted) -> None:

@@ -168,6 +168,8 @@ class RetryPending:
     not_before: float  # wall-clock time
     error: str
     usage: Usage = field(factory=Usage)
+    provider: str = ""  # who failed ("" in older logs)
+    fallback: bool = False  # the next attempt goes to the next provider (FallbackProvider)
     at: float
 
 
