@@ -423,6 +423,20 @@ def responses_frames(reply: Reply, n: int, model: str) -> list[bytes]:
             done = _call_item(index, block, block.json, "completed")
         events.append({"type": "response.output_item.done", "output_index": index, "item": done})
         output.append(done)
+    if reply.refusal is not None:
+        index = len(output)
+        where = {"item_id": f"msg_fake_{index}", "output_index": index, "content_index": 0}
+        item = _message_item(index, "", "in_progress")
+        events.append({"type": "response.output_item.added", "output_index": index, "item": item})
+        events += [
+            {"type": "response.refusal.delta", **where, "delta": p}
+            for p in _pieces(reply.refusal, reply.chunk)
+        ]
+        events.append({"type": "response.refusal.done", **where, "refusal": reply.refusal})
+        done = item | {"status": "completed"}
+        done["content"] = [{"type": "refusal", "refusal": reply.refusal}]
+        events.append({"type": "response.output_item.done", "output_index": index, "item": done})
+        output.append(done)
     final = {**response, "output": output, "usage": reply.usage.responses()}
     if reply.incomplete is not None:
         final |= {"status": "incomplete", "incomplete_details": {"reason": reply.incomplete}}
