@@ -34,6 +34,7 @@ import email.utils
 import math
 import time
 from collections.abc import Callable, Mapping
+from types import ModuleType
 
 import httpx2
 from attrs import frozen
@@ -81,6 +82,26 @@ class Vendor:
     sdk_error: type[Exception]  # the SDK's base error
     describe: Callable[[Exception], tuple[int, StatusDetails]]  # status error -> status, details
     stream_error: Callable[[StreamBroken], tuple[int, bool]]  # error event -> status, exhausted
+
+    @classmethod
+    def of_sdk(
+        cls,
+        sdk: ModuleType,
+        name: str,
+        describe: Callable[[Exception], tuple[int, StatusDetails]],
+        stream_error: Callable[[StreamBroken], tuple[int, bool]],
+    ) -> Vendor:
+        """A vendor whose SDK names its errors as both vendors' SDKs do (``APIStatusError``,
+        ``APIConnectionError``, ``APITimeoutError``, a base ``<Name>Error``)."""
+        return cls(
+            name=name,
+            status_error=sdk.APIStatusError,
+            connection_error=sdk.APIConnectionError,
+            timeout_error=sdk.APITimeoutError,
+            sdk_error=getattr(sdk, f"{name}Error"),
+            describe=describe,
+            stream_error=stream_error,
+        )
 
 
 def retryable_status(status: int, *, exhausted: bool = False) -> bool:

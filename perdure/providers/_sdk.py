@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import httpx2
 
-__all__ = ["SSEParser", "read_sse", "split_options"]
+from perdure.providers._retry import StreamBroken
+
+__all__ = ["EventFolder", "OwnsClient", "SSEParser", "json_object", "read_sse", "split_options"]
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -100,6 +103,53 @@ async def read_sse(stream: SDKStream, on_event: Callable[[str, str], None]) -> N
             on_event(name, data)
 
 
+class EventFolder:
+    """Folds a stream's events into one reply (a vendor's subclass says how).
+
+    A failure is remembered, not raised: ``read_sse`` reads the body to its end (the
+    server closes it right after an error event), so the HTTP stack's generators
+    finish normally instead of being abandoned; the reply raises it afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.failure: StreamBroken | None = None
+
+    def on_event(self, name: str, raw: str) -> None:
+        if self.failure is not None or self.skips(name):
+            return
+        try:
+            self.fold(name, raw)
+        except StreamBroken as exc:
+            self.failure = exc
+        except (KeyError, TypeError, ValueError) as exc:
+            self.failure = StreamBroken(f"the stream sent a malformed {name!r} event: {exc!r}")
+
+    def skips(self, name: str) -> bool:
+        """Whether to ignore an event (a keep-alive, anything after the end)."""
+        return False
+
+    def fold(self, name: str, raw: str) -> None:
+        raise NotImplementedError
+
+    def check_ended(self, ended: bool, unfinished: str) -> None:
+        """Raise the remembered failure, or ``unfinished`` when the stream did not end."""
+        if self.failure is not None:
+            raise self.failure
+        if not ended:
+            raise StreamBroken(unfinished)
+
+
+def json_object(name: str, raw: str) -> dict[str, Any]:
+    """An event's data, which must be a JSON object."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise StreamBroken(f"the stream sent an unreadable {name!r} event") from None
+    if not isinstance(data, dict):
+        raise StreamBroken(f"the stream sent an unreadable {name!r} event")
+    return data
+
+
 def split_options(create: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
     """Options the SDK's ``create`` takes as arguments stay arguments; the others (fields
     this SDK version has no argument for, or a compatible server's own) go in
@@ -110,3 +160,26 @@ def split_options(create: Callable[..., Any], options: dict[str, Any]) -> dict[s
     if extra:
         direct["extra_body"] = {**extra, **dict(direct.get("extra_body") or {})}
     return direct
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+class OwnsClient:
+    """A provider with an SDK client: usable as ``async with``; closes the client on exit
+    only if it made the client itself (one passed in belongs to the caller)."""
+
+    client: _Closable
+    _owns_client: bool
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -45,7 +45,7 @@ from perdure.providers._retry import (
     classify_failure,
     retry_after,
 )
-from perdure.providers._sdk import read_sse, split_options
+from perdure.providers._sdk import EventFolder, OwnsClient, json_object, read_sse, split_options
 from perdure.providers.base import (
     Emit,
     Message,
@@ -128,15 +128,7 @@ def _stream_error(exc: StreamBroken) -> tuple[int, bool]:
     return _TYPE_STATUS.get(exc.error_type or "", 500), False
 
 
-VENDOR = Vendor(
-    name="Anthropic",
-    status_error=anthropic.APIStatusError,
-    connection_error=anthropic.APIConnectionError,
-    timeout_error=anthropic.APITimeoutError,
-    sdk_error=anthropic.AnthropicError,
-    describe=_describe,
-    stream_error=_stream_error,
-)
+VENDOR = Vendor.of_sdk(anthropic, "Anthropic", _describe, _stream_error)
 
 
 def classify_error(exc: BaseException, usage: Usage | None = None) -> ProviderError:
@@ -227,40 +219,25 @@ def _usage(raw: Any, base: Usage) -> Usage:
     )
 
 
-class _ReplyBuilder:
+class _ReplyBuilder(EventFolder):
     """Folds the Messages API's stream events into one reply, emitting deltas as it goes."""
 
     def __init__(self, emit: Emit) -> None:
+        super().__init__()
         self._emit = emit
         self.blocks: dict[int, _Block] = {}
         self.usage = Usage()
         self.stop_reason: str | None = None
         self.started = False
         self.stopped = False
-        self.failure: StreamBroken | None = None
         self.model = ""
         self.response_id = ""
 
-    def on_event(self, name: str, raw: str) -> None:
-        """Fold one SSE event. A failure is remembered, not raised: the caller reads
-        the body to its end (the server closes it right after an ``error`` event), so
-        the HTTP stack's generators finish normally instead of being abandoned."""
-        if self.failure is not None or name == "ping":
-            return
-        try:
-            self._fold(name, raw)
-        except StreamBroken as exc:
-            self.failure = exc
-        except (KeyError, TypeError, ValueError) as exc:
-            self.failure = StreamBroken(f"the stream sent a malformed {name!r} event: {exc!r}")
+    def skips(self, name: str) -> bool:
+        return name == "ping"
 
-    def _fold(self, name: str, raw: str) -> None:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise StreamBroken(f"the stream sent an unreadable {name!r} event") from None
-        if not isinstance(data, dict):
-            raise StreamBroken(f"the stream sent an unreadable {name!r} event")
+    def fold(self, name: str, raw: str) -> None:
+        data = json_object(name, raw)
         kind = data.get("type", name)
         if name == "error" or kind == "error":
             error = data.get("error")
@@ -340,11 +317,8 @@ class _ReplyBuilder:
         self.stopped = True
 
     def reply(self) -> ModelReply:
-        if self.failure is not None:
-            raise self.failure
-        if not self.stopped:
-            where = "after message_start" if self.started else "before message_start"
-            raise StreamBroken(f"the response stream ended {where} but before message_stop")
+        where = "after message_start" if self.started else "before message_start"
+        self.check_ended(self.stopped, f"the response stream ended {where} but before message_stop")
         stop_reason = self.stop_reason or "end_turn"
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -397,7 +371,7 @@ def _tool_input(block: _Block) -> dict[str, Any] | None:
 # -- the provider ---------------------------------------------------------------------------
 
 
-class AnthropicProvider:
+class AnthropicProvider(OwnsClient):
     """A ``Provider`` backed by the Anthropic Messages API (streaming).
 
     ``client`` defaults to ``anthropic.AsyncAnthropic(max_retries=0)``, which reads
@@ -408,6 +382,8 @@ class AnthropicProvider:
     every request: as arguments of ``messages.create`` where it has them, as extra
     body fields otherwise.
     """
+
+    client: anthropic.AsyncAnthropic
 
     name = "anthropic"
 
@@ -444,17 +420,6 @@ class AnthropicProvider:
 
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={str(self.client.base_url)!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this provider created it."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> AnthropicProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def params(self, request: ModelRequest) -> dict[str, Any]:
         """The ``messages.create`` arguments for ``request`` (without ``stream``)."""

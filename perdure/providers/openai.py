@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 import openai
@@ -56,7 +57,7 @@ from perdure.providers._retry import (
     Vendor,
     classify_failure,
 )
-from perdure.providers._sdk import read_sse, split_options
+from perdure.providers._sdk import EventFolder, OwnsClient, json_object, read_sse, split_options
 from perdure.providers.base import (
     Emit,
     Message,
@@ -145,15 +146,7 @@ def _stream_error(exc: StreamBroken) -> tuple[int, bool]:
     return _KIND_STATUS.get(kind, 500), kind in _QUOTAS
 
 
-VENDOR = Vendor(
-    name="OpenAI",
-    status_error=openai.APIStatusError,
-    connection_error=openai.APIConnectionError,
-    timeout_error=openai.APITimeoutError,
-    sdk_error=openai.OpenAIError,
-    describe=_describe,
-    stream_error=_stream_error,
-)
+VENDOR = Vendor.of_sdk(openai, "OpenAI", _describe, _stream_error)
 
 
 def classify_error(exc: BaseException, usage: Usage | None = None) -> ProviderError:
@@ -176,72 +169,71 @@ def _arguments(block: ToolUseBlock) -> str:
     return json.dumps(block.input, ensure_ascii=False)
 
 
-def _text_of(message: Message) -> str:
-    return "".join(b.text for b in message.content if isinstance(b, TextBlock))
-
-
-def chat_messages(system: str | None, messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """The Chat Completions ``messages`` for a neutral conversation."""
+def _conversation(
+    messages: tuple[Message, ...],
+    assistant: Callable[[str, list[ToolUseBlock]], list[dict[str, Any]]],
+    result: Callable[[ToolResultBlock], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The neutral conversation in one API's shape: ``assistant`` renders an assistant
+    turn (its text and calls), ``result`` one tool result."""
     out: list[dict[str, Any]] = []
-    if system:
-        out.append({"role": "system", "content": system})
     for message in messages:
-        text = _text_of(message)
+        text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
         if message.role == "assistant":
-            calls = [
-                {
-                    "id": b.id,
-                    "type": "function",
-                    "function": {"name": b.name, "arguments": _arguments(b)},
-                }
-                for b in message.content
-                if isinstance(b, ToolUseBlock)
-            ]
-            entry: dict[str, Any] = {"role": "assistant", "content": text or None}
-            if calls:
-                entry["tool_calls"] = calls
-            elif not text:
-                entry["content"] = ""
-            out.append(entry)
+            out += assistant(text, [b for b in message.content if isinstance(b, ToolUseBlock)])
             continue
-        # Tool results answer the previous assistant message, so they come first.
-        out += [
-            {"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_text(b)}
-            for b in message.content
-            if isinstance(b, ToolResultBlock)
-        ]
-        if text.strip() or not any(isinstance(b, ToolResultBlock) for b in message.content):
+        # Tool results answer the assistant turn before them, so they come first.
+        results = [b for b in message.content if isinstance(b, ToolResultBlock)]
+        out += [result(b) for b in results]
+        if text.strip() or not results:
             out.append({"role": "user", "content": text or "(empty)"})
     return out
 
 
+def _chat_assistant(text: str, calls: list[ToolUseBlock]) -> list[dict[str, Any]]:
+    entry: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        entry["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _arguments(c)},
+            }
+            for c in calls
+        ]
+    return [entry]
+
+
+def _responses_assistant(text: str, calls: list[ToolUseBlock]) -> list[dict[str, Any]]:
+    items = [{"role": "assistant", "content": text}] if text else []
+    items += [
+        {"type": "function_call", "call_id": c.id, "name": c.name, "arguments": _arguments(c)}
+        for c in calls
+    ]
+    return items
+
+
+def chat_messages(system: str | None, messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """The Chat Completions ``messages`` for a neutral conversation."""
+    head = [{"role": "system", "content": system}] if system else []
+    return head + _conversation(
+        messages,
+        _chat_assistant,
+        lambda b: {"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_text(b)},
+    )
+
+
 def responses_input(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
     """The Responses API ``input`` items for a neutral conversation."""
-    items: list[dict[str, Any]] = []
-    for message in messages:
-        text = _text_of(message)
-        if message.role == "assistant":
-            if text:
-                items.append({"role": "assistant", "content": text})
-            items += [
-                {
-                    "type": "function_call",
-                    "call_id": b.id,
-                    "name": b.name,
-                    "arguments": _arguments(b),
-                }
-                for b in message.content
-                if isinstance(b, ToolUseBlock)
-            ]
-            continue
-        items += [
-            {"type": "function_call_output", "call_id": b.tool_use_id, "output": _result_text(b)}
-            for b in message.content
-            if isinstance(b, ToolResultBlock)
-        ]
-        if text.strip() or not any(isinstance(b, ToolResultBlock) for b in message.content):
-            items.append({"role": "user", "content": text or "(empty)"})
-    return items
+    return _conversation(
+        messages,
+        _responses_assistant,
+        lambda b: {
+            "type": "function_call_output",
+            "call_id": b.tool_use_id,
+            "output": _result_text(b),
+        },
+    )
 
 
 # -- the stream -----------------------------------------------------------------------------
@@ -266,7 +258,12 @@ class _Call:
         return ToolCall(call_id=self.id, name=self.name, input=value)
 
 
-def _usage(raw: Any, *, prompt: str, completion: str, details: str) -> Usage | None:
+# The names of the prompt, completion and prompt-details counts in each API's usage.
+_CHAT_USAGE = ("prompt_tokens", "completion_tokens", "prompt_tokens_details")
+_RESPONSES_USAGE = ("input_tokens", "output_tokens", "input_tokens_details")
+
+
+def _usage(raw: Any, prompt: str, completion: str, details: str) -> Usage | None:
     if not isinstance(raw, dict):
         return None
 
@@ -282,14 +279,11 @@ def _usage(raw: Any, *, prompt: str, completion: str, details: str) -> Usage | N
     )
 
 
-class _Builder:
-    """Folds one API's stream events into a reply, emitting deltas as it goes.
-
-    A failure is remembered, not raised: ``read_sse`` reads the body to its end so the
-    HTTP stack's generators finish normally.
-    """
+class _Builder(EventFolder):
+    """Folds one API's stream events into a reply, emitting deltas as it goes."""
 
     def __init__(self, emit: Emit, provider: str) -> None:
+        super().__init__()
         self._emit = emit
         self.provider = provider
         self.text: list[str] = []
@@ -299,31 +293,11 @@ class _Builder:
         self.refused = False
         self.done = False
         self.started = False
-        self.failure: StreamBroken | None = None
         self.model = ""
         self.response_id = ""
 
-    def on_event(self, name: str, raw: str) -> None:
-        if self.failure is not None or self.done:
-            return
-        try:
-            self.fold(name, raw)
-        except StreamBroken as exc:
-            self.failure = exc
-        except (KeyError, TypeError, ValueError) as exc:
-            self.failure = StreamBroken(f"the stream sent a malformed event: {exc!r}")
-
-    def fold(self, name: str, raw: str) -> None:
-        raise NotImplementedError
-
-    def _json(self, raw: str) -> dict[str, Any]:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise StreamBroken(f"the stream sent an unreadable event: {raw[:80]!r}") from None
-        if not isinstance(data, dict):
-            raise StreamBroken(f"the stream sent an unreadable event: {raw[:80]!r}")
-        return data
+    def skips(self, name: str) -> bool:
+        return self.done
 
     @staticmethod
     def _error(error: Any) -> StreamBroken:
@@ -355,11 +329,8 @@ class _Builder:
             self._emit("tool_input_delta", {"index": index, "partial_json": piece})
 
     def reply(self, end_marker: str) -> ModelReply:
-        if self.failure is not None:
-            raise self.failure
-        if not self.done:
-            where = "midway" if self.started else "before its first event"
-            raise StreamBroken(f"the response stream ended {where}, before {end_marker}")
+        where = "midway" if self.started else "before its first event"
+        self.check_ended(self.done, f"the response stream ended {where}, before {end_marker}")
         stop = self.stop_reason or "end_turn"
         if self.refused and stop == "end_turn":
             stop = "refusal"
@@ -384,18 +355,13 @@ class _ChatBuilder(_Builder):
         if raw.strip() == "[DONE]":
             self.done = True
             return
-        data = self._json(raw)
+        data = json_object(name, raw)
         if name == "error" or data.get("error"):
             raise self._error(data.get("error", data))
         self.started = True
         self.response_id = str(data.get("id") or self.response_id)
         self.model = str(data.get("model") or self.model)
-        usage = _usage(
-            data.get("usage"),
-            prompt="prompt_tokens",
-            completion="completion_tokens",
-            details="prompt_tokens_details",
-        )
+        usage = _usage(data.get("usage"), *_CHAT_USAGE)
         if usage is not None:
             self.usage = usage
         for choice in data.get("choices") or []:
@@ -425,7 +391,7 @@ class _ResponsesBuilder(_Builder):
     """Responses API events: ``response.created`` ... ``response.completed``."""
 
     def fold(self, name: str, raw: str) -> None:
-        data = self._json(raw)
+        data = json_object(name, raw)
         kind = str(data.get("type") or name)
         self.started = True
         if kind == "error":
@@ -458,12 +424,7 @@ class _ResponsesBuilder(_Builder):
             self._finish(kind, response if isinstance(response, dict) else {})
 
     def _finish(self, kind: str, response: dict[str, Any]) -> None:
-        usage = _usage(
-            response.get("usage"),
-            prompt="input_tokens",
-            completion="output_tokens",
-            details="input_tokens_details",
-        )
+        usage = _usage(response.get("usage"), *_RESPONSES_USAGE)
         if usage is not None:
             self.usage = usage
         if kind == "response.failed":
@@ -480,7 +441,7 @@ class _ResponsesBuilder(_Builder):
 # -- the provider ---------------------------------------------------------------------------
 
 
-class OpenAIProvider:
+class OpenAIProvider(OwnsClient):
     """A ``Provider`` backed by an OpenAI-compatible API (streaming).
 
     ``client`` defaults to ``openai.AsyncOpenAI(max_retries=0)``, which reads
@@ -495,6 +456,8 @@ class OpenAIProvider:
     ``stream_options`` for a Chat Completions server that does not accept it (usage
     is then not reported).
     """
+
+    client: openai.AsyncOpenAI
 
     def __init__(
         self,
@@ -550,17 +513,6 @@ class OpenAIProvider:
             f"OpenAIProvider(model={self.model!r}, api={self.api!r}, "
             f"base_url={str(self.client.base_url)!r}, name={self.name!r})"
         )
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this provider created it."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> OpenAIProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def params(self, request: ModelRequest) -> dict[str, Any]:
         """The SDK ``create`` arguments for ``request`` (without ``stream``)."""
