@@ -2,7 +2,8 @@
 
 ``runtime`` opens a runtime with fast back-offs on a test's log; ``ask`` submits one
 input to a new session and waits for its outcome; ``ask_collecting`` does the same
-while collecting the session's live events.
+while collecting the session's live events. ``retried_durably``, ``failed_at_once``
+and ``gave_up`` are what every SDK-backed provider must show inside the runtime.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import trio
 import perdure
 from perdure import Event, ReplayPolicy, Runtime, open_runtime
 from perdure.providers.base import Provider
-from perdure.storage.records import Record, RunFinished
+from perdure.storage.records import GenerationCompleted, Record, RetryPending, RunFinished
+from tests.support.fake_vendor import FakeVendor
 
 # -- tools the model may call ------------------------------------------------------------------
 
@@ -89,3 +91,63 @@ async def ask_collecting(
         await nursery.start(collect)
         await rt.submit(sid, text)
     return sid, events
+
+
+# -- checks every SDK-backed provider must pass --------------------------------------------
+
+
+async def retried_durably(
+    log_dir: Path, provider: Provider, fake: FakeVendor[Any], failure: Any, answer: Any
+) -> tuple[RetryPending, GenerationCompleted, list[Record]]:
+    """``failure`` then ``answer``: one durable RetryPending, then the reply of attempt 2.
+    ``answer`` must say "Recovered answer."; partial text of the failure must never be
+    stored (write it as "PARTIAL ...")."""
+    fake.script(failure, answer)
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Say something.")
+        committed = await records(rt, sid)
+        state = await rt.load_state(sid)
+    assert outcome.status == "completed"
+    assert outcome.final_text == "Recovered answer."
+    (pending,) = of(RetryPending, committed)
+    assert pending.attempt == 1
+    assert pending.error
+    (gen,) = of(GenerationCompleted, committed)
+    assert gen.attempt == 2
+    # the RetryPending record was committed before the reply (and so before the sleep)
+    assert committed.index(pending) < committed.index(gen)
+    assert state.generations[gen.generation_id].attempt == 2
+    assert len(fake.requests) == 2
+    assert "PARTIAL" not in repr(committed)  # no partial text in any record
+    return pending, gen, committed
+
+
+async def failed_at_once(
+    log_dir: Path, provider: Provider, fake: FakeVendor[Any], failure: Any
+) -> RunFinished:
+    """A non-retryable ``failure``: the run fails after one request, with no retry."""
+    fake.script(failure)
+    async with runtime(log_dir, provider) as rt:
+        sid, outcome = await ask(rt, "Go.")
+        committed = await records(rt, sid)
+    assert outcome.status == "failed"
+    assert "non-retryable" in outcome.reason
+    assert of(RetryPending, committed) == []
+    assert of(GenerationCompleted, committed) == []
+    assert len(fake.requests) == 1
+    return outcome
+
+
+async def gave_up(
+    log_dir: Path, provider: Provider, fake: FakeVendor[Any], failure: Any
+) -> RunFinished:
+    """``failure`` every time: the run fails after ``max_model_attempts=3`` attempts."""
+    fake.set_default(failure)
+    async with runtime(log_dir, provider, max_model_attempts=3) as rt:
+        sid, outcome = await ask(rt, "Go.")
+        committed = await records(rt, sid)
+    assert outcome.status == "failed"
+    assert "3 attempts" in outcome.reason
+    assert [p.attempt for p in of(RetryPending, committed)] == [1, 2]
+    assert len(fake.requests) == 3
+    return outcome

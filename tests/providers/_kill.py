@@ -8,6 +8,7 @@ with SIGKILL at the moment a test chooses, and runs it again to the end.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from perdure.storage.lmdb_log import LmdbLog
-from perdure.storage.records import Record, RetryPending
-from tests.support.fake_vendor import FakeVendor
+from perdure.storage.records import (
+    GenerationCompleted,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+)
+from tests.support.fake_vendor import FakeVendor, Received
 
 ROOT = Path(__file__).resolve().parents[2]
 BACK_OFF = 4.0  # the server's retry-after: longer than it takes to notice and kill
@@ -126,3 +134,58 @@ def run_to_the_end(log: Path, env: dict[str, str], out: Path, *args: str) -> str
 
 def of(kind: type, records: list[Record]) -> list[Any]:
     return [r for r in records if isinstance(r, kind)]
+
+
+def crash_in_back_off(
+    tmp_path: Path,
+    fake: FakeVendor[Any],
+    env: dict[str, str],
+    then: Any,
+    *args: str,
+    sent: int = 1,
+) -> tuple[dict[str, Any], RetryPending]:
+    """Run the child until its RetryPending is durable (``fake`` scripted by the caller
+    to fail the ``sent``-th request), SIGKILL it in the back-off, script ``then`` and run
+    the child again to the end. Returns its outcome (JSON) and the RetryPending record."""
+    log = tmp_path / "log"
+    out1 = tmp_path / "child1.out"
+    pending = kill_in_back_off(log, start_child(log, env, out1, *args), out1, fake, sent=sent)
+    fake.script(then)
+    output = run_to_the_end(log, env, tmp_path / "child2.out", *args)
+    result: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+    return result, pending
+
+
+def resumed_the_retry(
+    log: Path,
+    result: dict[str, Any],
+    pending: RetryPending,
+    requests: list[Received],
+    text: str,
+) -> GenerationCompleted:
+    """The checks after ``crash_in_back_off`` of a single turn answering ``text``: the run
+    completed in the restarted child, the retry waited out the back-off the record
+    promised, and the log holds that record unchanged and exactly one reply."""
+    assert result["status"] == "completed", result
+    assert result["text"] == text
+    assert result["recovered_sessions"] == ["s-kill"]
+    assert pending.not_before - pending.at >= BACK_OFF
+    assert len(requests) == 2
+    assert requests[1].at >= pending.not_before - 0.01
+    assert requests[1].body == requests[0].body  # the same request, sent again
+    records = read_log(log)
+    assert of(RetryPending, records) == [pending]  # preserved, not rewritten
+    (reply,) = of(GenerationCompleted, records)  # exactly one committed reply
+    assert (reply.text, reply.attempt) == (text, 2)
+    assert reply.generation_id == pending.generation_id
+    runs = of(RunStarted, records)
+    assert [r.resumed_from for r in runs] == [None, runs[0].run_id]
+    assert [(f.run_id, f.status) for f in of(RunFinished, records)] == [
+        (runs[0].run_id, "interrupted"),
+        (runs[1].run_id, "completed"),
+    ]
+    assert any(
+        d.subject == pending.generation_id and d.found == "retry back-off"
+        for d in of(RecoveryDecision, records)
+    )
+    return reply

@@ -14,16 +14,11 @@ sent before the back-off that record promised had ended.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from perdure.storage.records import (
     GenerationCompleted,
-    RecoveryDecision,
     RedactedThinkingBlock,
-    RetryPending,
-    RunFinished,
-    RunStarted,
     ThinkingBlock,
 )
 from tests.fake_anthropic import (
@@ -40,16 +35,14 @@ from tests.fake_anthropic import (
 from tests.providers._kill import (
     BACK_OFF,
     child_env,
-    kill_in_back_off,
+    crash_in_back_off,
     of,
     read_log,
-    run_to_the_end,
-    start_child,
+    resumed_the_retry,
 )
 
 
 def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None:
-    log = tmp_path / "log"
     with FakeAnthropic() as fake:
         fake.script(
             HttpError(
@@ -60,40 +53,11 @@ def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None
             )
         )
         env = child_env(anthropic=fake.url)
-        out1 = tmp_path / "child1.out"
-        pending = kill_in_back_off(log, start_child(log, env, out1), out1, fake, sent=1)
-        assert len(fake.requests) == 1
-
-        fake.script(Reply(content=[Text("Recovered after the crash.")]))
-        output = run_to_the_end(log, env, tmp_path / "child2.out")
+        then = Reply(content=[Text("Recovered after the crash.")])
+        result, pending = crash_in_back_off(tmp_path, fake, env, then)
         requests = fake.requests
 
-    result = json.loads(output.strip().splitlines()[-1])
-    assert result["status"] == "completed", result
-    assert result["text"] == "Recovered after the crash."
-    assert result["recovered_sessions"] == ["s-kill"]
-    # the retry waited out the back-off promised by the record, across the crash
-    assert pending.not_before - pending.at >= BACK_OFF
-    assert len(requests) == 2
-    assert requests[1].at >= pending.not_before - 0.01
-    assert requests[1].body == requests[0].body  # the same request, sent again
-
-    records = read_log(log)
-    assert of(RetryPending, records) == [pending]  # preserved, not rewritten
-    (reply,) = of(GenerationCompleted, records)  # exactly one committed reply
-    assert reply.text == "Recovered after the crash."
-    assert reply.attempt == 2
-    assert reply.generation_id == pending.generation_id
-    runs = of(RunStarted, records)
-    assert [r.resumed_from for r in runs] == [None, runs[0].run_id]
-    assert [(f.run_id, f.status) for f in of(RunFinished, records)] == [
-        (runs[0].run_id, "interrupted"),
-        (runs[1].run_id, "completed"),
-    ]
-    decisions = of(RecoveryDecision, records)
-    assert any(
-        d.subject == pending.generation_id and d.found == "retry back-off" for d in decisions
-    )
+    resumed_the_retry(tmp_path / "log", result, pending, requests, "Recovered after the crash.")
 
 
 def test_sigkill_keeps_thinking_blocks_for_the_retried_continuation(tmp_path: Path) -> None:
@@ -122,14 +86,10 @@ def test_sigkill_keeps_thinking_blocks_for_the_retried_continuation(tmp_path: Pa
             ),
         )
         env = child_env(anthropic=fake.url)
-        out1 = tmp_path / "child1.out"
-        kill_in_back_off(log, start_child(log, env, out1, "thinking"), out1, fake, sent=2)
-
-        fake.script(Reply(content=[Thinking("add said 5."), Text("2 + 3 = 5.")]))
-        output = run_to_the_end(log, env, tmp_path / "child2.out", "thinking")
+        then = Reply(content=[Thinking("add said 5."), Text("2 + 3 = 5.")])
+        result, _ = crash_in_back_off(tmp_path, fake, env, then, "thinking", sent=2)
         requests = fake.requests
 
-    result = json.loads(output.strip().splitlines()[-1])
     assert result["status"] == "completed", result
     assert result["text"] == "2 + 3 = 5."
     assert len(requests) == 3

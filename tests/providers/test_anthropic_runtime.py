@@ -30,7 +30,16 @@ from tests.fake_anthropic import (
     ToolUse,
     sent_messages,
 )
-from tests.providers._agent import ask, ask_collecting, of, records, runtime
+from tests.providers._agent import (
+    ask,
+    ask_collecting,
+    failed_at_once,
+    gave_up,
+    of,
+    records,
+    retried_durably,
+    runtime,
+)
 
 # -- replies and tools ----------------------------------------------------------------------
 
@@ -197,23 +206,9 @@ RETRYABLE: list[tuple[str, Action]] = [
 async def test_retryable_failure_is_retried_durably(
     fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path, label: str, failure: Action
 ) -> None:
-    fake.script(failure, Reply(content=[Text("Recovered answer.")]))
-    async with runtime(log_dir, provider) as rt:
-        sid, outcome = await ask(rt, "Say something.")
-        committed = await records(rt, sid)
-        state = await rt.load_state(sid)
-    assert outcome.status == "completed"
-    assert outcome.final_text == "Recovered answer."
-    (pending,) = of(RetryPending, committed)
-    assert pending.attempt == 1
-    assert pending.error
-    (gen,) = of(GenerationCompleted, committed)
-    assert gen.attempt == 2
-    # the RetryPending record was committed before the reply (and so before the sleep)
-    assert committed.index(pending) < committed.index(gen)
-    assert state.generations[gen.generation_id].attempt == 2
-    assert len(fake.requests) == 2
-    assert "PARTIAL" not in repr(committed)  # no partial text in any record
+    await retried_durably(
+        log_dir, provider, fake, failure, Reply(content=[Text("Recovered answer.")])
+    )
 
 
 async def test_retry_after_is_honoured_by_the_back_off(
@@ -254,31 +249,18 @@ async def test_fatal_error_fails_the_run_with_the_server_message(
     error_type: str,
     message: str,
 ) -> None:
-    fake.script(HttpError(status=status, type=error_type, message=message))
-    async with runtime(log_dir, provider) as rt:
-        sid, outcome = await ask(rt, "Go.")
-        committed = await records(rt, sid)
-    assert outcome.status == "failed"
+    failure = HttpError(status=status, type=error_type, message=message)
+    outcome = await failed_at_once(log_dir, provider, fake, failure)
     assert message in outcome.reason
     assert str(status) in outcome.reason
-    assert "non-retryable" in outcome.reason
-    assert of(RetryPending, committed) == []
-    assert of(GenerationCompleted, committed) == []
-    assert len(fake.requests) == 1
 
 
 async def test_retries_stop_at_max_model_attempts(
     fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
 ) -> None:
-    fake.set_default(HttpError(status=529, type="overloaded_error", message="Overloaded"))
-    async with runtime(log_dir, provider, max_model_attempts=3) as rt:
-        sid, outcome = await ask(rt, "Go.")
-        committed = await records(rt, sid)
-    assert outcome.status == "failed"
-    assert "3 attempts" in outcome.reason
+    failure = HttpError(status=529, type="overloaded_error", message="Overloaded")
+    outcome = await gave_up(log_dir, provider, fake, failure)
     assert "Overloaded" in outcome.reason
-    assert [p.attempt for p in of(RetryPending, committed)] == [1, 2]
-    assert len(fake.requests) == 3
 
 
 async def test_cancelling_a_run_stops_the_stream(

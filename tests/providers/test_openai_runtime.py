@@ -29,7 +29,16 @@ from tests.fake_openai import (
     Text,
     ToolCall,
 )
-from tests.providers._agent import ask, ask_collecting, of, records, runtime
+from tests.providers._agent import (
+    ask,
+    ask_collecting,
+    failed_at_once,
+    gave_up,
+    of,
+    records,
+    retried_durably,
+    runtime,
+)
 
 
 def tool_results(body: dict[str, object], api: Api) -> dict[str, str]:
@@ -129,23 +138,10 @@ async def test_retryable_failure_is_retried_durably(
     label: str,
     failure: Action,
 ) -> None:
-    fake_oa.script(failure, Reply(content=[Text("Recovered answer.")]))
-    async with runtime(log_dir, oa_provider) as rt:
-        sid, outcome = await ask(rt, "Say something.")
-        committed = await records(rt, sid)
-    assert outcome.status == "completed"
-    assert outcome.final_text == "Recovered answer."
-    (pending,) = of(RetryPending, committed)
-    assert pending.attempt == 1
-    assert pending.error
-    assert pending.provider == "openai"  # who failed
-    assert not pending.fallback
-    (gen,) = of(GenerationCompleted, committed)
-    assert gen.attempt == 2
-    assert committed.index(pending) < committed.index(gen)  # durable before the retry
-    assert len(fake_oa.requests) == 2
+    answer = Reply(content=[Text("Recovered answer.")])
+    pending, _, _ = await retried_durably(log_dir, oa_provider, fake_oa, failure, answer)
+    assert (pending.provider, pending.fallback) == ("openai", False)  # who failed
     assert fake_oa.requests[1].body == fake_oa.requests[0].body  # the same request again
-    assert "PARTIAL" not in repr(committed)  # no partial text in any record
 
 
 @pytest.mark.parametrize("header", [{"retry-after": "0.5"}, {"retry-after-ms": "500"}])
@@ -191,35 +187,20 @@ async def test_fatal_error_fails_the_run_with_the_server_message(
     code: str | None,
     message: str,
 ) -> None:
-    fake_oa.script(
-        HttpError(
-            status=status, type=kind, code=code, message=message, headers={"retry-after": "1"}
-        )
+    failure = HttpError(
+        status=status, type=kind, code=code, message=message, headers={"retry-after": "1"}
     )
-    async with runtime(log_dir, oa_provider) as rt:
-        sid, outcome = await ask(rt, "Go.")
-        committed = await records(rt, sid)
-    assert outcome.status == "failed"
+    outcome = await failed_at_once(log_dir, oa_provider, fake_oa, failure)
     assert message in outcome.reason
     assert str(status) in outcome.reason
-    assert "non-retryable" in outcome.reason
-    assert of(RetryPending, committed) == []
-    assert of(GenerationCompleted, committed) == []
-    assert len(fake_oa.requests) == 1
 
 
 async def test_retries_stop_at_max_model_attempts(
     fake_oa: FakeOpenAI, oa_provider: OpenAIProvider, log_dir: Path
 ) -> None:
-    fake_oa.set_default(HttpError(status=503, message="The engine is currently overloaded"))
-    async with runtime(log_dir, oa_provider, max_model_attempts=3) as rt:
-        sid, outcome = await ask(rt, "Go.")
-        committed = await records(rt, sid)
-    assert outcome.status == "failed"
-    assert "3 attempts" in outcome.reason
+    failure = HttpError(status=503, message="The engine is currently overloaded")
+    outcome = await gave_up(log_dir, oa_provider, fake_oa, failure)
     assert "overloaded" in outcome.reason
-    assert [p.attempt for p in of(RetryPending, committed)] == [1, 2]
-    assert len(fake_oa.requests) == 3
 
 
 async def test_usage_is_summed_per_generation_run_and_session(
