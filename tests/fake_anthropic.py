@@ -169,13 +169,6 @@ class FakeAnthropic(FakeVendor[Action]):
         super().__init__(default=default)
         self._redacted: set[str] = set()  # redacted_thinking data this server has sent
 
-    def __enter__(self) -> FakeAnthropic:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     @property
     def url(self) -> str:
         return self.root
@@ -216,9 +209,7 @@ class FakeAnthropic(FakeVendor[Action]):
         wire.stream(
             frames,
             {"request-id": request_id},
-            cut_after=action.cut_after,
-            cut_mode=action.cut_mode,
-            event_delay=action.event_delay,
+            action,
         )
 
 

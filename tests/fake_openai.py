@@ -164,13 +164,6 @@ class FakeOpenAI(FakeVendor[Action]):
 
     thread_name = "fake-openai"
 
-    def __enter__(self) -> FakeOpenAI:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     @property
     def url(self) -> str:
         return self.root + "/v1"
@@ -215,9 +208,7 @@ class FakeOpenAI(FakeVendor[Action]):
         wire.stream(
             frames,
             {"x-request-id": request_id},
-            cut_after=action.cut_after,
-            cut_mode=action.cut_mode,
-            event_delay=action.event_delay,
+            action,
         )
 
 

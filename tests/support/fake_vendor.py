@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 from attrs import frozen
 
@@ -42,6 +42,17 @@ class Received:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float  # wall-clock time.time() when the request arrived
+
+
+class Pacing(Protocol):
+    """How a scripted reply streams (both fakes' ``Reply`` has these fields)."""
+
+    @property
+    def cut_after(self) -> int | None: ...
+    @property
+    def cut_mode(self) -> Literal["abort", "eof"]: ...
+    @property
+    def event_delay(self) -> float: ...
 
 
 class Wire:
@@ -66,17 +77,11 @@ class Wire:
         h.end_headers()
         h.wfile.write(data)
 
-    def stream(
-        self,
-        frames: Sequence[bytes],
-        headers: dict[str, str],
-        *,
-        cut_after: int | None = None,
-        cut_mode: Literal["abort", "eof"] = "abort",
-        event_delay: float = 0.0,
-    ) -> None:
-        """Send ``frames`` (whole SSE events) as a streamed body; ``cut_after=n`` drops
-        the connection after n of them."""
+    def stream(self, frames: Sequence[bytes], headers: dict[str, str], pace: Pacing) -> None:
+        """Send ``frames`` (whole SSE events) as a streamed body, paced by a scripted
+        reply: ``event_delay`` between frames, ``cut_after=n`` drops the connection
+        after n of them (``cut_mode``)."""
+        cut_after, cut_mode, event_delay = pace.cut_after, pace.cut_mode, pace.event_delay
         h = self._handler
         chunked = not (cut_after is not None and cut_mode == "eof")
         h.send_response(200)
@@ -157,6 +162,13 @@ class FakeVendor(Generic[A]):
         raise NotImplementedError
 
     # -- lifecycle --------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def start(self) -> FakeVendor[A]:
         fake = self
