@@ -1,7 +1,10 @@
 """What ``perdure run`` and ``perdure serve`` share: turning options into a provider and tools.
 
-``--provider anthropic`` (the default) needs ``ANTHROPIC_API_KEY``; its module is
-imported only on that path, so the scripted provider works without it.
+``--provider anthropic`` (the default) needs ``ANTHROPIC_API_KEY``; ``--provider
+openai`` (Chat Completions; ``openai:responses`` for the Responses API) needs
+``OPENAI_API_KEY`` and ``--model``, and ``OPENAI_BASE_URL`` points it at an
+OpenAI-compatible server. A vendor's module is imported only on its path, so the
+scripted provider works without either SDK.
 ``--provider scripted:FILE`` replays a JSON script (see ``ScriptedProvider.from_file``).
 ``--tools MODULE:ATTR`` names a ``Tool`` or an iterable of tools; without it the
 built-in workspace tools are used when this build has them.
@@ -25,7 +28,8 @@ class SetupError(Exception):
 
 
 def load_provider(spec: str, model: str | None = None) -> Provider:
-    """``anthropic`` or ``scripted:FILE`` -> a provider, or a ``SetupError`` in plain words."""
+    """``anthropic``, ``openai[:chat|:responses]`` or ``scripted:FILE`` -> a provider, or a
+    ``SetupError`` in plain words."""
     if spec.startswith("scripted:"):
         from perdure.providers.scripted import ScriptedProvider, ScriptError
 
@@ -36,22 +40,50 @@ def load_provider(spec: str, model: str | None = None) -> Provider:
             return ScriptedProvider.from_file(path)
         except ScriptError as exc:
             raise SetupError(str(exc)) from None
+    if spec in ("openai", "openai:chat", "openai:responses"):
+        return _openai(spec, model)
     if spec != "anthropic":
-        raise SetupError(f"unknown provider {spec!r}: use 'anthropic' or 'scripted:FILE'")
+        raise SetupError(
+            f"unknown provider {spec!r}: use 'anthropic', 'openai', 'openai:responses' "
+            "or 'scripted:FILE'"
+        )
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         raise SetupError(
             "the Anthropic provider needs an API key: export ANTHROPIC_API_KEY=sk-ant-... "
             "(or run without a model API: --provider scripted:FILE)"
         )
+    return _from_env("perdure.providers.anthropic", "Anthropic", model)
+
+
+def _openai(spec: str, model: str | None) -> Provider:
+    if not os.environ.get("OPENAI_API_KEY"):
+        raise SetupError(
+            "the OpenAI provider needs an API key: export OPENAI_API_KEY=sk-... (and "
+            "OPENAI_BASE_URL=http://host:port/v1 for an OpenAI-compatible server; one that "
+            "checks no key still needs a placeholder), or run without a model API: "
+            "--provider scripted:FILE"
+        )
+    if not model:
+        raise SetupError(
+            f"--provider {spec} needs --model: the model name (e.g. gpt-4.1, or the name "
+            "your OpenAI-compatible server serves)"
+        )
+    api = "responses" if spec == "openai:responses" else "chat"
+    return _from_env("perdure.providers.openai", "OpenAI", model, api=api)
+
+
+def _from_env(module_name: str, vendor: str, model: str | None, **options: Any) -> Provider:
+    """The vendor module's ``provider_from_env``, with its errors said as SetupError."""
+    extra = " (pip install 'perdure[openai]')" if vendor == "OpenAI" else ""
     try:
-        module = importlib.import_module("perdure.providers.anthropic")
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise SetupError(
-            f"the Anthropic provider is not available in this build ({exc}); "
+            f"the {vendor} provider is not available in this build ({exc}){extra}; "
             "use --provider scripted:FILE"
         ) from None
     try:
-        provider: Provider = module.provider_from_env(model)
+        provider: Provider = module.provider_from_env(model, **options)
     except Exception as exc:  # its own clear error (e.g. missing credentials)
         raise SetupError(str(exc)) from None
     return provider

@@ -62,10 +62,13 @@ provider_option = click.option(
     "--provider",
     default="anthropic",
     show_default=True,
-    metavar="anthropic|scripted:FILE",
-    help="The model: Anthropic (needs ANTHROPIC_API_KEY) or a JSON script of replies.",
+    metavar="anthropic|openai|openai:responses|scripted:FILE",
+    help="The model: Anthropic (needs ANTHROPIC_API_KEY), an OpenAI-compatible API (needs "
+    "OPENAI_API_KEY and --model; OPENAI_BASE_URL for another server) or a JSON script.",
 )
-model_option = click.option("--model", default=None, help="The Anthropic model name.")
+model_option = click.option(
+    "--model", default=None, help="The model name (required with --provider openai)."
+)
 tools_option = click.option(
     "--tools",
     "tool_specs",

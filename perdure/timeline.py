@@ -89,10 +89,15 @@ def render(records: Iterable[Committed]) -> list[Line]:
             add("model", f"model turn {r.generation_id} requested")
         elif isinstance(r, RetryPending):
             wait = max(0.0, r.not_before - r.at)
-            add("warning", f"model attempt {r.attempt} failed ({r.error}); retry in {wait:.1f}s")
+            by = f" on {r.provider}" if r.provider else ""
+            add(
+                "warning", f"model attempt {r.attempt}{by} failed ({r.error}); retry in {wait:.1f}s"
+            )
         elif isinstance(r, GenerationCompleted):
             calls = "; ".join(f"{t.name}({_args(t.input)})" for t in r.tool_calls)
-            text = f"model replied: {_short(r.text)!r}" if r.text else "model replied"
+            who = " ".join(x for x in (r.provider, r.model) if x)
+            text = f"model ({who}) replied" if who else "model replied"
+            text += f": {_short(r.text)!r}" if r.text else ""
             if calls:
                 text += f" → calls {calls}"
             u = r.usage

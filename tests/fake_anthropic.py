@@ -41,16 +41,12 @@ import base64
 import contextlib
 import hashlib
 import json
-import socket
-import threading
-import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-import attrs
 from attrs import field, frozen
+
+from tests.support.fake_vendor import Disconnect, FakeVendor, Received, Wire, sse
 
 __all__ = [
     "Disconnect",
@@ -154,32 +150,7 @@ class HttpError:
     delay: float = 0.0  # seconds before the response
 
 
-@frozen(kw_only=True)
-class Disconnect:
-    """Close the connection without sending any response."""
-
-
 Action = Reply | HttpError | Disconnect
-
-
-@attrs.define
-class StreamLog:
-    """What the server did with one streamed response (for tests of cancellation)."""
-
-    msg_id: str
-    total: int  # events the reply has
-    sent: int = 0  # events written before the stream ended
-    aborted: bool = False  # the client went away before the stream ended
-
-
-@frozen
-class Received:
-    """One request as the server saw it."""
-
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-    at: float  # wall-clock time.time() when the request arrived
 
 
 _NO_SCRIPT = HttpError(
@@ -189,130 +160,57 @@ _NO_SCRIPT = HttpError(
 )
 
 
-class FakeAnthropic:
+class FakeAnthropic(FakeVendor[Action]):
     """The server. Use as a context manager; ``url`` is the SDK's ``base_url``."""
 
+    thread_name = "fake-anthropic"
+
     def __init__(self, *, default: Action | None = None) -> None:
-        self._lock = threading.Lock()
-        self._script: deque[Action] = deque()
-        self._requests: list[Received] = []
-        self._default = default
-        self._ids = 0
+        super().__init__(default=default)
         self._redacted: set[str] = set()  # redacted_thinking data this server has sent
-        self._open: set[socket.socket] = set()
-        self._streams: list[StreamLog] = []
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle --------------------------------------------------------------------
-
-    def start(self) -> FakeAnthropic:
-        fake = self
-
-        class Handler(_Handler):
-            server_fake = fake
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def process_request(self, request: Any, client_address: Any) -> None:
-                with fake._lock:
-                    fake._open.add(request)
-                super().process_request(request, client_address)
-
-            def shutdown_request(self, request: Any) -> None:
-                with fake._lock:
-                    fake._open.discard(request)
-                super().shutdown_request(request)
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                pass  # a client that went away mid-stream is part of the tests
-
-        self._server = Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fake-anthropic",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is None:
-            return
-        self._server.shutdown()
-        with self._lock:
-            sockets = list(self._open)
-        for sock in sockets:  # unblock handler threads waiting on idle keep-alive sockets
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        self._server.server_close()
-        assert self._thread is not None
-        self._thread.join(timeout=5)
-        self._server = None
-
-    def __enter__(self) -> FakeAnthropic:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
-        assert self._server is not None, "the server is not started"
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self.root
 
-    # -- scripting --------------------------------------------------------------------
+    def no_script(self) -> Action:
+        return _NO_SCRIPT
 
-    def script(self, *actions: Action) -> None:
-        """Append answers; each request takes the next one."""
-        with self._lock:
-            self._script.extend(actions)
+    def refuse(self, received: Received) -> Action | None:
+        return _refusal(received.body, self._redacted)
 
-    def set_default(self, action: Action | None) -> None:
-        """The answer once the script is used up (``None``: a 400 saying so)."""
-        with self._lock:
-            self._default = action
+    def taken(self, action: Action) -> None:
+        if isinstance(action, Reply):
+            self._redacted.update(b.data for b in action.content if isinstance(b, RedactedThinking))
 
-    def clear(self) -> None:
-        with self._lock:
-            self._script.clear()
-
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._script)
-
-    @property
-    def streams(self) -> list[StreamLog]:
-        """Every streamed response so far, in the order they started."""
-        with self._lock:
-            return list(self._streams)
-
-    def _stream_started(self, log: StreamLog) -> None:
-        with self._lock:
-            self._streams.append(log)
-
-    @property
-    def requests(self) -> list[Received]:
-        with self._lock:
-            return list(self._requests)
-
-    def _next(self, received: Received) -> tuple[Action, int]:
-        with self._lock:
-            self._requests.append(received)
-            self._ids += 1
-            refusal = _refusal(received.body, self._redacted)
-            if refusal is not None:  # refused before any answer is chosen, as upstream
-                return refusal, self._ids
-            action = self._script.popleft() if self._script else (self._default or _NO_SCRIPT)
-            if isinstance(action, Reply):
-                self._redacted.update(
-                    b.data for b in action.content if isinstance(b, RedactedThinking)
-                )
-            return action, self._ids
+    def respond(self, wire: Wire, received: Received, action: Action, n: int) -> None:
+        request_id = f"req_fake_{n:04d}"
+        if received.path.split("?")[0] != "/v1/messages":
+            action = HttpError(
+                status=404, type="not_found_error", message=f"no route {received.path}"
+            )
+        if isinstance(action, HttpError):
+            headers = {"request-id": request_id, **action.headers}
+            wire.json(action.status, error_body(action, request_id), headers)
+            return
+        assert isinstance(action, Reply)
+        model = str(received.body.get("model", "claude-fake"))
+        msg_id = f"msg_fake_{n:04d}"
+        if not received.body.get("stream"):
+            wire.json(200, message_json(action, msg_id, model), {"request-id": request_id})
+            return
+        frames = [sse(data, name) for name, data in stream_events(action, msg_id, model)]
+        if action.error_after is not None:
+            error = {
+                "type": "error",
+                "error": {"type": action.error_type, "message": action.error_message},
+            }
+            frames = [*frames[: action.error_after], sse(error, "error")]
+        wire.stream(
+            frames,
+            {"request-id": request_id},
+            action,
+        )
 
 
 # -- what the real API refuses -----------------------------------------------------------
@@ -461,121 +359,11 @@ def stream_events(reply: Reply, msg_id: str, model: str) -> list[tuple[str, dict
     return events
 
 
-def _sse(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-
-
 def error_body(error: HttpError, request_id: str) -> dict[str, Any]:
     inner: dict[str, Any] = {"type": error.type, "message": error.message}
     if error.error_code is not None:
         inner["details"] = {"error_code": error.error_code}
     return {"type": "error", "error": inner, "request_id": request_id}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, like the real API
-    server_fake: FakeAnthropic
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length)
-        try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            body = {"_unparsable": raw.decode(errors="replace")}
-        received = Received(
-            path=self.path,
-            headers={k.lower(): v for k, v in self.headers.items()},
-            body=body,
-            at=time.time(),
-        )
-        action, n = self.server_fake._next(received)
-        request_id = f"req_fake_{n:04d}"
-        if self.path.split("?")[0] != "/v1/messages":
-            action = HttpError(status=404, type="not_found_error", message=f"no route {self.path}")
-        if isinstance(action, Disconnect):
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if action.delay:
-            time.sleep(action.delay)
-        if isinstance(action, HttpError):
-            headers = {"request-id": request_id, **action.headers}
-            self._send_json(action.status, error_body(action, request_id), headers)
-            return
-        model = str(body.get("model", "claude-fake"))
-        msg_id = f"msg_fake_{n:04d}"
-        if body.get("stream"):
-            self._stream(action, msg_id, model, request_id)
-        else:
-            self._send_json(200, message_json(action, msg_id, model), {"request-id": request_id})
-
-    def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _stream(self, reply: Reply, msg_id: str, model: str, request_id: str) -> None:
-        events = stream_events(reply, msg_id, model)
-        log = StreamLog(msg_id, len(events))
-        self.server_fake._stream_started(log)
-        chunked = not (reply.cut_after is not None and reply.cut_mode == "eof")
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("cache-control", "no-cache")
-        self.send_header("request-id", request_id)
-        if chunked:
-            self.send_header("transfer-encoding", "chunked")
-        else:
-            self.send_header("connection", "close")  # the body ends when the socket does
-        self.end_headers()
-
-        def write(data: bytes) -> None:
-            if chunked:
-                data = f"{len(data):x}\r\n".encode() + data + b"\r\n"
-            self.wfile.write(data)
-            self.wfile.flush()
-
-        try:
-            for i, (name, data) in enumerate(events):
-                if reply.cut_after is not None and i >= reply.cut_after:
-                    self._cut(chunked)
-                    return
-                if reply.error_after is not None and i >= reply.error_after:
-                    payload = {
-                        "type": "error",
-                        "error": {"type": reply.error_type, "message": reply.error_message},
-                    }
-                    write(_sse("error", payload))
-                    break
-                if reply.event_delay and i:
-                    time.sleep(reply.event_delay)
-                write(_sse(name, data))
-                log.sent = i + 1
-            if chunked:
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
-        except OSError:
-            log.aborted = True
-            self.close_connection = True  # the client went away (cancelled): fine
-
-    def _cut(self, chunked: bool) -> None:
-        """Drop the connection in the middle of the response body."""
-        if chunked:  # announce a chunk and never finish it
-            self.wfile.write(b'400\r\nevent: content_block_delta\ndata: {"ty')
-            self.wfile.flush()
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self.connection.shutdown(socket.SHUT_RDWR)
 
 
 @contextlib.contextmanager

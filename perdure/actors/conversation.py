@@ -21,6 +21,7 @@ from perdure.actors.state import (
 )
 from perdure.providers.base import (
     Block,
+    FailedAttempt,
     Message,
     ModelRequest,
     Role,
@@ -167,6 +168,7 @@ def request(
     attempt: int,
     cache: MessageCache | None = None,
 ) -> ModelRequest:
+    gen = s.generations[generation_id]
     return ModelRequest(
         system=s.system,
         messages=messages(s, cache=cache),
@@ -174,5 +176,21 @@ def request(
         attempt=attempt,
         session_id=s.session_id,
         generation_id=generation_id,
-        submission_id=s.generations[generation_id].submission_id,
+        submission_id=gen.submission_id,
+        failed=tuple(
+            FailedAttempt(attempt=r.attempt, provider=r.provider, fallback=r.fallback)
+            for r in gen.failures
+        ),
+        answered_by=_answered_by(s, gen.submission_id, generation_id),
     )
+
+
+def _answered_by(s: SessionState, submission_id: str, generation_id: str) -> str:
+    """The provider that answered the input's latest turn before ``generation_id``."""
+    submission = s.submissions.get(submission_id)
+    earlier = submission.generations if submission is not None else []
+    for other in reversed(earlier):
+        reply = s.generations[other].reply
+        if other != generation_id and reply is not None:
+            return reply.provider
+    return ""

@@ -767,6 +767,8 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
         return NOTHING
     if msg.retryable and msg.attempt < env.max_model_attempts:
         not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
+        if msg.fallback:  # the back-off was for the provider that failed, not the next one
+            not_before = env.now
         pending = RetryPending(
             session_id=s.session_id,
             generation_id=gen.generation_id,
@@ -775,6 +777,8 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
             error=msg.error,
             usage=msg.usage,
             model=msg.model,
+            provider=msg.provider,
+            fallback=msg.fallback,
             at=env.now,
         )
         return Step((pending,))  # advance makes the call, once the budget allows it

@@ -64,6 +64,8 @@ async def call_model(
                 jitter=ctx.rng.random(),
                 # Which model the failed attempt asked, so its usage is priced right.
                 model=err.model or str(getattr(ctx.provider, "model", "") or ""),
+                provider=err.provider or ctx.provider.name,
+                fallback=err.fallback,
             )
         else:
             if _faults.ACTIVE:

@@ -193,6 +193,8 @@ class ModelFailed:
     usage: Usage = field(factory=Usage)
     jitter: float = 0.5  # a sample of U(0, 1), drawn by the shell
     model: str = ""  # the model asked
+    provider: str = ""  # who failed
+    fallback: bool = False  # the next attempt goes to another provider: no back-off
 
 
 ToolOutcome = Literal["ok", "error", "timeout", "cancelled", "unknown"]

@@ -114,6 +114,7 @@ class Generation:
     call_ids: list[str] = field(factory=list)
     usage: Usage = field(factory=Usage)
     model: str = ""  # the model asked (from a retry record) or that answered
+    failures: list[RetryPending] = field(factory=list)  # the failed attempts, in order
 
 
 @define
@@ -353,6 +354,7 @@ class SessionState:
         gen.not_before = r.not_before
         gen.last_error = r.error
         gen.model = r.model or gen.model
+        gen.failures.append(r)
         self._add_usage(gen, r.usage)
 
     def _generation_completed(self, r: GenerationCompleted) -> None:

@@ -10,7 +10,8 @@ an error, never a short reply: the runtime commits complete replies only.
 The SDK's own retries are switched off (``max_retries=0``): retrying is the
 runtime's job, because its back-off is durable (``RetryPending`` is committed
 before the sleep) and survives a crash. What is worth retrying is decided in one
-place, ``classify_error``; its table is in that function's docstring.
+place for every vendor (``perdure.providers._retry``, whose table applies);
+``classify_error`` tells it what Anthropic's errors look like.
 
 Extended thinking (``thinking={"type": "enabled", "budget_tokens": N}`` as a request
 option) round-trips: the reply's ``thinking`` blocks (text and ``signature``, the
@@ -30,21 +31,21 @@ it; ``perdure.providers`` exports ``AnthropicProvider`` lazily.
 
 from __future__ import annotations
 
-import contextlib
-import email.utils
-import inspect
 import json
-import math
 import os
-import re
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx2
 from attrs import define, field
 
+from perdure.providers._retry import (
+    StatusDetails,
+    StreamBroken,
+    Vendor,
+    classify_failure,
+    retry_after,
+)
+from perdure.providers._sdk import EventFolder, OwnsClient, json_object, read_sse, split_options
 from perdure.providers.base import (
     Emit,
     Message,
@@ -68,6 +69,7 @@ __all__ = [
     "StreamBroken",
     "classify_error",
     "provider_from_env",
+    "retry_after",
 ]
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
@@ -101,131 +103,41 @@ class MissingCredentials(RuntimeError):
     """No API key for the Anthropic provider was found in the environment."""
 
 
-class StreamBroken(Exception):
-    """The response stream ended, or failed, before a complete reply arrived."""
-
-    def __init__(self, message: str, *, error_type: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.error_type = error_type  # the API's error.type, for an SSE ``error`` event
-
-
 # -- the classification ---------------------------------------------------------------------
 
 
-def classify_error(exc: BaseException, usage: Usage | None = None) -> ProviderError:
-    """The one place that decides what an Anthropic failure means for the runtime.
-
-    ============================================  =========  =============================
-    failure                                       retryable  notes
-    ============================================  =========  =============================
-    429 rate_limit_error                          yes        ``retry-after`` honoured
-    429 with a spend-limit error code             no         waiting does not cure it
-    529 overloaded_error                          yes        ``retry-after`` honoured
-    500 and every other 5xx                       yes        ``retry-after`` honoured
-    408 request timeout, 409 conflict             yes        as the SDK's own policy
-    400, 401, 402, 403, 404, 413, 422, other 4xx  no         the server's message is kept
-    connection refused/reset, timeout             yes        ``APIConnectionError``
-    stream cut midway (socket closed, truncated)  yes        httpx2 ``TransportError``
-    stream ended without ``message_stop``         yes        ``StreamBroken``
-    SSE ``error`` event midway                    by type    overloaded/api/rate-limit:
-                                                             yes; invalid_request etc.: no
-    anything else the SDK raises                  no         e.g. a bad client setup
-    ============================================  =========  =============================
-
-    ``usage`` is what the server reported for this attempt before it failed (a
-    stream that broke after ``message_start``); it is carried on the error so the
-    runtime counts the tokens of failed attempts too.
-    """
-    usage = usage or Usage()
-    if isinstance(exc, ProviderError):
-        return exc
-    if isinstance(exc, StreamBroken):
-        if exc.error_type is None:
-            return ProviderError(exc.message, retryable=True, usage=usage)
-        status = _TYPE_STATUS.get(exc.error_type)
-        fatal = status is not None and status < 500 and status not in (408, 409, 429)
-        return ProviderError(
-            f"the response stream broke: {exc.error_type}: {exc.message}",
-            retryable=not fatal,
-            status=status,
-            usage=usage,
-        )
-    if isinstance(exc, anthropic.APIStatusError):
-        return _classify_status(exc, usage)
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ProviderError(
-            "the request to the Anthropic API timed out", retryable=True, usage=usage
-        )
-    if isinstance(exc, anthropic.APIConnectionError):
-        cause = exc.__cause__
-        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-        return ProviderError(f"cannot reach the Anthropic API{detail}", retryable=True, usage=usage)
-    if isinstance(exc, httpx2.TransportError):
-        return ProviderError(
-            f"the connection broke while the reply streamed: {type(exc).__name__}: {exc}",
-            retryable=True,
-            usage=usage,
-        )
-    if isinstance(exc, ConnectionError | TimeoutError | OSError):
-        return ProviderError(f"{type(exc).__name__}: {exc}", retryable=True, usage=usage)
-    if isinstance(exc, anthropic.AnthropicError):
-        return ProviderError(
-            f"the Anthropic SDK failed: {type(exc).__name__}: {exc}", retryable=False, usage=usage
-        )
-    return ProviderError(
-        f"the Anthropic provider raised {type(exc).__name__}: {exc}", retryable=False, usage=usage
-    )
-
-
-def _classify_status(exc: anthropic.APIStatusError, usage: Usage) -> ProviderError:
+def _describe(exc: Exception) -> tuple[int, StatusDetails]:
+    assert isinstance(exc, anthropic.APIStatusError)
     status = exc.status_code
     error_type = exc.type or ""
     if status < 400:  # an SSE error event read through the SDK's own stream iterator
         status = _TYPE_STATUS.get(error_type, 500)
-    api_message = exc.api_message or str(exc.message)
-    if status == 429:
-        retryable = exc.error_code not in _SPEND_LIMITS
-    else:
-        retryable = status >= 500 or status in (408, 409)
     label = f"{status} {error_type}".strip()
     if exc.error_code:
         label += f"/{exc.error_code}"
-    text = f"Anthropic API error {label}: {api_message}"
-    if exc.request_id:
-        text += f" (request-id {exc.request_id})"
-    return ProviderError(
-        text,
-        retryable=retryable,
-        retry_after=retry_after(exc.response.headers) if retryable else None,
-        status=status,
-        usage=usage,
+    details = StatusDetails(
+        label=label,
+        message=exc.api_message or str(exc.message),
+        request_id=exc.request_id,
+        exhausted=status == 429 and exc.error_code in _SPEND_LIMITS,
     )
+    return status, details
 
 
-def retry_after(headers: httpx2.Headers | dict[str, str], now: float | None = None) -> float | None:
-    """Seconds the server asks us to wait: ``retry-after-ms``, or ``retry-after``
-    (seconds or an HTTP date). ``None`` when absent or unreadable."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    raw_ms = lowered.get("retry-after-ms")
-    if raw_ms is not None:
-        with contextlib.suppress(ValueError):
-            value = float(raw_ms) / 1000.0
-            if math.isfinite(value) and value >= 0:
-                return value
-    raw = lowered.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        value = when.timestamp() - (time.time() if now is None else now)
-        return max(0.0, value)
-    return value if math.isfinite(value) and value >= 0 else None
+def _stream_error(exc: StreamBroken) -> tuple[int, bool]:
+    return _TYPE_STATUS.get(exc.error_type or "", 500), False
+
+
+VENDOR = Vendor.of_sdk(anthropic, "Anthropic", _describe, _stream_error)
+
+
+def classify_error(exc: BaseException, usage: Usage | None = None) -> ProviderError:
+    """What an Anthropic failure means for the runtime (the shared table in
+    ``perdure.providers._retry``): 429 ``rate_limit_error`` and 529
+    ``overloaded_error`` are retried with ``retry-after`` honoured; a 429 with a
+    spend-limit error code is not (the provider is exhausted); an SSE ``error`` event
+    midway is classified by its ``error.type``."""
+    return classify_failure(VENDOR, exc, usage)
 
 
 # -- the request ----------------------------------------------------------------------------
@@ -275,61 +187,6 @@ def _message_param(message: Message, *, final: bool) -> dict[str, Any]:
 
 # -- the stream -----------------------------------------------------------------------------
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-
-
-class _SSEParser:
-    """Server-Sent Events from a byte stream, as (event name, data) pairs.
-
-    Written here rather than borrowed from the SDK: the SDK's stream iterators stop
-    reading at an ``error`` event and leave their nested async generators (and the
-    HTTP stack's) unfinished, which trio reports as leaked resources. This parser is
-    plain synchronous code fed from httpx2's body iterator, which ``complete`` reads
-    to its end and closes deterministically.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._event = ""
-        self._data: list[str] = []
-
-    def feed(self, chunk: bytes) -> Iterator[tuple[str, str]]:
-        self._buffer += chunk
-        while True:
-            match = _LINE_END.search(self._buffer)
-            if match is None:
-                return
-            if match.group() == b"\r" and match.end() == len(self._buffer):
-                return  # may be the first half of \r\n: wait for more
-            line = self._buffer[: match.start()].decode("utf-8", errors="replace")
-            self._buffer = self._buffer[match.end() :]
-            event = self._line(line)
-            if event is not None:
-                yield event
-
-    def end(self) -> Iterator[tuple[str, str]]:
-        """The body ended: a held-back ``\r`` was a line end after all."""
-        if self._buffer == b"\r":
-            yield from self.feed(b"\n")
-
-    def _line(self, line: str) -> tuple[str, str] | None:
-        if not line:
-            if not self._data:
-                self._event = ""
-                return None
-            event = (self._event or "message", "\n".join(self._data))
-            self._event, self._data = "", []
-            return event
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        return None
-
 
 @define
 class _Block:
@@ -362,40 +219,25 @@ def _usage(raw: Any, base: Usage) -> Usage:
     )
 
 
-class _ReplyBuilder:
+class _ReplyBuilder(EventFolder):
     """Folds the Messages API's stream events into one reply, emitting deltas as it goes."""
 
     def __init__(self, emit: Emit) -> None:
+        super().__init__()
         self._emit = emit
         self.blocks: dict[int, _Block] = {}
         self.usage = Usage()
         self.stop_reason: str | None = None
         self.started = False
         self.stopped = False
-        self.failure: StreamBroken | None = None
         self.model = ""
         self.response_id = ""
 
-    def on_event(self, name: str, raw: str) -> None:
-        """Fold one SSE event. A failure is remembered, not raised: the caller reads
-        the body to its end (the server closes it right after an ``error`` event), so
-        the HTTP stack's generators finish normally instead of being abandoned."""
-        if self.failure is not None or name == "ping":
-            return
-        try:
-            self._fold(name, raw)
-        except StreamBroken as exc:
-            self.failure = exc
-        except (KeyError, TypeError, ValueError) as exc:
-            self.failure = StreamBroken(f"the stream sent a malformed {name!r} event: {exc!r}")
+    def skips(self, name: str) -> bool:
+        return name == "ping"
 
-    def _fold(self, name: str, raw: str) -> None:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise StreamBroken(f"the stream sent an unreadable {name!r} event") from None
-        if not isinstance(data, dict):
-            raise StreamBroken(f"the stream sent an unreadable {name!r} event")
+    def fold(self, name: str, raw: str) -> None:
+        data = json_object(name, raw)
         kind = data.get("type", name)
         if name == "error" or kind == "error":
             error = data.get("error")
@@ -475,11 +317,8 @@ class _ReplyBuilder:
         self.stopped = True
 
     def reply(self) -> ModelReply:
-        if self.failure is not None:
-            raise self.failure
-        if not self.stopped:
-            where = "after message_start" if self.started else "before message_start"
-            raise StreamBroken(f"the response stream ended {where} but before message_stop")
+        where = "after message_start" if self.started else "before message_start"
+        self.check_ended(self.stopped, f"the response stream ended {where} but before message_stop")
         stop_reason = self.stop_reason or "end_turn"
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -532,19 +371,7 @@ def _tool_input(block: _Block) -> dict[str, Any] | None:
 # -- the provider ---------------------------------------------------------------------------
 
 
-def _split_options(client: anthropic.AsyncAnthropic, options: dict[str, Any]) -> dict[str, Any]:
-    """Options ``messages.create`` takes as arguments stay arguments; the others (e.g.
-    ``temperature``, which this SDK version has no argument for) go in ``extra_body``,
-    so the API still receives them as request fields."""
-    accepted = set(inspect.signature(client.messages.create).parameters)
-    direct = {k: v for k, v in options.items() if k in accepted}
-    extra = {k: v for k, v in options.items() if k not in accepted}
-    if extra:
-        direct["extra_body"] = {**extra, **dict(direct.get("extra_body") or {})}
-    return direct
-
-
-class AnthropicProvider:
+class AnthropicProvider(OwnsClient):
     """A ``Provider`` backed by the Anthropic Messages API (streaming).
 
     ``client`` defaults to ``anthropic.AsyncAnthropic(max_retries=0)``, which reads
@@ -555,6 +382,8 @@ class AnthropicProvider:
     every request: as arguments of ``messages.create`` where it has them, as extra
     body fields otherwise.
     """
+
+    client: anthropic.AsyncAnthropic
 
     name = "anthropic"
 
@@ -587,21 +416,10 @@ class AnthropicProvider:
             # caller's connection pool.
             client = client.with_options(max_retries=0)
         self.client = client
-        self.request_options = _split_options(self.client, request_options)
+        self.request_options = split_options(self.client.messages.create, request_options)
 
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={str(self.client.base_url)!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this provider created it."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> AnthropicProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def params(self, request: ModelRequest) -> dict[str, Any]:
         """The ``messages.create`` arguments for ``request`` (without ``stream``)."""
@@ -645,16 +463,12 @@ class AnthropicProvider:
         builder = _ReplyBuilder(emit)
         try:
             stream = await self.client.messages.create(**params, stream=True)
-            async with stream, contextlib.aclosing(stream.response.aiter_bytes()) as body:
-                parser = _SSEParser()
-                async for chunk in body:
-                    for name, data in parser.feed(chunk):
-                        builder.on_event(name, data)
-                for name, data in parser.end():
-                    builder.on_event(name, data)
+            await read_sse(stream, builder.on_event)
             return builder.reply()
         except Exception as exc:
-            raise classify_error(exc, builder.usage) from exc
+            failure = classify_error(exc, builder.usage)
+            failure.model = failure.model or self.model  # its usage is priced at this model
+            raise failure from exc
 
 
 def provider_from_env(model: str | None = None) -> AnthropicProvider:

@@ -14,6 +14,15 @@ translation, and stays readable in ``perdure show``. Their payloads (``signature
 ``data``) are opaque: a provider that returned them gets them back unchanged; a
 provider that does not understand them leaves them out of its requests (the
 scripted one ignores them).
+
+A model turn may be answered by a different provider than the one that failed it
+(``perdure.providers.FallbackProvider``). The facts such a choice needs are durable
+and travel on the request: ``ModelRequest.failed`` lists the turn's earlier failed
+attempts (from its ``RetryPending`` records: who failed, and whether that failure
+moved the turn on to the next provider) and ``ModelRequest.answered_by`` names the
+provider that answered the previous turn of the same input. A provider reports who
+failed through ``ProviderError.provider``; ``ProviderError.exhausted`` says that
+waiting will not help that provider (a quota or spend limit), though another might.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from perdure.storage.records import (
 __all__ = [
     "Block",
     "Emit",
+    "FailedAttempt",
     "Message",
     "ModelReply",
     "ModelRequest",
@@ -92,6 +102,15 @@ class ToolDefinition:
 
 
 @frozen(kw_only=True)
+class FailedAttempt:
+    """An earlier attempt of the same model turn that failed (its ``RetryPending`` record)."""
+
+    attempt: int
+    provider: str  # who failed it ("" in logs written before it was recorded)
+    fallback: bool = False  # the failure moved the turn on to the next provider
+
+
+@frozen(kw_only=True)
 class ModelRequest:
     system: str | None
     messages: tuple[Message, ...]
@@ -100,6 +119,8 @@ class ModelRequest:
     session_id: str = ""
     generation_id: str = ""
     submission_id: str = ""  # the input this turn answers (events name it)
+    failed: tuple[FailedAttempt, ...] = ()  # this turn's earlier attempts, in order
+    answered_by: str = ""  # the provider that answered the input's previous turn
 
 
 @frozen(kw_only=True)
@@ -117,7 +138,13 @@ class ModelReply:
 
 
 class ProviderError(Exception):
-    """A model call failed. ``retryable`` decides between back-off and failing the run."""
+    """A model call failed. ``retryable`` decides between back-off and failing the run.
+
+    ``provider`` names who failed (recorded on ``RetryPending``); ``exhausted`` says the
+    provider cannot serve until someone acts (quota, spend limit), so a fallback moves
+    on at once; ``fallback`` says the next attempt goes to the next provider, without
+    a back-off (set by ``FallbackProvider``, recorded so a restart keeps the choice).
+    """
 
     def __init__(
         self,
@@ -128,6 +155,9 @@ class ProviderError(Exception):
         status: int | None = None,
         usage: Usage | None = None,
         model: str = "",
+        provider: str = "",
+        exhausted: bool = False,
+        fallback: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -136,6 +166,9 @@ class ProviderError(Exception):
         self.status = status
         self.usage = usage or Usage()
         self.model = model  # the model asked, when the provider knows it
+        self.provider = provider
+        self.exhausted = exhausted
+        self.fallback = fallback
 
 
 class Provider(Protocol):

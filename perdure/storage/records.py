@@ -192,6 +192,8 @@ class RetryPending:
     error: str
     usage: Usage = field(factory=Usage)
     model: str = ""  # the model asked (its usage is priced at that model's price)
+    provider: str = ""  # who failed ("" in older logs)
+    fallback: bool = False  # the next attempt goes to the next provider (FallbackProvider)
     at: float
 
 

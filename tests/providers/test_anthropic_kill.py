@@ -14,24 +14,11 @@ sent before the back-off that record promised had ended.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
     GenerationCompleted,
-    Record,
-    RecoveryDecision,
     RedactedThinkingBlock,
-    RetryPending,
-    RunFinished,
-    RunStarted,
     ThinkingBlock,
 )
 from tests.fake_anthropic import (
@@ -45,95 +32,17 @@ from tests.fake_anthropic import (
     sent_messages,
     sign,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-BACK_OFF = 4.0  # the server's retry-after: longer than it takes to notice and kill
-
-
-def child_env(url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "PERDURE_"))}
-    env.update(
-        ANTHROPIC_API_KEY="sk-ant-test",
-        ANTHROPIC_BASE_URL=url,
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def start_child(log: Path, env: dict[str, str], out: Path, *args: str) -> subprocess.Popen[bytes]:
-    with out.open("wb") as sink:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.providers._kill_child", str(log), *args],
-            cwd=ROOT,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def read_log(log: Path) -> list[Record]:
-    reader = LmdbLog(log, readonly=True)
-    try:
-        return [c.record for c in reader.read_global()]
-    finally:
-        reader.close()
-
-
-def wait_for_retry_pending(
-    log: Path, child: subprocess.Popen[bytes], out: Path, timeout: float = 90.0
-) -> RetryPending:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise AssertionError(f"the child exited early ({child.returncode}):\n{out.read_text()}")
-        try:
-            pending = [r for r in read_log(log) if isinstance(r, RetryPending)]
-        except FileNotFoundError:  # the child has not created (or finished creating) it yet
-            pending = []
-        if pending:
-            return pending[0]
-        time.sleep(0.02)
-    raise AssertionError(f"no RetryPending within {timeout}s:\n{out.read_text()}")
-
-
-def kill_in_back_off(
-    log: Path, child: subprocess.Popen[bytes], out: Path, fake: FakeAnthropic, sent: int
-) -> RetryPending:
-    """Wait for the child's RetryPending, check it has sent ``sent`` requests, SIGKILL it."""
-    try:
-        pending = wait_for_retry_pending(log, child, out)
-        assert len(fake.requests) == sent, "the child retried before it was killed"
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == -signal.SIGKILL
-    return pending
-
-
-def run_to_the_end(log: Path, env: dict[str, str], out: Path, *args: str) -> str:
-    """Run a restarted child until it exits; it must succeed. Returns its output."""
-    child = start_child(log, env, out, *args)
-    try:
-        child.wait(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    output = out.read_text()
-    assert child.returncode == 0, output
-    return output
-
-
-def of(kind: type, records: list[Record]) -> list[Any]:
-    return [r for r in records if isinstance(r, kind)]
+from tests.providers._kill import (
+    BACK_OFF,
+    child_env,
+    crash_in_back_off,
+    of,
+    read_log,
+    resumed_the_retry,
+)
 
 
 def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None:
-    log = tmp_path / "log"
     with FakeAnthropic() as fake:
         fake.script(
             HttpError(
@@ -143,41 +52,12 @@ def test_sigkill_during_retry_back_off_resumes_the_retry(tmp_path: Path) -> None
                 headers={"retry-after": str(BACK_OFF)},
             )
         )
-        env = child_env(fake.url)
-        out1 = tmp_path / "child1.out"
-        pending = kill_in_back_off(log, start_child(log, env, out1), out1, fake, sent=1)
-        assert len(fake.requests) == 1
-
-        fake.script(Reply(content=[Text("Recovered after the crash.")]))
-        output = run_to_the_end(log, env, tmp_path / "child2.out")
+        env = child_env(anthropic=fake.url)
+        then = Reply(content=[Text("Recovered after the crash.")])
+        result, pending = crash_in_back_off(tmp_path, fake, env, then)
         requests = fake.requests
 
-    result = json.loads(output.strip().splitlines()[-1])
-    assert result["status"] == "completed", result
-    assert result["text"] == "Recovered after the crash."
-    assert result["recovered_sessions"] == ["s-kill"]
-    # the retry waited out the back-off promised by the record, across the crash
-    assert pending.not_before - pending.at >= BACK_OFF
-    assert len(requests) == 2
-    assert requests[1].at >= pending.not_before - 0.01
-    assert requests[1].body == requests[0].body  # the same request, sent again
-
-    records = read_log(log)
-    assert of(RetryPending, records) == [pending]  # preserved, not rewritten
-    (reply,) = of(GenerationCompleted, records)  # exactly one committed reply
-    assert reply.text == "Recovered after the crash."
-    assert reply.attempt == 2
-    assert reply.generation_id == pending.generation_id
-    runs = of(RunStarted, records)
-    assert [r.resumed_from for r in runs] == [None, runs[0].run_id]
-    assert [(f.run_id, f.status) for f in of(RunFinished, records)] == [
-        (runs[0].run_id, "interrupted"),
-        (runs[1].run_id, "completed"),
-    ]
-    decisions = of(RecoveryDecision, records)
-    assert any(
-        d.subject == pending.generation_id and d.found == "retry back-off" for d in decisions
-    )
+    resumed_the_retry(tmp_path / "log", result, pending, requests, "Recovered after the crash.")
 
 
 def test_sigkill_keeps_thinking_blocks_for_the_retried_continuation(tmp_path: Path) -> None:
@@ -205,15 +85,11 @@ def test_sigkill_keeps_thinking_blocks_for_the_retried_continuation(tmp_path: Pa
                 headers={"retry-after": str(BACK_OFF)},
             ),
         )
-        env = child_env(fake.url)
-        out1 = tmp_path / "child1.out"
-        kill_in_back_off(log, start_child(log, env, out1, "thinking"), out1, fake, sent=2)
-
-        fake.script(Reply(content=[Thinking("add said 5."), Text("2 + 3 = 5.")]))
-        output = run_to_the_end(log, env, tmp_path / "child2.out", "thinking")
+        env = child_env(anthropic=fake.url)
+        then = Reply(content=[Thinking("add said 5."), Text("2 + 3 = 5.")])
+        result, _ = crash_in_back_off(tmp_path, fake, env, then, "thinking", sent=2)
         requests = fake.requests
 
-    result = json.loads(output.strip().splitlines()[-1])
     assert result["status"] == "completed", result
     assert result["text"] == "2 + 3 = 5."
     assert len(requests) == 3

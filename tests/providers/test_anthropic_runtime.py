@@ -7,22 +7,16 @@ streams, usage sums, ephemeral deltas, pause_turn continuation, cancellation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-import perdure
-from perdure import Event, ReplayPolicy, Runtime, open_runtime
 from perdure.providers.anthropic import AnthropicProvider
 from perdure.storage.records import (
     GenerationCompleted,
-    Record,
     RetryPending,
-    RunFinished,
     ToolCompleted,
     Usage,
 )
@@ -37,89 +31,17 @@ from tests.fake_anthropic import (
     ToolUse,
     sent_messages,
 )
-
-# -- tools the model may call ------------------------------------------------------------------
-
-
-@perdure.tool(replay=ReplayPolicy.SAFE)
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-LOOKUPS_STARTED: dict[str, trio.Event] = {}
-
-
-@perdure.tool(replay=ReplayPolicy.SAFE)
-async def lookup(key: str) -> str:
-    """Look a key up in a small table."""
-    # Each lookup waits until the other one has started: two calls of one turn that ran
-    # one after the other would never get here (and time out instead).
-    LOOKUPS_STARTED.setdefault(key, trio.Event()).set()
-    other = "omega" if key == "alpha" else "alpha"
-    with trio.fail_after(10):
-        await LOOKUPS_STARTED.setdefault(other, trio.Event()).wait()
-    await trio.sleep(0.01 if key == "alpha" else 0)  # finish out of order
-    return {"alpha": "first letter", "omega": "last letter"}[key]
-
-
-@perdure.tool(replay=ReplayPolicy.NEVER)
-async def deploy(service: str) -> str:
-    """Deploy a service (always fails here)."""
-    raise RuntimeError(f"cluster for {service} is unreachable")
-
-
-# -- helpers --------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def runtime(
-    log_dir: Path, provider: AnthropicProvider, **options: Any
-) -> AsyncIterator[Runtime]:
-    options.setdefault("retry_base", 0.01)
-    options.setdefault("retry_cap", 1.0)
-    options.setdefault("tools", [add, lookup, deploy])
-    async with open_runtime(log_dir, provider=provider, seed=7, **options) as rt:
-        yield rt
-
-
-async def ask(rt: Runtime, text: str, *, system: str | None = None) -> tuple[str, RunFinished]:
-    sid = await rt.create_session(system=system)
-    await rt.submit(sid, text)
-    outcome = await rt.wait_idle(sid)
-    assert outcome is not None
-    return sid, outcome
-
-
-async def records(rt: Runtime, sid: str) -> list[Record]:
-    return [c.record for c in await rt.journal.read_session(sid)]
-
-
-def of(kind: type, items: Sequence[Record]) -> list[Any]:
-    return [r for r in items if isinstance(r, kind)]
-
-
-async def ask_collecting(
-    rt: Runtime, text: str, *, system: str | None = None
-) -> tuple[str, list[Event]]:
-    """Submit ``text`` while collecting the session's live events until the run finishes."""
-    sid = await rt.create_session(system=system)
-    events: list[Event] = []
-
-    async def collect(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with aclosing(rt.events(sid)) as stream:
-            async for event in stream:
-                events.append(event)
-                if len(events) == 1:  # the replayed SessionCreated: subscribed
-                    task_status.started()
-                if event.kind == "RunFinished":
-                    return
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(collect)
-        await rt.submit(sid, text)
-    return sid, events
-
+from tests.providers import _agent
+from tests.providers._agent import (
+    ask,
+    ask_collecting,
+    failed_at_once,
+    gave_up,
+    of,
+    records,
+    retried_durably,
+    runtime,
+)
 
 # -- replies and tools ----------------------------------------------------------------------
 
@@ -197,10 +119,14 @@ async def test_parallel_tool_use_round_trip(
         ),
         Reply(content=[Text("alpha is first, omega is last.")]),
     )
-    LOOKUPS_STARTED.clear()
-    async with runtime(log_dir, provider) as rt:
-        sid, outcome = await ask(rt, "Look up alpha and omega.")
-        committed = await records(rt, sid)
+    _agent.LOOKUPS_STARTED.clear()
+    _agent.PARTNERS.update(alpha=("omega",), omega=("alpha",))  # each waits for the other
+    try:
+        async with runtime(log_dir, provider) as rt:
+            sid, outcome = await ask(rt, "Look up alpha and omega.")
+            committed = await records(rt, sid)
+    finally:
+        _agent.PARTNERS.clear()
     assert outcome.status == "completed"
     done = of(ToolCompleted, committed)
     assert {r.call_id for r in done} == {"toolu_a", "toolu_o"}
@@ -290,23 +216,9 @@ RETRYABLE: list[tuple[str, Action]] = [
 async def test_retryable_failure_is_retried_durably(
     fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path, label: str, failure: Action
 ) -> None:
-    fake.script(failure, Reply(content=[Text("Recovered answer.")]))
-    async with runtime(log_dir, provider) as rt:
-        sid, outcome = await ask(rt, "Say something.")
-        committed = await records(rt, sid)
-        state = await rt.load_state(sid)
-    assert outcome.status == "completed"
-    assert outcome.final_text == "Recovered answer."
-    (pending,) = of(RetryPending, committed)
-    assert pending.attempt == 1
-    assert pending.error
-    (gen,) = of(GenerationCompleted, committed)
-    assert gen.attempt == 2
-    # the RetryPending record was committed before the reply (and so before the sleep)
-    assert committed.index(pending) < committed.index(gen)
-    assert state.generations[gen.generation_id].attempt == 2
-    assert len(fake.requests) == 2
-    assert "PARTIAL" not in repr(committed)  # no partial text in any record
+    await retried_durably(
+        log_dir, provider, fake, failure, Reply(content=[Text("Recovered answer.")])
+    )
 
 
 async def test_retry_after_is_honoured_by_the_back_off(
@@ -347,31 +259,18 @@ async def test_fatal_error_fails_the_run_with_the_server_message(
     error_type: str,
     message: str,
 ) -> None:
-    fake.script(HttpError(status=status, type=error_type, message=message))
-    async with runtime(log_dir, provider) as rt:
-        sid, outcome = await ask(rt, "Go.")
-        committed = await records(rt, sid)
-    assert outcome.status == "failed"
+    failure = HttpError(status=status, type=error_type, message=message)
+    outcome = await failed_at_once(log_dir, provider, fake, failure)
     assert message in outcome.reason
     assert str(status) in outcome.reason
-    assert "non-retryable" in outcome.reason
-    assert of(RetryPending, committed) == []
-    assert of(GenerationCompleted, committed) == []
-    assert len(fake.requests) == 1
 
 
 async def test_retries_stop_at_max_model_attempts(
     fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
 ) -> None:
-    fake.set_default(HttpError(status=529, type="overloaded_error", message="Overloaded"))
-    async with runtime(log_dir, provider, max_model_attempts=3) as rt:
-        sid, outcome = await ask(rt, "Go.")
-        committed = await records(rt, sid)
-    assert outcome.status == "failed"
-    assert "3 attempts" in outcome.reason
+    failure = HttpError(status=529, type="overloaded_error", message="Overloaded")
+    outcome = await gave_up(log_dir, provider, fake, failure)
     assert "Overloaded" in outcome.reason
-    assert [p.attempt for p in of(RetryPending, committed)] == [1, 2]
-    assert len(fake.requests) == 3
 
 
 async def test_cancelling_a_run_stops_the_stream(

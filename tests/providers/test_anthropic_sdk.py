@@ -19,10 +19,10 @@ import anthropic
 import pytest
 import trio
 
+from perdure.providers._sdk import SSEParser
 from perdure.providers.anthropic import (
     AnthropicProvider,
     MissingCredentials,
-    _SSEParser,
     classify_error,
     provider_from_env,
     retry_after,
@@ -565,7 +565,7 @@ def test_sse_parser_handles_split_lines_comments_and_crlf() -> None:
         b"event: ping\ndata: {}\n\n"
         b"data: no name\r\r"
     )
-    parser = _SSEParser()
+    parser = SSEParser()
     out: list[tuple[str, str]] = []
     for i in range(len(stream)):  # one byte at a time: every split point
         out += parser.feed(stream[i : i + 1])
