@@ -21,6 +21,7 @@ adds an upgrade step in ``codec``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from attrs import field, frozen
@@ -73,20 +74,30 @@ class Usage:
         )
 
 
+def _token_limit(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a token limit must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _cost_limit(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"a cost limit must be a non-negative number of dollars, got {value!r}")
+    return float(value)
+
+
 @frozen(kw_only=True)
 class Budget:
     """Limits on what a run and a session may spend. ``None`` means no limit."""
 
-    run_tokens: int | None = None
-    session_tokens: int | None = None
-    run_cost: float | None = None  # US dollars
-    session_cost: float | None = None
-
-    def __attrs_post_init__(self) -> None:
-        for name in ("run_tokens", "session_tokens", "run_cost", "session_cost"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value < 0):
-                raise ValueError(f"Budget.{name} must be a non-negative number, got {value!r}")
+    run_tokens: int | None = field(default=None, converter=_token_limit)
+    session_tokens: int | None = field(default=None, converter=_token_limit)
+    run_cost: float | None = field(default=None, converter=_cost_limit)  # US dollars
+    session_cost: float | None = field(default=None, converter=_cost_limit)
 
     @property
     def limits_cost(self) -> bool:

@@ -163,8 +163,13 @@ def test_prices_match_dated_model_names_by_their_family() -> None:
 
 
 def test_budget_limits_must_be_non_negative_numbers() -> None:
-    with pytest.raises(ValueError, match="run_tokens"):
+    with pytest.raises(ValueError, match="token limit"):
         Budget(run_tokens=-1)
-    with pytest.raises(ValueError, match="session_cost"):
-        Budget(session_cost=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="token limit"):
+        Budget(run_tokens=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cost limit"):
+        Budget(session_cost=True)
+    with pytest.raises(ValueError, match="cost limit"):
+        Budget(session_cost=float("inf"))
+    assert Budget(run_cost=1).run_cost == 1.0 and isinstance(Budget(run_cost=1).run_cost, float)
     assert over_budget(Budget(), {}, {}, PRICES) is None

@@ -56,11 +56,21 @@ def for_type(tp: Any) -> st.SearchStrategy[Any]:
 
 _BUILT: dict[type, st.SearchStrategy[Any]] = {}
 
+# Value types whose constructor validates their fields: the draws it would refuse are
+# never a record the runtime could write, so they are not drawn.
+NON_NEGATIVE: frozenset[str] = frozenset({"Budget"})
+
 
 def records_of(cls: type) -> st.SearchStrategy[Any]:
     """Instances of the attrs class ``cls`` with every field drawn (defaults included)."""
     if cls not in _BUILT:
         hints = typing.get_type_hints(cls)
         fields = {f.name: for_type(hints[f.name]) for f in attrs.fields(cls)}
+        if cls.__name__ in NON_NEGATIVE:
+            non_negative = {
+                int | None: st.none() | st.integers(min_value=0),
+                float | None: st.none() | FLOATS.map(abs),
+            }
+            fields = {name: non_negative.get(hints[name], fields[name]) for name in fields}
         _BUILT[cls] = st.builds(cls, **fields)
     return _BUILT[cls]
