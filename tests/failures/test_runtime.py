@@ -228,9 +228,8 @@ async def test_a_heartbeat_from_a_worker_thread_and_a_bad_one(tmp_path: Path) ->
         await trio.to_thread.run_sync(lambda: ctx.heartbeat({"from": "thread"}))
         return "ok"
 
-    log, _ = await run(
-        tmp_path, [threaded], [ToolUse("threaded", {"bad": False}), ToolUse("threaded", {"bad": True})]
-    )
+    uses = [ToolUse("threaded", {"bad": False}), ToolUse("threaded", {"bad": True})]
+    log, _ = await run(tmp_path, [threaded], uses)
     beats = of(ToolHeartbeat, log)
     assert [(b.call_id, b.details) for b in beats] == [(call_id(1), {"from": "thread"})]
     bad = next(r for r in of(ToolCompleted, log) if r.call_id == call_id(2))
