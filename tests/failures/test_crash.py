@@ -218,3 +218,17 @@ def test_a_call_that_needs_a_person_waits_across_a_restart_and_is_resolved(
     assert len(ledger(plan, "charge_card", "effect")) == effects
     report = assert_sound(plan)
     assert ("s1", waiting.call_id) in report.never_calls
+
+
+def test_a_never_call_killed_after_a_heartbeat_is_unknown_not_re_run(make_plan: Any) -> None:
+    plan = make_plan(one_call("announce", text="release 2.0"), extra_tools=EXTRA)
+    # commit 4: its heartbeat. The heartbeat says how far it got, not that it may run again.
+    first = run_child(plan, fault="commit@4")
+    assert first.killed, first.stderr
+    assert isinstance(last_record(plan), ToolHeartbeat)
+    run_child(plan)
+    assert len(records(plan, ToolExecuting)) == 1
+    (unknown,) = records(plan, ToolOutcomeUnknown)
+    assert "UNKNOWN" in unknown.output
+    assert len(ledger(plan, "announce", "effect")) <= 1
+    assert_sound(plan)
