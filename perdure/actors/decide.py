@@ -72,6 +72,7 @@ from perdure.actors.protocol import (
 from perdure.actors.state import (
     BACKING_OFF_PHASES,
     DISPATCHABLE_PHASES,
+    FAILED_ATTEMPT_PHASES,
     HUMAN_WAIT_PHASES,
     IN_FLIGHT_PHASES,
     Generation,
@@ -202,8 +203,7 @@ def _finish(s: SessionState, env: Env, status: RunStatus, text: str = "", reason
 
 
 def _task_result_cancelled(s: SessionState, env: Env, task: Task, reason: str) -> ToolCancelled:
-    if task.phase in BACKING_OFF_PHASES or task.phase == "awaiting_human":
-        # It ran, failed, and was waiting for its next attempt (or for a person).
+    if task.phase in FAILED_ATTEMPT_PHASES:
         output = (
             f"perdure: this call failed (attempt {task.attempt}: {task.last_error}) and was "
             f"not tried again: {reason}."

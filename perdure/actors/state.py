@@ -79,6 +79,8 @@ BACKING_OFF_PHASES: frozenset[TaskPhase] = frozenset({"retry_pending"})
 IN_FLIGHT_PHASES: frozenset[TaskPhase] = DISPATCHABLE_PHASES | BACKING_OFF_PHASES | {"executing"}
 # Nothing happens until a person answers (rt.approve, rt.resolve); a restart keeps waiting.
 HUMAN_WAIT_PHASES: frozenset[TaskPhase] = frozenset({"awaiting_approval", "awaiting_human"})
+# The call ran and its last attempt failed; it waits for the next one or for a person.
+FAILED_ATTEMPT_PHASES: frozenset[TaskPhase] = BACKING_OFF_PHASES | {"awaiting_human"}
 ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
 
 

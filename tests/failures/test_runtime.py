@@ -23,6 +23,7 @@ from perdure.storage.records import (
     Committed,
     RecoveryDecision,
     ToolAwaitingHuman,
+    ToolCancelled,
     ToolCompleted,
     ToolExecuting,
     ToolHeartbeat,
@@ -370,3 +371,30 @@ async def test_a_call_waiting_for_a_person_is_still_waiting_after_a_restart(
     decisions = [d for d in of(RecoveryDecision, log) if "awaiting a person" in d.found]
     assert decisions and decisions[0].action == "keep waiting"
     assert [e.attempt for e in of(ToolExecuting, log)] == [1, 2]
+
+
+async def test_a_running_tool_stopped_by_a_cancel_keeps_its_last_heartbeat(
+    tmp_path: Path,
+) -> None:
+    @tool(replay=ReplayPolicy.SAFE)  # SAFE: cancellable while it runs
+    async def scan(ctx: ToolContext) -> str:
+        """Scans forever, reporting its progress."""
+        for n in itertools.count(1):
+            ctx.heartbeat({"scanned": n})
+            await trio.sleep(0)  # a checkpoint: it keeps reporting until it is stopped
+        return "unreachable"
+
+    async def cancel_while_running(rt: perdure.Runtime) -> None:
+        await wait_for_record(rt, ToolHeartbeat)
+        await rt.cancel(SESSION, request_id="k1")
+
+    log, outcome = await run(tmp_path, [scan], [ToolUse("scan")], during=cancel_while_running)
+    assert outcome is not None and outcome.status == "cancelled"
+    (cancelled,) = of(ToolCancelled, log)
+    assert cancelled.while_executing
+    beats = of(ToolHeartbeat, log)
+    assert len(beats) >= 2, "the heartbeat held back when it was stopped was committed"
+    assert beats[-1].details["scanned"] > beats[0].details["scanned"]
+    assert log.index(next(c for c in log if c.record is beats[-1])) < log.index(
+        next(c for c in log if c.record is cancelled)
+    )
