@@ -125,6 +125,7 @@ def test_a_call_that_needs_a_person_over_http_across_a_daemon_crash(
 
 # -- the page ---------------------------------------------------------------------------------
 
+ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
 
 
@@ -169,6 +170,8 @@ def test_the_page_shows_a_call_that_needs_a_person_and_its_three_actions(
     expect(first.locator(".note")).to_contain_text("card was declined")
     expect(page.locator("#status")).to_have_text("awaiting human", timeout=10_000)
     expect(first.locator(".actions button")).to_have_text(["Retry", "Skip…", "Fail…"])
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web-page-needs-a-person.png"))
     first.locator("button.resolve-skip").click()  # the dialog answers with a JSON result
     expect(first).to_have_attribute("data-phase", "completed", timeout=15_000)
     expect(first.locator(".output")).to_have_text('{"paid": "by phone"}')
