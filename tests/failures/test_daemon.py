@@ -5,6 +5,7 @@ page in a real browser (skipped only without Playwright or Chromium).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -121,6 +122,29 @@ def test_a_call_that_needs_a_person_over_http_across_a_daemon_crash(
     assert "NEEDS A PERSON: the card was declined" in shown.stdout
     assert "a person chose to run it again" in shown.stdout
     assert "charge_card [" in shown.stdout and "executing (never, attempt 2" in shown.stdout
+
+
+def test_perdure_run_without_a_terminal_fails_the_call_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "script.json"
+    replies = [
+        {"text": "booking", "tool_uses": [{"name": "flaky_book", "input": {"item": "room"}}]},
+        {"text": "paying", "tool_uses": [charge(250)]},
+        {"text": "could not pay"},
+    ]
+    script.write_text(json.dumps({"replies": replies}))
+    (tmp_path / "ws").mkdir()
+    args = ["--provider", f"scripted:{script}", "--tools", TOOLS, "--log", str(tmp_path / "log")]
+    proc = perdure_cli("run", "book and pay", *args, "--workspace", str(tmp_path / "ws"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "↻ toolu_001_1: attempt 1 failed (The tool raised RetryableError: 503" in out
+    assert "✓ toolu_001_1: booked room" in out
+    assert "! toolu_002_1 needs a person: the card was declined" in out
+    assert "resolved: toolu_002_1 (fail)" in out
+    assert "they chose to fail it. They said: nobody was at a terminal" in out
+    assert "run completed" in out
 
 
 # -- the page ---------------------------------------------------------------------------------

@@ -381,7 +381,7 @@ async def test_a_running_tool_stopped_by_a_cancel_keeps_its_last_heartbeat(
         """Scans forever, reporting its progress."""
         for n in itertools.count(1):
             ctx.heartbeat({"scanned": n})
-            await trio.sleep(0)  # a checkpoint: it keeps reporting until it is stopped
+            await trio.lowlevel.checkpoint()  # it keeps reporting until it is stopped
         return "unreachable"
 
     async def cancel_while_running(rt: perdure.Runtime) -> None:
