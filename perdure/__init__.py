@@ -31,9 +31,12 @@ from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import RunFinished
 from perdure.tools.contract import (
+    NeedsHuman,
     OutcomeUnknown,
     Reconciled,
     ReplayPolicy,
+    RetryableError,
+    RetryPolicy,
     Tool,
     ToolContext,
     ToolResult,
@@ -57,6 +60,7 @@ __all__ = [
     "Message",
     "ModelReply",
     "ModelRequest",
+    "NeedsHuman",
     "NotOwnerRefused",
     "OutcomeUnknown",
     "PerdureError",
@@ -65,6 +69,8 @@ __all__ = [
     "Reconciled",
     "Refused",
     "ReplayPolicy",
+    "RetryPolicy",
+    "RetryableError",
     "RunFinished",
     "Runtime",
     "SessionFenced",

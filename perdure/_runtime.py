@@ -14,6 +14,7 @@ The log is a location: a directory (LMDB, one process) or a ``postgresql://`` UR
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -22,7 +23,7 @@ from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -38,7 +39,7 @@ from perdure.providers.base import Message, Provider
 from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
-from perdure.storage.records import Budget, Committed, RunFinished
+from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
@@ -205,6 +206,24 @@ class Runtime:
         """
         return await self._done(session_id, protocol.Compensate(call_id, request_id or _rid()))
 
+    async def resolve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        action: ResolutionAction,
+        result: Any = None,
+        request_id: str | None = None,
+    ) -> protocol.Done:
+        """Answer a tool call that raised ``NeedsHuman`` (durably waiting for a person).
+
+        ``action="retry"`` runs the call again with the same idempotency key (a NEVER
+        call too: a person chose it); ``"skip"`` records ``result`` (any JSON value) as
+        the call's result; ``"fail"`` hands the error to the model (with ``result`` as
+        what it is told, if given). Same ``request_id`` -> same answer.
+        """
+        return await self._done(session_id, resolution(call_id, action, result, request_id))
+
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
         return await self._sup.ask(session_id, WaitIdle)
@@ -322,6 +341,24 @@ class Runtime:
 
 def _rid() -> str:
     return "req-" + uuid.uuid4().hex
+
+
+RESOLUTIONS = ("retry", "skip", "fail")
+
+
+def resolution(
+    call_id: str, action: ResolutionAction, result: Any = None, request_id: str | None = None
+) -> protocol.Resolve:
+    """The ``Resolve`` command for ``rt.resolve``, or a ValueError naming what is wrong."""
+    if action not in RESOLUTIONS:
+        raise ValueError(f"action must be one of {', '.join(RESOLUTIONS)}, not {action!r}")
+    if action == "retry" and result is not None:
+        raise ValueError("result= goes with action='skip' or 'fail'; a retry runs the call again")
+    try:
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"result must be a JSON value: {exc}") from None
+    return protocol.Resolve(call_id, action, request_id or _rid(), result)
 
 
 @asynccontextmanager

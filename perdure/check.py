@@ -14,6 +14,9 @@ owner: LMDB readers never block the writer):
      that already has its outcome;
    * a completed tool call is never executed again, and every call has at most one
      result (exactly one once the session is idle);
+   * a NEVER call runs again only after a reconcile answered ``not_applied`` or a
+     person chose ``retry``; it is never scheduled for an automatic retry, and no
+     retry starts before its recorded back-off is over;
    * an unknown outcome is stated plainly to the model;
    * no model turn or tool dispatch of an old goal revision happens after a newer
      revision is in force;
@@ -44,14 +47,20 @@ from perdure.storage.records import (
     GenerationStarted,
     GoalRevised,
     InputAccepted,
+    RecoveryDecision,
+    ResolutionDecided,
     RunFinished,
     RunStarted,
     ToolCancelled,
     ToolCompleted,
     ToolExecuting,
     ToolOutcomeUnknown,
+    ToolRetryPending,
     ToolTaskCreated,
 )
+
+# The recovery decision after which a NEVER call may run once more (decide._reconciled).
+RECONCILED_NOT_APPLIED = "reconcile answered not_applied"
 
 Settled = Literal["all", "idle", "none"]
 """How finished the history must be: ``all`` sessions (the runtime finished all its
@@ -159,6 +168,9 @@ def _check_session(
     completed_at: dict[str, int] = {}
     goal_rev = 0
     task_rev: dict[str, int] = {}
+    last_run: dict[str, ToolExecuting] = {}
+    may_run_again: set[str] = set()  # NEVER calls a reconcile or a person allowed once more
+    backing_off: dict[str, ToolRetryPending] = {}
     for c in records:
         r = c.record
         if isinstance(r, InputAccepted):
@@ -184,12 +196,32 @@ def _check_session(
             # A compensation undoes an old goal's action on request: it advances no goal.
             if not r.compensates:
                 task_rev[r.call_id] = r.goal_rev
+        elif isinstance(r, RecoveryDecision):
+            if r.found == RECONCILED_NOT_APPLIED:
+                may_run_again.add(r.subject)
+        elif isinstance(r, ResolutionDecided):
+            if r.action == "retry":
+                may_run_again.add(r.call_id)
+                backing_off.pop(r.call_id, None)
+        elif isinstance(r, ToolRetryPending):
+            before = last_run.get(r.call_id)
+            if before is not None and before.replay == "never":
+                report.add(f"{sid}: NEVER call {r.call_id} was scheduled for an automatic retry")
+            backing_off[r.call_id] = r
         elif isinstance(r, ToolExecuting):
             report.replay_policies.add(r.replay)
             if r.replay == "never":
                 report.never_calls.add((sid, r.call_id))
             if r.call_id in completed_at:
                 report.add(f"{sid}: {r.call_id} executed again after it had completed")
+            _check_rerun(report, sid, r, last_run.get(r.call_id), may_run_again)
+            pending = backing_off.pop(r.call_id, None)
+            if pending is not None and r.at < pending.not_before:
+                report.add(
+                    f"{sid}: {r.call_id} attempt {r.attempt} started "
+                    f"{pending.not_before - r.at:.3f}s before its back-off was over"
+                )
+            last_run[r.call_id] = r
             if task_rev.get(r.call_id, goal_rev) < goal_rev:
                 report.add(f"{sid}: {r.call_id} of an old revision was dispatched after a revision")
         elif isinstance(r, ToolCompleted | ToolOutcomeUnknown | ToolCancelled):
@@ -232,6 +264,27 @@ def _check_session(
         if call_id not in results:
             report.add(f"{sid}: tool call {call_id} has no result")
     _check_transcript(report, sid, state if state is not None else SessionState.fold(sid, records))
+
+
+def _check_rerun(
+    report: Report,
+    sid: str,
+    executing: ToolExecuting,
+    before: ToolExecuting | None,
+    may_run_again: set[str],
+) -> None:
+    """A NEVER call's second execution needs a reason recorded before it (used once)."""
+    if before is None:
+        return
+    if "never" not in (before.replay, executing.replay):
+        return
+    if executing.call_id in may_run_again:
+        may_run_again.discard(executing.call_id)
+        return
+    report.add(
+        f"{sid}: NEVER call {executing.call_id} ran again (attempt {executing.attempt}) "
+        "without a reconcile answering not_applied or a person choosing retry"
+    )
 
 
 def _check_transcript(report: Report, sid: str, state: SessionState) -> None:

@@ -342,6 +342,18 @@ async def _show_event(
         await rt.approve(
             sid, rec.call_id, approved=approved, request_id=f"cli-approve-{rec.call_id}", note=note
         )
+    elif isinstance(rec, r.ToolAwaitingHuman):
+        show.clear()
+        echo(f"! {rec.call_id} needs a person: {rec.reason}", "warning")
+        await _resolve_at_the_terminal(rt, sid, rec.call_id)
+    elif isinstance(rec, r.ToolRetryPending):
+        show.clear()
+        wait = max(0.0, rec.not_before - rec.at)
+        echo(
+            f"↻ {rec.call_id}: attempt {rec.attempt} failed ({_short(rec.error)}); "
+            f"retrying in {wait:.1f}s",
+            "warning",
+        )
     elif isinstance(rec, r.ToolExecuting):
         show.status(f"running {rec.tool_name} [{rec.call_id}]")
     elif isinstance(rec, r.ToolCompleted):
@@ -367,6 +379,33 @@ async def _show_event(
         echo(f"run {rec.status}" + (f": {rec.reason}" if rec.reason else ""), style)
         return rec.status
     return None
+
+
+async def _resolve_at_the_terminal(rt: Any, sid: str, call_id: str) -> None:
+    """Ask at the terminal what to do with a call that needs a person; without one, fail it
+    (the model is told). A call already resolved (e.g. by an earlier run) is left alone."""
+    import trio
+
+    from perdure.errors import Refused
+
+    action, result = "fail", None
+    if sys.stdin.isatty():
+        choices = click.Choice(["retry", "skip", "fail"])
+        action = await trio.to_thread.run_sync(
+            lambda: click.prompt("retry, skip or fail it?", type=choices, default="fail")
+        )
+        if action == "skip":
+            result = await trio.to_thread.run_sync(
+                lambda: click.prompt("the result to record for it", default="")
+            )
+    else:
+        result = "nobody was at a terminal to decide (perdure run without one)"
+    try:
+        await rt.resolve(sid, call_id, action=action, result=result, request_id=f"cli-{call_id}")
+    except Refused as exc:
+        echo(f"{call_id}: {exc.message}", "warning")
+        return
+    echo(f"resolved: {call_id} ({action})", "warning")
 
 
 class Progress:

@@ -9,9 +9,10 @@ program (``GET /v1/sessions/{id}`` and ``perdure show`` both use it):
 * which side effects are unconfirmed (``unconfirmed``: NEVER calls that are executing
   or were cancelled while executing, and results whose outcome is unknown);
 
-plus the runs, every tool task with its phase, pending approvals, recovery
-decisions and token usage. The result holds only JSON values. ``render`` turns it
-into styled lines for the terminal. Nothing here performs I/O.
+plus the runs, every tool task with its phase, pending approvals, calls waiting
+for a person to resolve them, recovery decisions and token usage. The result
+holds only JSON values. ``render`` turns it into styled lines for the terminal.
+Nothing here performs I/O.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _usage(u: Usage) -> dict[str, int]:
 
 
 def status(s: SessionState) -> str:
-    """One word: parked, idle, cancelling, paused, awaiting_approval, compensating or running."""
+    """One word: parked, idle, cancelling, paused, awaiting_approval, awaiting_human,
+    compensating or running."""
     if s.parked:
         return "parked"
     compensations = s.open_compensations()
@@ -69,6 +71,8 @@ def status(s: SessionState) -> str:
         return "paused"
     if any(t.phase == "awaiting_approval" for t in s.open_tasks()):
         return "awaiting_approval"
+    if any(t.phase == "awaiting_human" for t in s.open_tasks()):
+        return "awaiting_human"
     return "running"
 
 
@@ -123,6 +127,9 @@ def _task(task: Task) -> dict[str, Any]:
         "attempt": task.attempt,
         "idempotency_key": ex.idempotency_key if ex else None,
         "result": _result(task),
+        "last_error": task.last_error or None,
+        "retry_not_before": task.not_before,
+        "last_heartbeat": task.last_heartbeat.details if task.last_heartbeat else None,
     }
 
 
@@ -188,6 +195,16 @@ def _next(s: SessionState) -> list[str]:
                     steps.append(f"run {t.tool_name} [{t.call_id}]")
                 elif t.phase == "denied":
                     steps.append(f"record that {t.tool_name} [{t.call_id}] was denied")
+                elif t.phase == "awaiting_human":
+                    steps.append(
+                        f"wait for a person to resolve {t.tool_name} [{t.call_id}] (retry, skip "
+                        f"or fail): {t.last_error}"
+                    )
+                elif t.phase == "retry_pending":
+                    steps.append(
+                        f"retry {t.tool_name} [{t.call_id}] (attempt {t.attempt + 1}, same key) "
+                        f"once its back-off is over; attempt {t.attempt}: {t.last_error}"
+                    )
                 elif t.phase == "executing":
                     replay = t.executing.replay if t.executing else "never"
                     steps.append(
@@ -293,6 +310,11 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
             for t in s.tasks.values()
             if t.phase == "awaiting_approval"
         ],
+        "awaiting_resolution": [
+            {"call_id": t.call_id, "tool": t.tool_name, "input": t.input, "reason": t.last_error}
+            for t in s.tasks.values()
+            if t.phase == "awaiting_human"
+        ],
         "decisions": [_decision(d) for d in s.decisions],
         "usage": _usage(s.usage),
         "cost": _cost(s.spend, prices),
@@ -331,6 +353,8 @@ def render(summary: Summary) -> list[tuple[str, str]]:
         out.append(("plain", "  unconfirmed side effects: none"))
     for a in summary["pending_approvals"]:
         out.append(("warning", f"  awaiting approval: {a['tool']} [{a['call_id']}] {a['input']}"))
+    for h in summary["awaiting_resolution"]:
+        out.append(("warning", f"  needs a person: {h['tool']} [{h['call_id']}]: {h['reason']}"))
     if summary["decisions"]:
         out.append(("recovery", f"  recovery decisions: {len(summary['decisions'])}"))
     u = summary["usage"]

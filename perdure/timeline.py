@@ -4,11 +4,14 @@ Used by ``perdure show`` and ``perdure demo``: inputs, runs, model turns, tool
 calls with their phases and durations, every restart of the runtime, and every
 recovery decision with its reason. Each line is ``(seq, kind, text)`` where kind
 is a style hint ("input", "model", "tool", "restart", "recovery", "outcome",
-"warning", "plain") for colouring.
+"warning", "plain") for colouring. Failed attempts show their retry and back-off,
+calls waiting for a person say how to answer, and a run of heartbeats of one call
+is one line with the latest details.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 
@@ -22,6 +25,7 @@ from perdure.storage.records import (
     InputAccepted,
     LogOpened,
     RecoveryDecision,
+    ResolutionDecided,
     RetryPending,
     RunFinished,
     RunStarted,
@@ -30,10 +34,13 @@ from perdure.storage.records import (
     SessionPaused,
     SessionResumed,
     ToolAwaitingApproval,
+    ToolAwaitingHuman,
     ToolCancelled,
     ToolCompleted,
     ToolExecuting,
+    ToolHeartbeat,
     ToolOutcomeUnknown,
+    ToolRetryPending,
     ToolTaskCreated,
 )
 
@@ -58,10 +65,13 @@ def render(records: Iterable[Committed]) -> list[Line]:
     lines: list[Line] = []
     tools: dict[str, str] = {}
     started: dict[str, float] = {}
+    # The heartbeat lines since the last other line: call id -> (line index, count).
+    beats: dict[str, tuple[int, int]] = {}
     for c in records:
         r = c.record
         seq = c.seq
         stamp = _clock(r.at)
+        before = len(lines)
 
         def add(kind: str, text: str, seq: int = seq, stamp: str = stamp) -> None:
             lines.append((seq, kind, f"{stamp}  {text}"))
@@ -118,10 +128,44 @@ def render(records: Iterable[Committed]) -> list[Line]:
                 f"{r.tool_name} [{r.call_id}] executing ({r.replay}{again}, "
                 f"key {r.idempotency_key[:12]}…)",
             )
+        elif isinstance(r, ToolHeartbeat):
+            # One line per call for a stretch of heartbeats: how many, and the latest.
+            index, count = beats.get(r.call_id, (len(lines), 0))
+            times = f" ×{count + 1}" if count else ""
+            details = _short(json.dumps(r.details, ensure_ascii=False), 80)
+            text = f"{stamp}  {tools.get(r.call_id, '?')} [{r.call_id}] heartbeat{times}: {details}"
+            if count:
+                lines[index] = (seq, "plain", text)
+            else:
+                lines.append((seq, "plain", text))
+            beats[r.call_id] = (index, count + 1)
+            continue
+        elif isinstance(r, ToolRetryPending):
+            wait = max(0.0, r.not_before - r.at)
+            add(
+                "warning",
+                f"{tools.get(r.call_id, '?')} [{r.call_id}] attempt {r.attempt} failed "
+                f"({_short(r.error, 80)}); retry in {wait:.1f}s with the same key",
+            )
+        elif isinstance(r, ToolAwaitingHuman):
+            add(
+                "warning",
+                f"{tools.get(r.call_id, '?')} [{r.call_id}] NEEDS A PERSON: {_short(r.reason)} "
+                f"(answer with retry, skip or fail)",
+            )
+        elif isinstance(r, ResolutionDecided):
+            said = {"retry": "run it again", "skip": "skip it", "fail": "fail it"}[r.action]
+            given = f" with {_short(json.dumps(r.result), 60)}" if r.result is not None else ""
+            name = tools.get(r.call_id, "?")
+            add("plain", f"{name} [{r.call_id}] a person chose to {said}{given}")
         elif isinstance(r, ToolCompleted):
             name = tools.get(r.call_id, "?")
             took = f" in {r.duration:.2f}s" if r.duration else ""
-            how = {"ok": "completed", "reconciled": "confirmed by reconcile"}.get(r.kind, r.kind)
+            how = {
+                "ok": "completed",
+                "reconciled": "confirmed by reconcile",
+                "resolved": "resolved by a person",
+            }.get(r.kind, r.kind)
             kind = "warning" if r.is_error else "tool"
             add(kind, f"{name} [{r.call_id}] {how}{took}: {_short(r.output)!r}")
         elif isinstance(r, ToolOutcomeUnknown):
@@ -145,6 +189,8 @@ def render(records: Iterable[Committed]) -> list[Line]:
             add("plain", "session resumed")
         elif isinstance(r, SessionParked):
             add("warning", f"session PARKED: {r.reason}")
+        if len(lines) > before:
+            beats = {}  # another line came after the heartbeats: a new stretch starts
     return lines
 
 

@@ -27,6 +27,8 @@ class ActorContext:
     max_model_attempts: int = 8
     retry_base: float = 1.0
     retry_cap: float = 60.0
+    # A running call's heartbeats are committed at most once per this many seconds.
+    heartbeat_interval: float = 1.0
     max_restarts: int = 3  # actor crashes within restart_window before a session is parked
     restart_window: float = 60.0
     # Seconds an idle session's actor stays resident before it is evicted (its

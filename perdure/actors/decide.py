@@ -13,10 +13,17 @@ Read it as tables:
   model, dispatch tool tasks, start the next turn, finish the run);
 * ``recover`` — the recovery table (docs/DESIGN.md), for a process that finds work
   that a dead process left in flight;
-* ``on_result`` — what a model reply, a model error, a tool result or a
-  reconciliation changes (``RESULTS``);
-* ``command`` — what a caller's submit, cancel, approve, revise, pause, resume or
-  compensate changes (``COMMANDS``).
+* ``on_result`` — what a model reply, a model error, a tool result, a heartbeat,
+  the end of a back-off or a reconciliation changes (``RESULTS``);
+* ``command`` — what a caller's submit, cancel, approve, revise, pause, resume,
+  compensate or resolve changes (``COMMANDS``).
+
+When a tool call fails (``_tool_finished``), its tool's policy decides: a transient
+failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes ``ToolRetryPending``
+(committed before the back-off; ``advance`` dispatches attempt + 1 once it is over,
+``_retry``), ``NeedsHuman`` becomes ``ToolAwaitingHuman`` (``_resolve`` answers it),
+anything else a result for the model. A NEVER call is never retried by these rows:
+only a reconcile answering ``not_applied`` or a person's ``retry`` runs it again.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from perdure.actors.protocol import (
     Accepted,
     Answer,
     Approve,
+    BackOff,
+    BackOffOver,
     CallModel,
     Cancel,
     CancelModel,
@@ -43,22 +52,28 @@ from perdure.actors.protocol import (
     Effect,
     Env,
     Forget,
+    HeartbeatReported,
     ModelFailed,
     ModelReplied,
     Pause,
     Reconcile,
     ReconcileFinished,
+    Resolve,
     Result,
     Resume,
     Revise,
     RunTool,
     Step,
+    StopBackOff,
     Submit,
     ToolFinished,
     View,
 )
 from perdure.actors.state import (
+    BACKING_OFF_PHASES,
     DISPATCHABLE_PHASES,
+    FAILED_ATTEMPT_PHASES,
+    HUMAN_WAIT_PHASES,
     IN_FLIGHT_PHASES,
     Generation,
     SessionState,
@@ -77,6 +92,7 @@ from perdure.storage.records import (
     InputAccepted,
     Record,
     RecoveryDecision,
+    ResolutionDecided,
     RetryPending,
     RunFinished,
     RunStarted,
@@ -84,15 +100,18 @@ from perdure.storage.records import (
     SessionPaused,
     SessionResumed,
     ToolAwaitingApproval,
+    ToolAwaitingHuman,
     ToolCall,
     ToolCancelled,
     ToolCompleted,
     ToolExecuting,
+    ToolHeartbeat,
     ToolOutcomeUnknown,
     ToolResultKind,
+    ToolRetryPending,
     ToolTaskCreated,
 )
-from perdure.tools.contract import ReplayPolicy, Tool
+from perdure.tools.contract import ReplayPolicy, Tool, render_result
 
 # -- words the model reads --------------------------------------------------------------
 
@@ -185,12 +204,15 @@ def _finish(s: SessionState, env: Env, status: RunStatus, text: str = "", reason
 
 
 def _task_result_cancelled(s: SessionState, env: Env, task: Task, reason: str) -> ToolCancelled:
+    if task.phase in FAILED_ATTEMPT_PHASES:
+        output = (
+            f"perdure: this call failed (attempt {task.attempt}: {task.last_error}) and was "
+            f"not tried again: {reason}."
+        )
+    else:
+        output = f"perdure: this call was not run: {reason}."
     return ToolCancelled(
-        session_id=s.session_id,
-        call_id=task.call_id,
-        output=f"perdure: this call was not run: {reason}.",
-        reason=reason,
-        at=env.now,
+        session_id=s.session_id, call_id=task.call_id, output=output, reason=reason, at=env.now
     )
 
 
@@ -232,6 +254,8 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
                 dispatched += _dispatch(s, env, task)
             elif task.phase == "executing" and task.call_id not in view.tools:
                 dispatched += _recheck(s, env, task)
+            elif task.phase in BACKING_OFF_PHASES and task.call_id not in view.waiting:
+                dispatched += _retry(s, env, task)
         if dispatched:
             return dispatched
     if not all(t.terminal for t in tasks):
@@ -269,6 +293,8 @@ def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
             return _dispatch(s, env, task)
         if task.phase == "executing" and task.call_id not in view.tools:
             return _recheck(s, env, task)
+        if task.phase in BACKING_OFF_PHASES and task.call_id not in view.waiting:
+            return _retry(s, env, task)
     return NOTHING
 
 
@@ -309,6 +335,8 @@ def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> S
             records.append(
                 _task_result_cancelled(s, env, task, "the request was revised before it ran")
             )
+            if task.call_id in view.waiting:
+                effects.append(StopBackOff(task.call_id))
             continue
         tool = env.tools.get(task.tool_name)
         stoppable = tool is not None and tool.cancellable
@@ -432,7 +460,56 @@ def _execute(
         attempt=attempt,
         at=env.now,
     )
-    return Step((record,), (RunTool(record, tool),))
+    beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
+    return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
+
+
+def _retry(s: SessionState, env: Env, task: Task) -> Step:
+    """retry_pending -> wait out the back-off (``BackOff``), then attempt + 1, same key.
+
+    The attempt's ``executing`` record is committed once the back-off is over, so a
+    task waiting is never mistaken for one running. A retry decided by policy needs
+    both the recorded and the registered policy to allow re-running (a NEVER call is
+    never retried automatically); a retry a person chose is run whatever the policy.
+    """
+    assert task.executing is not None and task.not_before is not None
+    if env.now < task.not_before:
+        return Step((), (BackOff(task.call_id, task.attempt, task.not_before),))
+    tool = tool_for(env.tools, task)
+    blocker = _retry_blocker(env, task)
+    if tool is None or blocker:
+        return Step((_not_retried(s, env, task, blocker or "its tool is no longer registered"),))
+    return _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=_run_id(s))
+
+
+def _retry_blocker(env: Env, task: Task) -> str:
+    """Why a pending retry may not run now ("" if it may)."""
+    assert task.executing is not None
+    tool = tool_for(env.tools, task)
+    if tool is None:
+        return "its tool is no longer registered"
+    recorded = ReplayPolicy(task.executing.replay)
+    if not task.retry_by_human and not (recorded.replayable and tool.replay.replayable):
+        return (
+            f"recorded policy {recorded.value}, registered policy {tool.replay.value}: "
+            "never retried automatically"
+        )
+    change, still_fits = _definition_change(task.executing, tool)
+    return "" if still_fits else change.removeprefix("; ")
+
+
+def _not_retried(s: SessionState, env: Env, task: Task, why: str) -> ToolCompleted:
+    """The failed attempt's error becomes the call's result: its retry will not happen."""
+    return ToolCompleted(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        output=f"{task.last_error}\n(perdure: attempt {task.attempt} failed and was not "
+        f"retried: {why}.)",
+        is_error=True,
+        kind="error",
+        attempt=task.attempt,
+        at=env.now,
+    )
 
 
 def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
@@ -449,6 +526,8 @@ def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
                 effects.append(CancelTool(task.call_id))
         else:
             records.append(_task_result_cancelled(s, env, task, reason))
+            if task.call_id in view.waiting:
+                effects.append(StopBackOff(task.call_id))
     gen = s.current_generation()
     if gen is not None and gen.phase != "completed" and gen.generation_id in view.models:
         effects.append(CancelModel(gen.generation_id))
@@ -501,6 +580,10 @@ def recover(s: SessionState, env: Env) -> Step:
             compensating += Step(
                 (decision(task.call_id, "compensation " + task.phase, action, "not started"),)
             )
+        elif task.phase in BACKING_OFF_PHASES:
+            compensating += Step((_recover_retry(env, task, decision),))
+        elif task.phase == "awaiting_human":
+            compensating += Step((_recover_human(task, decision),))
     if run is None:
         if not s.queue:
             return compensating
@@ -517,9 +600,14 @@ def recover(s: SessionState, env: Env) -> Step:
     if run.cancel_requested:
         return compensating + _recover_cancelled(s, env, decision)
     if not in_flight:
-        waiting = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
-        if waiting:
-            found, action = f"awaiting approval of {', '.join(waiting)}", "keep waiting"
+        approvals = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
+        people = [t.call_id for t in open_tasks if t.phase == "awaiting_human"]
+        if approvals or people:
+            found = "; ".join(
+                [f"awaiting approval of {', '.join(approvals)}"] * bool(approvals)
+                + [f"awaiting a person to resolve {', '.join(people)}"] * bool(people)
+            )
+            action = "keep waiting"
         elif s.paused:
             found, action = "session paused", "stay paused"
         else:
@@ -581,9 +669,47 @@ def recover(s: SessionState, env: Env) -> Step:
             records.append(
                 decision(task.call_id, task.phase, action, "it had not started: nothing happened")
             )
-        elif task.phase == "awaiting_approval":
+        elif task.phase in BACKING_OFF_PHASES:
+            records.append(_recover_retry(env, task, decision))
+        elif task.phase == "awaiting_human":
+            records.append(_recover_human(task, decision))
+        elif task.phase in HUMAN_WAIT_PHASES:
             records.append(decision(task.call_id, task.phase, "keep waiting", "no decision yet"))
     return compensating + Step(tuple(records), tuple(effects))
+
+
+def _recover_retry(env: Env, task: Task, decision: Decide) -> RecoveryDecision:
+    """A call between two attempts: its retry was decided and recorded before the crash.
+
+    The back-off resumes where it was (``not_before`` is wall-clock time, so the time
+    the process was down counts as waited); ``advance`` then dispatches the attempt.
+    """
+    assert task.not_before is not None
+    nxt = task.attempt + 1
+    if task.retry_by_human:
+        found = f"a person chose to retry (attempt {task.attempt} asked for one)"
+    else:
+        found = f"retry back-off after attempt {task.attempt}"
+    blocker = _retry_blocker(env, task)
+    if blocker:
+        action, why = "record the last error; do not retry", blocker
+    elif task.not_before > env.now:
+        wait = task.not_before - env.now
+        action = f"wait out the back-off ({wait:.1f}s left), then run attempt {nxt}"
+        why = f"the same arguments and idempotency key; attempt {task.attempt}: {task.last_error}"
+    else:
+        action = f"run attempt {nxt} now (its back-off is over)"
+        why = f"the same arguments and idempotency key; attempt {task.attempt}: {task.last_error}"
+    return decision(task.call_id, found, action, why)
+
+
+def _recover_human(task: Task, decision: Decide) -> RecoveryDecision:
+    return decision(
+        task.call_id,
+        "awaiting a person (NeedsHuman)",
+        "keep waiting for rt.resolve: retry, skip or fail",
+        task.last_error or "no resolution yet",
+    )
 
 
 def _recover_executing(
@@ -789,7 +915,12 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
     return Step((evolve(finished, usage=msg.usage),))
 
 
-_RESULT_KIND: dict[str, ToolResultKind] = {"ok": "ok", "error": "error", "timeout": "timeout"}
+_RESULT_KIND: dict[str, ToolResultKind] = {
+    "ok": "ok",
+    "error": "error",
+    "timeout": "timeout",
+    "retryable": "error",  # not retried (no policy, or not allowed): an error for the model
+}
 
 
 def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
@@ -799,6 +930,13 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
     assert task.executing is not None
     common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
     never = task.executing.replay == ReplayPolicy.NEVER.value
+    if msg.outcome in ("retryable", "timeout"):
+        retried = _retry_failed_attempt(s, env, task, msg)
+        if retried:
+            return retried
+    if msg.outcome == "needs_human":
+        waiting = ToolAwaitingHuman(attempt=msg.attempt, reason=msg.output, **common)
+        return Step((waiting,))
     if msg.outcome == "cancelled":
         effect = " Its effect may have partly happened." if never else ""
         if task.goal_rev < s.goal_rev:
@@ -836,6 +974,70 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             **common,
         )
     return Step((record,))
+
+
+def _retry_failed_attempt(s: SessionState, env: Env, task: Task, msg: ToolFinished) -> Step:
+    """A transient failure (or a timeout) under the tool's ``RetryPolicy``, if it has one.
+
+    NOTHING when no policy applies (the caller records the failure as usual): no
+    policy, a NEVER call (as recorded or as registered now), a timeout the policy does
+    not retry, or a call whose run was cancelled or whose request was revised. Else a
+    ``ToolRetryPending`` (committed before the back-off), or, once ``max_attempts``
+    attempts have failed, the last error with the number of attempts made.
+    """
+    assert task.executing is not None
+    tool = tool_for(env.tools, task)
+    policy = tool.retry if tool is not None else None
+    if tool is None or policy is None:
+        return NOTHING
+    if not (ReplayPolicy(task.executing.replay).replayable and tool.replay.replayable):
+        return NOTHING
+    if msg.outcome == "timeout" and not policy.retry_timeouts:
+        return NOTHING
+    winding_down = s.run is not None and s.run.cancel_requested and task.compensates is None
+    if task.goal_rev < s.goal_rev or winding_down:
+        return NOTHING
+    common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
+    if msg.attempt >= policy.max_attempts:
+        gave_up = ToolCompleted(
+            output=(
+                f"perdure: this call failed {msg.attempt} times (its retry policy allows "
+                f"{policy.max_attempts} attempts); it was not retried again. "
+                f"The last error: {msg.output}"
+            ),
+            is_error=True,
+            kind=_RESULT_KIND[msg.outcome],
+            attempt=msg.attempt,
+            duration=msg.duration,
+            **common,
+        )
+        return Step((gave_up,))
+    wait = policy.delay(msg.attempt, msg.jitter, msg.retry_after)
+    pending = ToolRetryPending(
+        attempt=msg.attempt, not_before=env.now + wait, error=msg.output, **common
+    )
+    return Step((pending,))
+
+
+def _heartbeat(s: SessionState, env: Env, msg: HeartbeatReported) -> Step:
+    """The latest progress of a running attempt, for a later attempt to resume from."""
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing" or task.attempt != msg.attempt:
+        return NOTHING  # the attempt is over: its heartbeat tells nothing any more
+    beat = ToolHeartbeat(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        attempt=msg.attempt,
+        details=msg.details,
+        at=env.now,
+    )
+    return Step((beat,))
+
+
+def _back_off_over(s: SessionState, env: Env, msg: BackOffOver) -> Step:
+    """Nothing to record: ``advance`` (through ``_retry``) dispatches the next attempt,
+    now that the shell no longer waits for it, unless the session is paused or draining."""
+    return NOTHING
 
 
 def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
@@ -983,6 +1185,35 @@ def _approve(s: SessionState, env: Env, cmd: Approve) -> tuple[Step, Answer]:
     return Step((record,)), Done(cmd.call_id)
 
 
+def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
+    """A person answers a call awaiting one: retry it (same key), skip it, or fail it."""
+    task = s.tasks.get(cmd.call_id)
+    if task is None:
+        raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
+    if task.phase != "awaiting_human":
+        raise Refused(
+            "invalid_state", f"tool call {cmd.call_id} is {task.phase}, not waiting for a person"
+        )
+    common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
+    decided = ResolutionDecided(
+        action=cmd.action, request_id=cmd.request_id, result=cmd.result, **common
+    )
+    if cmd.action == "retry":  # advance runs attempt + 1 with the same key (_retry)
+        return Step((decided,)), Done(cmd.call_id)
+    if cmd.action == "skip":
+        output, is_error = render_result(cmd.result), False
+    else:
+        told = f" They said: {render_result(cmd.result)}" if cmd.result is not None else ""
+        output = (
+            f"perdure: this call needed a person ({task.last_error}); they chose to fail it.{told}"
+        )
+        is_error = True
+    done = ToolCompleted(
+        output=output, is_error=is_error, kind="resolved", attempt=task.attempt, **common
+    )
+    return Step((decided, done)), Done(cmd.call_id)
+
+
 def _revise(s: SessionState, env: Env, cmd: Revise) -> tuple[Step, Answer]:
     if s.run is None:
         raise Refused(
@@ -1107,12 +1338,14 @@ def settle(
     s.apply_all(first.records)
     total = first
     models, tools, cancelling = set(view.models), set(view.tools), set(view.cancelling)
-    _note_effects(first.effects, models, tools, cancelling)
+    waiting = set(view.waiting)
+    _note_effects(first.effects, models, tools, cancelling, waiting)
     for _ in range(10_000):
         current = View(
             models=frozenset(models),
             tools=frozenset(tools),
             cancelling=frozenset(cancelling),
+            waiting=frozenset(waiting),
             draining=view.draining,
         )
         step = advance(s, env, current)
@@ -1120,7 +1353,7 @@ def settle(
             settled = total.records[len(first.records) :] if recovering else total.records
             return total + _forget(s, env, settled, tools)
         s.apply_all(step.records)
-        _note_effects(step.effects, models, tools, cancelling)
+        _note_effects(step.effects, models, tools, cancelling, waiting)
         total += step
     raise AssertionError(f"session {s.session_id}: advance did not settle")
 
@@ -1143,7 +1376,11 @@ def _forget(s: SessionState, env: Env, records: tuple[Record, ...], running: set
 
 
 def _note_effects(
-    effects: tuple[Effect, ...], models: set[str], tools: set[str], cancelling: set[str]
+    effects: tuple[Effect, ...],
+    models: set[str],
+    tools: set[str],
+    cancelling: set[str],
+    waiting: set[str],
 ) -> None:
     for e in effects:
         if isinstance(e, CallModel):
@@ -1154,6 +1391,10 @@ def _note_effects(
             cancelling.add(e.call_id)
         elif isinstance(e, CancelModel):
             models.discard(e.generation_id)
+        elif isinstance(e, BackOff):
+            waiting.add(e.call_id)
+        elif isinstance(e, StopBackOff):
+            waiting.discard(e.call_id)
 
 
 # -- the tables ---------------------------------------------------------------------------------
@@ -1166,6 +1407,7 @@ COMMANDS: dict[type, Callable[[SessionState, Env, Any], tuple[Step, Answer]]] = 
     Pause: _pause,
     Resume: _resume,
     Compensate: _compensate_command,
+    Resolve: _resolve,
 }
 
 RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
@@ -1173,4 +1415,6 @@ RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
     ModelFailed: _model_failed,
     ToolFinished: _tool_finished,
     ReconcileFinished: _reconciled,
+    HeartbeatReported: _heartbeat,
+    BackOffOver: _back_off_over,
 }

@@ -17,14 +17,15 @@ record the command produced, through the same function).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from attrs import field, frozen
 
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.providers.base import ModelReply
-from perdure.storage.records import Budget, Record, ToolExecuting, Usage
+from perdure.storage.records import Budget, Record, ResolutionAction, ToolExecuting, Usage
 from perdure.tools.contract import Tool
 
 # -- the environment ----------------------------------------------------------------------
@@ -55,6 +56,7 @@ class View:
     models: frozenset[str] = frozenset()  # generation ids with a model call in flight
     tools: frozenset[str] = frozenset()  # call ids with a tool or a reconcile in flight
     cancelling: frozenset[str] = frozenset()  # call ids already told to stop
+    waiting: frozenset[str] = frozenset()  # call ids whose retry back-off is being waited out
     draining: bool = False  # the process is shutting down: dispatch nothing new
 
 
@@ -171,7 +173,27 @@ class Compensate:
         return text_body_hash(f"\x00compensate\x00{call_id}")
 
 
-Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate
+@frozen
+class Resolve:
+    """A person's answer to a call that raised ``NeedsHuman``: retry, skip or fail it."""
+
+    kind: ClassVar[str] = "resolve"
+    call_id: str
+    action: ResolutionAction
+    request_id: str
+    result: Any = None  # skip: the call's result; fail: what the model reads (optional)
+
+    @property
+    def body_hash(self) -> str:
+        return Resolve.hash_of(self.call_id, self.action, self.result)
+
+    @staticmethod
+    def hash_of(call_id: str, action: str, result: Any) -> str:
+        canonical = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return text_body_hash(f"\x00resolve\x00{call_id}\x00{action}\x00{canonical}")
+
+
+Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate | Resolve
 
 # -- results: what the actors report ----------------------------------------------------------
 
@@ -197,7 +219,15 @@ class ModelFailed:
     fallback: bool = False  # the next attempt goes to another provider: no back-off
 
 
-ToolOutcome = Literal["ok", "error", "timeout", "cancelled", "unknown"]
+ToolOutcome = Literal[
+    "ok",
+    "error",  # the tool raised
+    "timeout",  # its timeout, or its heartbeat_timeout (silent too long: hung)
+    "cancelled",
+    "unknown",  # it raised OutcomeUnknown
+    "retryable",  # it raised RetryableError or an exception its RetryPolicy lists
+    "needs_human",  # it raised NeedsHuman or an exception of needs_human_on
+]
 
 
 @frozen(kw_only=True)
@@ -205,10 +235,29 @@ class ToolFinished:
     call_id: str
     attempt: int
     outcome: ToolOutcome
-    output: str
+    output: str  # the result, or the error (for needs_human: the reason)
     is_error: bool = False
     terminate: bool = False
     duration: float = 0.0
+    retry_after: float | None = None  # of a RetryableError
+    jitter: float = 0.5  # a sample of U(0, 1) for the back-off, drawn by the shell
+
+
+@frozen(kw_only=True)
+class HeartbeatReported:
+    """The latest ``ctx.heartbeat`` of a running attempt (the shell throttles these)."""
+
+    call_id: str
+    attempt: int
+    details: Any = None
+
+
+@frozen(kw_only=True)
+class BackOffOver:
+    """The shell waited out a call's back-off (``BackOff``); ``advance`` decides the rest."""
+
+    call_id: str
+    attempt: int
 
 
 @frozen(kw_only=True)
@@ -221,7 +270,9 @@ class ReconcileFinished:
     terminate: bool = False  # an applied result ends the run
 
 
-Result = ModelReplied | ModelFailed | ToolFinished | ReconcileFinished
+Result = (
+    ModelReplied | ModelFailed | ToolFinished | ReconcileFinished | HeartbeatReported | BackOffOver
+)
 
 # -- effects: what the shell performs once the step is durable ----------------------------------
 
@@ -235,10 +286,15 @@ class CallModel:
 
 @frozen
 class RunTool:
-    """Run one attempt of a call, exactly as its durable ``executing`` record says."""
+    """Run one attempt of a call, exactly as its durable ``executing`` record says.
+
+    ``last_heartbeat`` is the last heartbeat committed by an earlier attempt (None if
+    none): the tool reads it as ``ctx.last_heartbeat`` to resume where it was.
+    """
 
     executing: ToolExecuting
     tool: Tool
+    last_heartbeat: Any = None
 
     @property
     def call_id(self) -> str:
@@ -255,6 +311,22 @@ class Reconcile:
     @property
     def call_id(self) -> str:
         return self.executing.call_id
+
+
+@frozen
+class BackOff:
+    """Wait until ``not_before`` (wall clock), then report ``BackOffOver`` for the call."""
+
+    call_id: str
+    attempt: int  # the attempt that failed
+    not_before: float
+
+
+@frozen
+class StopBackOff:
+    """The call no longer waits for a retry (cancelled, revised): drop its timer."""
+
+    call_id: str
 
 
 @frozen
@@ -276,7 +348,7 @@ class Forget:
     tool: Tool
 
 
-Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel | Forget
+Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel | Forget | BackOff | StopBackOff
 
 
 @frozen

@@ -12,7 +12,11 @@ broke during COMMIT) end the actor instead: the supervisor stops the former and
 restarts the latter from the log, exactly as after a crash.
 
 Children (generation and tool actors) run in the session's nursery and report on
-the session's mailbox; the session decides what their results mean.
+the session's mailbox; the session decides what their results mean. So do its
+timers: a retry's back-off (``BackOff``: it reports ``BackOffOver``) and the
+throttle of heartbeats (a running call's latest ``ctx.heartbeat`` is committed at
+most once per ``heartbeat_interval``, the latest winning, and one still held is
+committed before the call's result).
 """
 
 from __future__ import annotations
@@ -103,6 +107,22 @@ class _RetryResult:
 
 
 @define
+class _FlushHeartbeat:
+    """The throttle interval of a call's heartbeats has passed: commit the one held."""
+
+    call_id: str
+
+
+@define
+class _Throttle:
+    """A running call's heartbeats: when one was last committed, and the latest held back."""
+
+    last_commit: float = -float("inf")  # trio clock
+    held: protocol.HeartbeatReported | None = None
+    timer: trio.CancelScope | None = None  # a pending _FlushHeartbeat
+
+
+@define
 class Mailbox:
     """A session's inbox; it outlives actor restarts so no message is lost.
 
@@ -130,6 +150,8 @@ class SessionActor:
         self._nursery: trio.Nursery | None = None
         self._models: dict[str, trio.CancelScope] = {}
         self._tools: dict[str, trio.CancelScope] = {}
+        self._waits: dict[str, trio.CancelScope] = {}  # retry back-offs being waited out
+        self._beats: dict[str, _Throttle] = {}  # heartbeat throttles of running calls
         self._cancelling: set[str] = set()
         self._waiters: list[Reply[RunFinished | None]] = []
         self._drains: list[Reply[None]] = []
@@ -183,6 +205,7 @@ class SessionActor:
         return (
             self.state.idle
             and not (self._models or self._tools or self._cancelling)
+            and not (self._waits or self._beats)
             and not (self._waiters or self._drains or self._pending or self._draining)
         )
 
@@ -215,6 +238,7 @@ class SessionActor:
             models=frozenset(self._models),
             tools=frozenset(self._tools),
             cancelling=frozenset(self._cancelling),
+            waiting=frozenset(self._waits),
             draining=self._draining,
         )
 
@@ -228,8 +252,19 @@ class SessionActor:
                 return  # the call was cancelled; its late report means nothing
             await self._result(message)
         elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
+            await self._last_heartbeat(message.call_id)
             self._tools.pop(message.call_id, None)
             self._cancelling.discard(message.call_id)
+            await self._result(message)
+        elif isinstance(message, protocol.HeartbeatReported):
+            await self._heartbeat(message)
+        elif isinstance(message, _FlushHeartbeat):
+            throttle = self._beats.get(message.call_id)
+            if throttle is not None and throttle.held is not None:
+                await self._commit_heartbeat(throttle)
+        elif isinstance(message, protocol.BackOffOver):
+            if self._waits.pop(message.call_id, None) is None:
+                return  # the wait was stopped (the call was cancelled); nothing is due
             await self._result(message)
         elif isinstance(message, _RetryResult):
             self._release(message.result)
@@ -288,14 +323,66 @@ class SessionActor:
         placeholder = trio.CancelScope()
         if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
             self._models[result.generation_id] = placeholder
+        elif isinstance(result, protocol.BackOffOver):
+            self._waits[result.call_id] = placeholder
         else:
             self._tools[result.call_id] = placeholder
 
     def _release(self, result: protocol.Result) -> None:
         if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
             self._models.pop(result.generation_id, None)
+        elif isinstance(result, protocol.BackOffOver):
+            self._waits.pop(result.call_id, None)
         else:
             self._tools.pop(result.call_id, None)
+
+    # -- heartbeats: committed throttled, the latest winning ---------------------------
+
+    async def _heartbeat(self, beat: protocol.HeartbeatReported) -> None:
+        if beat.call_id not in self._tools:
+            return  # its attempt already reported its end
+        throttle = self._beats.setdefault(beat.call_id, _Throttle())
+        throttle.held = beat
+        due = throttle.last_commit + self.ctx.heartbeat_interval
+        if trio.current_time() >= due:
+            await self._commit_heartbeat(throttle)
+        elif throttle.timer is None:
+            assert self._nursery is not None
+            throttle.timer = trio.CancelScope(deadline=due)
+            self._nursery.start_soon(self._flush_at, beat.call_id, throttle.timer)
+
+    async def _flush_at(self, call_id: str, timer: trio.CancelScope) -> None:
+        with timer:
+            await trio.sleep_forever()  # until the timer's deadline, or until it is stopped
+        throttle = self._beats.get(call_id)
+        if throttle is not None and throttle.timer is timer:  # not stopped: still due
+            await self.mailbox.send.send(_FlushHeartbeat(call_id))
+
+    async def _commit_heartbeat(self, throttle: _Throttle) -> None:
+        beat, throttle.held = throttle.held, None
+        if throttle.timer is not None:
+            timer, throttle.timer = throttle.timer, None
+            timer.cancel()
+        throttle.last_commit = trio.current_time()
+        assert beat is not None
+        step = decide.on_result(self.state, self._env(), beat)
+        try:
+            await self._commit(step)
+        except (LogFenced, CommitUnknown):
+            raise
+        except LogError as exc:  # progress only: the next heartbeat will carry newer details
+            log.warning("session %s: heartbeat of %s not saved (%s)", self.session_id, beat, exc)
+
+    async def _last_heartbeat(self, call_id: str) -> None:
+        """The attempt is over: commit the heartbeat still held, before its result."""
+        throttle = self._beats.pop(call_id, None)
+        if throttle is None:
+            return
+        if throttle.held is not None:
+            await self._commit_heartbeat(throttle)
+        elif throttle.timer is not None:
+            timer, throttle.timer = throttle.timer, None
+            timer.cancel()
 
     async def _retry_later(self, result: protocol.Result, delay: float = 1.0) -> None:
         await trio.sleep(delay)
@@ -339,6 +426,13 @@ class SessionActor:
             self._perform(effect)
         return committed
 
+    async def _back_off(self, effect: protocol.BackOff, scope: trio.CancelScope) -> None:
+        """Sleep until the back-off's wall-clock ``not_before``, then say so."""
+        with scope:
+            await trio.sleep(max(0.0, effect.not_before - self.ctx.clock()))
+            over = protocol.BackOffOver(call_id=effect.call_id, attempt=effect.attempt)
+            await self.mailbox.send.send(over)
+
     async def _reload_after(self, failed: LogError) -> SessionState:
         """Re-read the state after a failed commit, waiting out a short outage.
 
@@ -371,7 +465,16 @@ class SessionActor:
             nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
-            nursery.start_soon(run_tool, ctx, effect.tool, effect.executing, outbox, scope)
+            nursery.start_soon(
+                run_tool, ctx, effect.tool, effect.executing, outbox, scope, effect.last_heartbeat
+            )
+        elif isinstance(effect, protocol.BackOff):
+            wait = self._waits[effect.call_id] = trio.CancelScope()
+            nursery.start_soon(self._back_off, effect, wait)
+        elif isinstance(effect, protocol.StopBackOff):
+            stopped = self._waits.pop(effect.call_id, None)
+            if stopped is not None:
+                stopped.cancel()
         elif isinstance(effect, protocol.Reconcile):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)

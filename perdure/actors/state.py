@@ -18,6 +18,7 @@ from perdure.actors.protocol import (
     Cancel,
     Compensate,
     Pause,
+    Resolve,
     Resume,
     Revise,
     Submit,
@@ -37,6 +38,7 @@ from perdure.storage.records import (
     LogOpened,
     Record,
     RecoveryDecision,
+    ResolutionDecided,
     RetryPending,
     RunFinished,
     RunStarted,
@@ -45,10 +47,13 @@ from perdure.storage.records import (
     SessionPaused,
     SessionResumed,
     ToolAwaitingApproval,
+    ToolAwaitingHuman,
     ToolCancelled,
     ToolCompleted,
     ToolExecuting,
+    ToolHeartbeat,
     ToolOutcomeUnknown,
+    ToolRetryPending,
     ToolTaskCreated,
     Usage,
 )
@@ -59,6 +64,8 @@ TaskPhase = Literal[
     "approved",
     "denied",
     "executing",
+    "retry_pending",  # an attempt failed; the next one waits for its not_before
+    "awaiting_human",  # an attempt raised NeedsHuman; a person decides (rt.resolve)
     "completed",
     "outcome_unknown",
     "cancelled",
@@ -67,8 +74,14 @@ TaskPhase = Literal[
 TERMINAL_PHASES: frozenset[TaskPhase] = frozenset({"completed", "outcome_unknown", "cancelled"})
 # Not started, and the next step is the dispatcher's (run it, or record its denial).
 DISPATCHABLE_PHASES: frozenset[TaskPhase] = frozenset({"created", "approved", "denied"})
+# Between two attempts of a call: the next one starts once its back-off is over.
+BACKING_OFF_PHASES: frozenset[TaskPhase] = frozenset({"retry_pending"})
 # Work a dead process may have left half done: to be decided by recovery.
-IN_FLIGHT_PHASES: frozenset[TaskPhase] = DISPATCHABLE_PHASES | {"executing"}
+IN_FLIGHT_PHASES: frozenset[TaskPhase] = DISPATCHABLE_PHASES | BACKING_OFF_PHASES | {"executing"}
+# Nothing happens until a person answers (rt.approve, rt.resolve); a restart keeps waiting.
+HUMAN_WAIT_PHASES: frozenset[TaskPhase] = frozenset({"awaiting_approval", "awaiting_human"})
+# The call ran and its last attempt failed; it waits for the next one or for a person.
+FAILED_ATTEMPT_PHASES: frozenset[TaskPhase] = BACKING_OFF_PHASES | {"awaiting_human"}
 ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
 
 
@@ -88,6 +101,12 @@ class Task:
     lineage: str = ""  # the submission whose run created it ("compensation" otherwise)
     compensates: str | None = None  # for a compensation: the call it undoes
     compensated_by: str | None = None  # the compensation requested for this call
+    # When an attempt failed (retry_pending, awaiting_human): what went wrong, and when
+    # the next attempt may start (a person's retry may start at once).
+    last_error: str = ""
+    not_before: float | None = None
+    retry_by_human: bool = False  # the pending retry was a person's choice
+    last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
 
     @property
     def terminal(self) -> bool:
@@ -408,6 +427,31 @@ class SessionState:
         task = self.tasks[r.call_id]
         task.phase = "executing"
         task.executing = r
+        task.not_before = None
+        task.retry_by_human = False
+
+    def _tool_heartbeat(self, r: ToolHeartbeat) -> None:
+        self.tasks[r.call_id].last_heartbeat = r
+
+    def _tool_retry_pending(self, r: ToolRetryPending) -> None:
+        task = self.tasks[r.call_id]
+        task.phase = "retry_pending"
+        task.last_error = r.error
+        task.not_before = r.not_before
+
+    def _tool_awaiting_human(self, r: ToolAwaitingHuman) -> None:
+        task = self.tasks[r.call_id]
+        task.phase = "awaiting_human"
+        task.last_error = r.reason
+
+    def _resolution_decided(self, r: ResolutionDecided) -> None:
+        task = self.tasks[r.call_id]
+        if r.action == "retry":  # skip and fail: the result record follows in the same commit
+            task.phase = "retry_pending"
+            task.not_before = r.at
+            task.retry_by_human = True
+        body = Resolve.hash_of(r.call_id, r.action, r.result)
+        self.requests[r.request_id] = RequestSeen(Resolve.kind, body, r.call_id)
 
     def _tool_result(self, r: ToolResultRecord) -> None:
         task = self.tasks[r.call_id]
@@ -490,6 +534,10 @@ _HANDLERS: dict[type, Any] = {
     ToolAwaitingApproval: SessionState._tool_awaiting_approval,
     ApprovalDecided: SessionState._approval_decided,
     ToolExecuting: SessionState._tool_executing,
+    ToolHeartbeat: SessionState._tool_heartbeat,
+    ToolRetryPending: SessionState._tool_retry_pending,
+    ToolAwaitingHuman: SessionState._tool_awaiting_human,
+    ResolutionDecided: SessionState._resolution_decided,
     ToolCompleted: SessionState._tool_result,
     ToolOutcomeUnknown: SessionState._tool_result,
     ToolCancelled: SessionState._tool_result,

@@ -5,6 +5,14 @@ the actor runs the tool under its timeout and a cancel scope the session owns,
 and reports what happened. The session commits the result. With several nodes,
 it first confirms that this node still holds the session's lease (a node that was
 paused past its lease must not start a tool the new owner is recovering).
+
+How the attempt ended is reported as data: the exception a tool raised is turned
+into an outcome here (``RetryableError`` or an exception its ``RetryPolicy`` lists:
+retryable; ``NeedsHuman`` or one of ``needs_human_on``: needs a person), and the
+session's core decides what follows. ``ctx.heartbeat`` never writes anything: the
+latest details are relayed to the session's mailbox (the session commits them,
+throttled), the last unsent ones just before the result; and with
+``heartbeat_timeout`` each heartbeat pushes back a watchdog that cancels a silent tool.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -19,16 +28,30 @@ import trio
 
 from perdure import _faults
 from perdure.actors.context import ActorContext
-from perdure.actors.protocol import ReconcileFinished, ToolFinished, ToolOutcome
+from perdure.actors.protocol import HeartbeatReported, ReconcileFinished, ToolFinished, ToolOutcome
 from perdure.storage.backend import SessionFenced
 from perdure.storage.bus import Event
 from perdure.storage.records import ToolExecuting
-from perdure.tools.contract import OutcomeUnknown, Tool, ToolContext, ToolResult, render_result
+from perdure.tools.contract import (
+    NeedsHuman,
+    OutcomeUnknown,
+    RetryableError,
+    Tool,
+    ToolContext,
+    ToolResult,
+    render_result,
+)
 
 log = logging.getLogger("perdure.tool")
 
 
-def make_context(ctx: ActorContext, executing: ToolExecuting) -> ToolContext:
+def make_context(
+    ctx: ActorContext,
+    executing: ToolExecuting,
+    *,
+    last_heartbeat: Any = None,
+    beat: Callable[[Any], None] | None = None,
+) -> ToolContext:
     """What the tool knows about the attempt its ``executing`` record describes."""
     bus = ctx.journal.bus
     session_id = executing.session_id
@@ -42,8 +65,66 @@ def make_context(ctx: ActorContext, executing: ToolExecuting) -> ToolContext:
         session_id=session_id,
         attempt=executing.attempt,
         workspace=ctx.workspace,
+        last_heartbeat=last_heartbeat,
         emit=emit,
+        beat=beat if beat is not None else (lambda details: None),
     )
+
+
+class Heartbeats:
+    """One attempt's heartbeats: the latest unsent details, and the hung-tool watchdog.
+
+    ``beat`` is what ``ctx.heartbeat`` calls (from the trio thread, or from a worker
+    thread the tool started); ``relay`` forwards the latest details to the session's
+    mailbox, skipping the ones superseded meanwhile (latest wins). Details are only
+    dropped from here once the session's mailbox has them, so ``take`` after the tool
+    returned yields a final heartbeat the relay had not sent yet.
+    """
+
+    def __init__(self, executing: ToolExecuting, timeout: float | None) -> None:
+        self.call_id = executing.call_id
+        self.attempt = executing.attempt
+        self.timeout = timeout
+        self.watchdog = trio.CancelScope()
+        self._latest: HeartbeatReported | None = None
+        self._wake = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self.arm()
+
+    def arm(self) -> None:
+        """Give the tool ``timeout`` more seconds to say it is alive."""
+        if self.timeout is not None:
+            self.watchdog.deadline = trio.current_time() + self.timeout
+
+    def beat(self, details: Any) -> None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:  # a worker thread of the tool's
+            trio.from_thread.run_sync(self._on_beat, details, trio_token=self._token)
+        else:
+            self._on_beat(details)
+
+    def _on_beat(self, details: Any) -> None:
+        self._latest = HeartbeatReported(
+            call_id=self.call_id, attempt=self.attempt, details=details
+        )
+        self._wake.set()
+        self.arm()
+
+    async def relay(self, outbox: trio.MemorySendChannel[Any]) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            latest = self._latest
+            if latest is None:
+                continue
+            await outbox.send(latest)
+            if self._latest is latest:
+                self._latest = None
+
+    def take(self) -> HeartbeatReported | None:
+        latest, self._latest = self._latest, None
+        return latest
 
 
 def _describe(exc: BaseException) -> str:
@@ -57,6 +138,7 @@ async def run_tool(
     executing: ToolExecuting,
     outbox: trio.MemorySendChannel[Any],
     scope: trio.CancelScope,
+    last_heartbeat: Any = None,
 ) -> None:
     if _faults.ACTIVE:
         _faults.hit("tool.before", tool.name)
@@ -64,17 +146,40 @@ async def run_tool(
         # Another node took the session over while this one was paused or cut off:
         # the new owner recovers the call from its executing record. Never run it here.
         raise SessionFenced(executing.session_id, "its lease was lost before the tool started")
-    tctx = make_context(ctx, executing)
+    beats = Heartbeats(executing, tool.heartbeat_timeout)
+    tctx = make_context(ctx, executing, last_heartbeat=last_heartbeat, beat=beats.beat)
     started = time.monotonic()
     finished = _attempt(executing, "cancelled", "cancelled")
     with scope:
-        with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf) as limit:
+        async with trio.open_nursery() as relaying:
+            relaying.start_soon(beats.relay, outbox)
+            finished = await _invoke(tool, tctx, executing, beats)
+            relaying.cancel_scope.cancel()
+    if scope.cancelled_caught:
+        finished = _attempt(executing, "cancelled", "cancelled")
+    final_beat = beats.take()
+    if final_beat is not None:  # before the result, so that a retry resumes from it
+        await outbox.send(final_beat)
+    if _faults.ACTIVE:
+        _faults.hit("tool.after", tool.name)
+    await outbox.send(
+        attrs.evolve(finished, duration=time.monotonic() - started, jitter=ctx.rng.random())
+    )
+
+
+async def _invoke(
+    tool: Tool, tctx: ToolContext, executing: ToolExecuting, beats: Heartbeats
+) -> ToolFinished:
+    """One attempt under the tool's timeout and heartbeat watchdog, as an outcome."""
+    finished: ToolFinished | None = None
+    with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf) as limit:
+        with beats.watchdog:
             try:
                 value = await tool.invoke(tctx, dict(executing.args))
             except OutcomeUnknown as exc:
                 finished = _attempt(executing, "unknown", exc.reason)
             except Exception as exc:
-                finished = _attempt(executing, "error", f"The tool raised {_describe(exc)}")
+                finished = _failed(tool, executing, exc)
             else:
                 flagged = value if isinstance(value, ToolResult) else ToolResult(value)
                 finished = _attempt(
@@ -84,13 +189,26 @@ async def run_tool(
                     is_error=flagged.is_error,
                     terminate=flagged.terminate or tool.terminates,
                 )
-        if limit.cancelled_caught:
-            finished = _attempt(executing, "timeout", f"timed out after {tool.timeout:g}s")
-    if scope.cancelled_caught:
-        finished = _attempt(executing, "cancelled", "cancelled")
-    if _faults.ACTIVE:
-        _faults.hit("tool.after", tool.name)
-    await outbox.send(attrs.evolve(finished, duration=time.monotonic() - started))
+    if beats.watchdog.cancelled_caught:
+        silent = f"sent no heartbeat for {tool.heartbeat_timeout:g}s; treated as hung and stopped"
+        return _attempt(executing, "timeout", silent)
+    if limit.cancelled_caught or finished is None:
+        return _attempt(executing, "timeout", f"timed out after {tool.timeout:g}s")
+    return finished
+
+
+def _failed(tool: Tool, executing: ToolExecuting, exc: Exception) -> ToolFinished:
+    """What the exception a tool raised says about its call (the core decides the rest)."""
+    if isinstance(exc, NeedsHuman):
+        return _attempt(executing, "needs_human", exc.reason)
+    if tool.needs_human_on and isinstance(exc, tool.needs_human_on):
+        return _attempt(executing, "needs_human", _describe(exc))
+    said = f"The tool raised {_describe(exc)}"
+    if isinstance(exc, RetryableError):
+        return attrs.evolve(_attempt(executing, "retryable", said), retry_after=exc.retry_after)
+    if tool.retry is not None and tool.retry.retries(type(exc)):
+        return _attempt(executing, "retryable", said)
+    return _attempt(executing, "error", said)
 
 
 def _attempt(

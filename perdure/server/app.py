@@ -66,7 +66,7 @@ from perdure.providers.base import (
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
 from perdure.storage.lmdb_log import LogError, check_session_id
-from perdure.storage.records import Record
+from perdure.storage.records import Record, ResolutionAction
 
 MAX_BODY: Final = 1 << 20
 DRAIN_FACTOR: Final = 16
@@ -85,6 +85,8 @@ _REFUSED_STATUS: Final = {
     "busy": 409,
 }
 
+
+_ACTIONS: Final[dict[str, ResolutionAction]] = {"retry": "retry", "skip": "skip", "fail": "fail"}
 
 T = TypeVar("T")
 
@@ -620,6 +622,26 @@ class Api:
         done = await self.rt.compensate(sid, call_id, request_id=rid)
         return _done(done, call_id=call_id, compensation_id=done.ref)
 
+    @api_errors
+    async def resolve(self, request: Request) -> Response:
+        """A person's answer to a call that raised NeedsHuman: retry, skip or fail it."""
+        sid = path_session(request)
+        call_id: str = request.path_params["call_id"]
+        data = await read_json(request, self.max_body)
+        given = text_field(data, "action")
+        action = _ACTIONS.get(given or "")
+        if action is None:
+            raise ApiError(
+                400, "invalid_field", "the field 'action' must be retry, skip or fail", "action"
+            )
+        rid = request_id_field(data)
+        result = data.get("result")
+        if action == "retry" and result is not None:
+            why = "the field 'result' goes with skip or fail, not with retry"
+            raise ApiError(400, "invalid_field", why, "result")
+        done = await self.rt.resolve(sid, call_id, action=action, result=result, request_id=rid)
+        return _done(done, call_id=call_id, action=action)
+
     # -- events ----------------------------------------------------------------------
 
     @api_errors
@@ -696,6 +718,7 @@ def create_app(
         Route(s + "/pause", api.pause, methods=["POST"]),
         Route(s + "/resume", api.resume, methods=["POST"]),
         Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
+        Route(s + "/calls/{call_id}/resolution", api.resolve, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,

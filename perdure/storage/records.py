@@ -8,7 +8,10 @@ follow the lifecycles of docs/DESIGN.md:
 * run:        InputAccepted -> RunStarted -> ... -> RunFinished
 * generation: GenerationStarted -> (RetryPending ...) -> GenerationCompleted
 * tool task:  ToolTaskCreated -> (ToolAwaitingApproval -> ApprovalDecided)
-              -> ToolExecuting -> ToolCompleted | ToolOutcomeUnknown | ToolCancelled
+              -> ToolExecuting (ToolHeartbeat ...)
+              -> ToolCompleted | ToolOutcomeUnknown | ToolCancelled
+              or, when an attempt fails: ToolRetryPending -> ToolExecuting (attempt + 1)
+              or ToolAwaitingHuman -> ResolutionDecided -> (a retry, or a result)
 * course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed,
               CompensationRequested -> (a tool task) -> CompensationFinished
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
@@ -40,7 +43,9 @@ ToolResultKind = Literal[
     "timeout",  # the tool exceeded its timeout and was cancelled
     "denied",  # a human refused the approval; nothing ran
     "reconciled",  # recovery asked the tool's reconcile(): the effect was applied
+    "resolved",  # a person resolved a call that needed one (skip: their result; fail)
 ]
+ResolutionAction = Literal["retry", "skip", "fail"]
 
 
 # -- value types embedded in records -------------------------------------------------
@@ -284,6 +289,65 @@ class ToolExecuting:
 
 
 @frozen(kw_only=True)
+class ToolHeartbeat:
+    """The latest progress a running call reported (``ctx.heartbeat``), committed throttled.
+
+    A later attempt of the call (a retry, or a re-run after a crash) receives
+    ``details`` as ``ctx.last_heartbeat``.
+    """
+
+    session_id: str
+    call_id: str
+    attempt: int  # the attempt that reported it
+    details: Any = None  # a JSON value chosen by the tool
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolRetryPending:
+    """A SAFE or KEYED call failed transiently; persisted BEFORE the back-off starts.
+
+    The next attempt (``attempt + 1``, same arguments and idempotency key) gets its
+    own ``ToolExecuting`` record once ``not_before`` (wall clock) has passed; a
+    restart meanwhile waits out the remainder.
+    """
+
+    session_id: str
+    call_id: str
+    attempt: int  # the attempt that failed
+    not_before: float  # wall-clock time
+    error: str
+    at: float
+
+
+@frozen(kw_only=True)
+class ToolAwaitingHuman:
+    """An attempt ended with ``NeedsHuman``: the call waits for ``rt.resolve``."""
+
+    session_id: str
+    call_id: str
+    attempt: int  # the attempt that asked
+    reason: str
+    at: float
+
+
+@frozen(kw_only=True)
+class ResolutionDecided:
+    """A person's answer to a call awaiting one: run it again, record a result, or fail it.
+
+    ``retry`` is followed by the call's next ``ToolExecuting``; ``skip`` and ``fail`` by
+    its ``ToolCompleted`` in the same commit.
+    """
+
+    session_id: str
+    call_id: str
+    action: ResolutionAction
+    request_id: str
+    result: Any = None  # skip: the call's result; fail: what the model is told, if given
+    at: float
+
+
+@frozen(kw_only=True)
 class ToolCompleted:
     session_id: str
     call_id: str
@@ -425,6 +489,10 @@ Record = (
     | ToolAwaitingApproval
     | ApprovalDecided
     | ToolExecuting
+    | ToolHeartbeat
+    | ToolRetryPending
+    | ToolAwaitingHuman
+    | ResolutionDecided
     | ToolCompleted
     | ToolOutcomeUnknown
     | ToolCancelled
@@ -451,6 +519,10 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     ToolAwaitingApproval,
     ApprovalDecided,
     ToolExecuting,
+    ToolHeartbeat,
+    ToolRetryPending,
+    ToolAwaitingHuman,
+    ResolutionDecided,
     ToolCompleted,
     ToolOutcomeUnknown,
     ToolCancelled,

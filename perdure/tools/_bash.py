@@ -29,11 +29,24 @@ Reconcile, after a crash of the runtime, reads that directory:
   as the original call would have, and answers ``unknown`` saying so;
 * the runner dead without ``exit.json`` -> it was killed mid-run: ``unknown``, with
   the pid and the output it left.
+
+Failures, and which are reported as retryable. ``bash`` is NEVER, so the runtime
+never retries it by itself (a NEVER tool cannot have a ``RetryPolicy``): whatever
+it reports, the model reads it and decides. Only one failure is reported as
+retryable (``RetryableError``), because only then is it certain that the command
+never ran: the operating system refused to start the runner process for a reason
+that passes (``EAGAIN``, ``ENOMEM``, ``EMFILE``, ``ENFILE``: too many processes or
+open files, not enough memory). Everything else is a plain error result, never
+retryable, since the command may have run in part or in full: a non-zero exit
+status, a timeout (the group was killed), a runner stopped before it recorded an
+exit status. The model's own mistakes (an empty command, a bad ``timeout`` or
+``cwd``) are errors too. A crash of the runtime is recovered by ``reconcile`` above.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -48,7 +61,7 @@ import trio
 
 from perdure.tools import _fs
 from perdure.tools._fs import WorkspaceError
-from perdure.tools.contract import Reconciled, ToolContext, ToolResult
+from perdure.tools.contract import Reconciled, RetryableError, ToolContext, ToolResult
 
 BASH_TIMEOUT_LIMIT = 600.0
 KILL_GRACE = 2.0
@@ -56,6 +69,8 @@ OUTPUT_TAIL = 20_000
 POLL = 0.05
 _RUNNER = Path(__file__).with_name("_bash_runner.py")
 _PROCFS = os.path.exists("/proc/self/stat")
+# Reasons the OS may refuse to start a process that pass by themselves (see above).
+TRANSIENT_SPAWN_ERRORS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 def attempt_dir(root: Path, key: str, attempt: int) -> Path:
@@ -100,6 +115,13 @@ async def bash(
             stderr=log_fd,
             env=_command_env(),
         )
+    except OSError as exc:
+        if exc.errno not in TRANSIENT_SPAWN_ERRORS:
+            raise
+        raise RetryableError(
+            f"the command was not started: the system could not start a process now "
+            f"({os.strerror(exc.errno or 0)}). Nothing ran; trying again later may work."
+        ) from exc
     finally:
         os.close(log_fd)
     timed_out = False

@@ -6,6 +6,12 @@ a timeout, and optionally a ``reconcile`` function that tells recovery whether a
 interrupted call really took effect. The runtime passes a ``ToolContext`` carrying
 an idempotency key that is stable across restarts and re-runs of the same call.
 
+When a call fails, the tool says how (see "When tools fail" in the README): a
+transient failure (``RetryableError``, or an exception its ``RetryPolicy`` lists)
+is retried with back-off, for SAFE and KEYED tools only; a failure that needs a
+person (``NeedsHuman``) waits durably for ``rt.resolve``; a long tool reports
+``ctx.heartbeat(details)`` so a re-run resumes from ``ctx.last_heartbeat``.
+
 This module is a leaf: it imports nothing of perdure's runtime.
 """
 
@@ -16,6 +22,7 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -47,15 +54,37 @@ class ToolContext:
     idempotency_key: str  # same for every attempt of this call, across restarts
     call_id: str
     session_id: str
-    attempt: int  # 1 for the first execution, higher for re-runs after recovery
+    attempt: int  # 1 for the first execution, higher for retries and re-runs after recovery
     workspace: Path | None
+    # The details of the last heartbeat committed for this call by an earlier attempt
+    # (None if there was none): where a re-run or a retry may resume.
+    last_heartbeat: Any = None
     _emit: Callable[[str, dict[str, Any]], None] = field(
         default=lambda kind, data: None, alias="emit", repr=False
     )
+    _beat: Callable[[Any], None] = field(default=lambda details: None, alias="beat", repr=False)
 
     def progress(self, message: str, **data: Any) -> None:
         """Publish an ephemeral progress event on the session's stream (never stored)."""
         self._emit("tool_progress", {"call_id": self.call_id, "message": message, **data})
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the tool is alive, and how far it got (``details``: any JSON value).
+
+        Cheap enough to call for every item: the runtime commits the latest details
+        about once a second (and the last ones before the call's result), so a re-run
+        after a crash or a retry receives them as ``ctx.last_heartbeat``. A tool with
+        ``heartbeat_timeout=`` that stays silent that long is treated as hung. May be
+        called from a worker thread started by the tool (``trio.to_thread``).
+        """
+        try:
+            json.dumps(details, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"ctx.heartbeat(details) of call {self.call_id} needs a JSON value "
+                f"(dict, list, str, number, bool or None): {exc}"
+            ) from None
+        self._beat(details)
 
 
 @frozen
@@ -100,6 +129,104 @@ class OutcomeUnknown(Exception):
         self.reason = reason
 
 
+class RetryableError(Exception):
+    """Raised by a tool whose call failed for a reason that may pass (a 503, a blip).
+
+    A SAFE or KEYED tool with ``retry=RetryPolicy(...)`` is run again after a back-off,
+    with the same idempotency key, never sooner than ``retry_after`` seconds (e.g. a
+    server's Retry-After). Without a retry policy, or once its attempts run out, the
+    model reads the error. Raise it only when the failed attempt left no effect behind
+    that its retry could double (or the key makes the retry harmless).
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        if retry_after is not None and not (
+            isinstance(retry_after, int | float) and math.isfinite(retry_after) and retry_after >= 0
+        ):
+            raise ValueError(
+                f"retry_after must be a number of seconds >= 0 or None, not {retry_after!r}"
+            )
+        super().__init__(message)
+        self.message = message
+        self.retry_after = None if retry_after is None else float(retry_after)
+
+
+class NeedsHuman(Exception):
+    """Raised by a tool whose call needs a person to decide (a declined card, a 2FA prompt).
+
+    The call waits, durably and across restarts, for ``rt.resolve(session_id, call_id,
+    action=...)``: ``"retry"`` runs it again with the same key (a person decided, so
+    this is allowed for a NEVER tool too), ``"skip"`` records the result they give,
+    ``"fail"`` hands the error to the model. ``reason`` is what they are shown.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _exception_types(name: str) -> Callable[[Any, Any, Any], None]:
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if not isinstance(value, tuple) or not all(
+            isinstance(t, type) and issubclass(t, Exception) for t in value
+        ):
+            raise TypeError(f"{name} must be a tuple of exception classes, not {value!r}")
+
+    return check
+
+
+def _positive(instance: Any, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"RetryPolicy.{attribute.name} must be a number > 0, not {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"RetryPolicy.{attribute.name} must be finite, not {value!r}")
+
+
+@frozen(kw_only=True)
+class RetryPolicy:
+    """How a SAFE or KEYED tool's transient failures are retried, without the model.
+
+    Attempt ``n`` (counting every execution of the call, a re-run after a crash
+    included) that fails with ``RetryableError``, an exception of ``retry_on`` or, if
+    ``retry_timeouts``, a timeout (its ``timeout=`` or ``heartbeat_timeout=``), is
+    retried after ``min(max_interval, initial * multiplier ** (n - 1))`` seconds, with
+    jitter (between half and all of it), while ``n < max_attempts``. Each retry is a
+    durable record first, so a crash during the back-off resumes the wait.
+    """
+
+    max_attempts: int = field(default=3)
+    initial: float = field(default=1.0, validator=_positive)
+    multiplier: float = field(default=2.0)
+    max_interval: float = field(default=60.0, validator=_positive)
+    retry_on: tuple[type[Exception], ...] = field(
+        default=(), validator=_exception_types("RetryPolicy.retry_on")
+    )
+    retry_timeouts: bool = True
+
+    @max_attempts.validator
+    def _check_attempts(self, attribute: Any, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be an integer >= 1, not {value!r}")
+
+    @multiplier.validator
+    def _check_multiplier(self, attribute: Any, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
+            raise ValueError(f"RetryPolicy.multiplier must be a number >= 1, not {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"RetryPolicy.multiplier must be finite, not {value!r}")
+
+    def delay(self, attempt: int, jitter: float, retry_after: float | None = None) -> float:
+        """Seconds to wait after failed attempt ``attempt``; ``jitter`` is a sample of U(0, 1)."""
+        exponent = min(attempt - 1, 1000)  # past this the cap applies anyway
+        ceiling = min(self.max_interval, self.initial * self.multiplier**exponent)
+        wait = ceiling * (0.5 + jitter / 2)
+        return wait if retry_after is None else max(wait, retry_after)
+
+    def retries(self, failure: type[BaseException]) -> bool:
+        """Whether an exception of this type is a transient failure under this policy."""
+        return issubclass(failure, RetryableError) or issubclass(failure, self.retry_on)
+
+
 @frozen
 class ToolResult:
     """A tool may return this instead of a plain value to flag an error or end the run."""
@@ -136,10 +263,19 @@ class Tool:
     compensate_automatically: bool = False
     terminates: bool = False  # every result of this tool ends the run (a "finish" tool)
     cancellable: bool = False  # may a revision or cancel stop it mid-run (trio cancellation)?
+    retry: RetryPolicy | None = None  # transient failures retried (SAFE and KEYED only)
+    heartbeat_timeout: float | None = None  # silent this long: hung, cancelled
+    needs_human_on: tuple[type[Exception], ...] = ()  # exceptions that wait for a person
     version: str = "1"
     takes_context: bool = True
     param_types: dict[str, Any] = field(factory=dict)
     definition_hash: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        # Here rather than in @tool, so that attrs.evolve(a_tool, retry=...) is held to it too.
+        _check_failure_options(
+            self.name, self.replay, self.retry, self.heartbeat_timeout, self.needs_human_on
+        )
 
     def validate(self, args: Any) -> list[str]:
         """Problems with arguments from the model (empty when they are valid)."""
@@ -230,6 +366,9 @@ def _build(
     compensate_automatically: bool,
     cancellable: bool | None,
     terminates: bool,
+    retry: RetryPolicy | None,
+    heartbeat_timeout: float | None,
+    needs_human_on: tuple[type[Exception], ...],
     version: str,
 ) -> Tool:
     if not inspect.iscoroutinefunction(fn):
@@ -278,11 +417,44 @@ def _build(
         forget=forget,
         compensate_automatically=compensate_automatically,
         cancellable=replay is ReplayPolicy.SAFE if cancellable is None else cancellable,
+        retry=retry,
+        heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout),
+        needs_human_on=needs_human_on,
         version=version,
         takes_context=takes_context,
         param_types=param_types,
         definition_hash=digest,
     )
+
+
+def _check_failure_options(
+    name: str,
+    replay: ReplayPolicy,
+    retry: RetryPolicy | None,
+    heartbeat_timeout: float | None,
+    needs_human_on: tuple[type[Exception], ...],
+) -> None:
+    """Refuse, at definition time, failure options that could not be honoured safely."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(f"tool {name}: retry must be a perdure.RetryPolicy, not {retry!r}")
+    if retry is not None and not replay.replayable:
+        raise ValueError(
+            f"tool {name}: retry= needs replay=SAFE or KEYED. A NEVER tool is never run "
+            "again automatically: a failed attempt may still have had its effect. Make the "
+            "tool idempotent through ctx.idempotency_key and declare replay=KEYED, or keep "
+            "NEVER and raise perdure.NeedsHuman so that a person decides whether to retry "
+            "(a reconcile= answering not_applied also lets recovery run it once more)."
+        )
+    if heartbeat_timeout is not None and (
+        isinstance(heartbeat_timeout, bool)
+        or not isinstance(heartbeat_timeout, int | float)
+        or not 0 < heartbeat_timeout < math.inf
+    ):
+        raise ValueError(
+            f"tool {name}: heartbeat_timeout must be a number of seconds > 0, "
+            f"not {heartbeat_timeout!r}"
+        )
+    _exception_types(f"tool {name}: needs_human_on")(None, None, needs_human_on)
 
 
 def _compensation_tool(
@@ -336,6 +508,9 @@ def tool(
     compensate_automatically: bool = False,
     cancellable: bool | None = None,
     terminates: bool = False,
+    retry: RetryPolicy | None = None,
+    heartbeat_timeout: float | None = None,
+    needs_human_on: tuple[type[Exception], ...] = (),
     version: str = "1",
 ) -> Callable[[ToolFn], Tool]: ...
 
@@ -355,6 +530,9 @@ def tool(
     compensate_automatically: bool = False,
     cancellable: bool | None = None,
     terminates: bool = False,
+    retry: RetryPolicy | None = None,
+    heartbeat_timeout: float | None = None,
+    needs_human_on: tuple[type[Exception], ...] = (),
     version: str = "1",
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function as a tool.
@@ -370,6 +548,13 @@ def tool(
     ``terminates`` makes every result of the tool end the run. ``forget(ctx)``
     is awaited once a call is settled (its result durable, nothing running), so
     state kept only for ``reconcile`` (keyed by ``ctx.idempotency_key``) can go.
+
+    When a call fails: ``retry=RetryPolicy(...)`` (SAFE and KEYED tools only; refused
+    for NEVER) retries transient failures with back-off and the same key;
+    ``heartbeat_timeout`` (seconds) cancels a call that stops calling
+    ``ctx.heartbeat`` for that long, then treats it as a timeout (retried by the
+    policy, or an unknown outcome for a NEVER tool); ``needs_human_on`` lists
+    exceptions that, like ``perdure.NeedsHuman``, make the call wait for a person.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -386,6 +571,9 @@ def tool(
             compensate_automatically=compensate_automatically,
             cancellable=cancellable,
             terminates=terminates,
+            retry=retry,
+            heartbeat_timeout=heartbeat_timeout,
+            needs_human_on=needs_human_on,
             version=version,
         )
 

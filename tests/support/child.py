@@ -19,6 +19,7 @@ session of the log has unfinished work (and at least ``expect_sessions`` exist).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -35,7 +36,13 @@ from tests.support import ledger_tools
 async def main(plan: dict[str, Any]) -> None:
     replies = _converter.structure(plan["script"], list[Reply])
     wanted = plan.get("tools")
-    tools = [t for t in ledger_tools.ALL_TOOLS if wanted is None or t.name in wanted]
+    # Suites may bring their own ledger tools: "module:ATTR" names a list of them.
+    extra = []
+    for spec in plan.get("extra_tools", []):
+        module, _, attr = spec.partition(":")
+        extra += getattr(importlib.import_module(module), attr)
+    available = ledger_tools.ALL_TOOLS + extra
+    tools = [t for t in available if wanted is None or t.name in wanted]
     # A later deploy may change a tool's declared policy; recovery must honour both.
     for name, policy in plan.get("policy_override", {}).items():
         tools = [
@@ -134,6 +141,14 @@ async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
         await rt.submit(action["session"], action["text"], request_id=action["request_id"])
     elif kind == "compensate":
         await rt.compensate(action["session"], action["call_id"], request_id=action["request_id"])
+    elif kind == "resolve":
+        await rt.resolve(
+            action["session"],
+            action["call_id"],
+            action=action["action"],
+            result=action.get("result"),
+            request_id=action["request_id"],
+        )
     elif kind == "wait_for":
         await _wait_for(rt, action["session"], action["record"])
     else:

@@ -1,4 +1,5 @@
-// perdure's web page: sessions, a live transcript per session, approvals.
+// perdure's web page: sessions, a live transcript per session, approvals, and calls
+// that wait for a person (retry, skip or fail them).
 // Plain JS, no build step. Auth rides on the HttpOnly cookie set by GET /?token=...,
 // which fetch() and EventSource send by themselves (same origin).
 //
@@ -11,7 +12,8 @@
 const RECORD_TYPES = [
   "SessionCreated", "InputAccepted", "RunStarted", "RunFinished", "GenerationStarted",
   "RetryPending", "GenerationCompleted", "ToolTaskCreated", "ToolAwaitingApproval",
-  "ApprovalDecided", "ToolExecuting", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
+  "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "ToolRetryPending", "ToolAwaitingHuman",
+  "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
   "CancelRequested", "GoalRevised", "SessionPaused", "SessionResumed", "RecoveryDecision",
   "SessionParked", "LogOpened",
 ];
@@ -20,7 +22,9 @@ const PHASE_LABEL = {
   created: "created", awaiting_approval: "awaiting approval", approved: "approved",
   denied: "denied", executing: "executing", completed: "completed",
   outcome_unknown: "outcome unknown", cancelled: "cancelled",
+  retry_pending: "retry pending", awaiting_human: "needs a person",
 };
+const WAITING_PHASES = ["awaiting_approval", "awaiting_human"]; // phases with buttons
 
 const $ = (sel) => document.querySelector(sel);
 const view = {
@@ -199,7 +203,7 @@ function setPhase(callId, phase, detail) {
   card.dataset.phase = phase;
   card.querySelector(".phase").textContent = PHASE_LABEL[phase] || phase;
   if (detail !== undefined) card.querySelector(".note").textContent = detail;
-  if (phase !== "awaiting_approval") {
+  if (!WAITING_PHASES.includes(phase)) {
     const actions = card.querySelector(".actions");
     if (actions) actions.remove();
   }
@@ -226,6 +230,42 @@ function approvalButtons(callId) {
   deny.type = "button";
   deny.addEventListener("click", decide(false));
   actions.append(approve, deny);
+  card.append(actions);
+}
+
+// The answer to a call that raised NeedsHuman: run it again, record a result, or fail it.
+function resolutionButtons(callId) {
+  const card = view.calls.get(callId);
+  if (!card || card.querySelector(".actions")) return;
+  const actions = el("div", "actions");
+  const resolve = (action, ask) => async () => {
+    const body = { action, request_id: requestId() };
+    if (ask) {
+      const given = prompt(ask, "");
+      if (given === null) return; // the person changed their mind
+      if (given.trim() !== "") {
+        try { body.result = JSON.parse(given); } catch (e) { body.result = given; }
+      }
+    }
+    for (const b of actions.querySelectorAll("button")) b.disabled = true;
+    try {
+      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/calls/${encodeURIComponent(callId)}/resolution`, body);
+    } catch (e) {
+      alert(e.message);
+      for (const b of actions.querySelectorAll("button")) b.disabled = false;
+    }
+  };
+  const buttons = [
+    ["retry", "Retry", null],
+    ["skip", "Skip…", "The result to record for this call (JSON or plain text):"],
+    ["fail", "Fail…", "What should the model be told? (optional)"],
+  ];
+  for (const [action, label, ask] of buttons) {
+    const button = el("button", "resolve-" + action, label);
+    button.type = "button";
+    button.addEventListener("click", resolve(action, ask));
+    actions.append(button);
+  }
   card.append(actions);
 }
 
@@ -277,6 +317,32 @@ function onRecord(type, r, seq) {
     case "ToolExecuting":
       setPhase(r.call_id, "executing",
         `policy ${r.replay}${r.attempt > 1 ? `, attempt ${r.attempt}` : ""}`);
+      break;
+    case "ToolHeartbeat":
+      if (view.calls.has(r.call_id)) {
+        view.calls.get(r.call_id).querySelector(".note").textContent =
+          `heartbeat (attempt ${r.attempt}): ${JSON.stringify(r.details)}`;
+      }
+      break;
+    case "ToolRetryPending": {
+      const wait = Math.max(0, r.not_before - r.at).toFixed(1);
+      setPhase(r.call_id, "retry_pending",
+        `attempt ${r.attempt} failed (${r.error}); retrying in ${wait}s with the same key`);
+      break;
+    }
+    case "ToolAwaitingHuman":
+      setPhase(r.call_id, "awaiting_human", `needs a person: ${r.reason}`);
+      resolutionButtons(r.call_id);
+      break;
+    case "ResolutionDecided":
+      if (r.action === "retry") {
+        setPhase(r.call_id, "retry_pending", "a person chose to run it again");
+      } else if (view.calls.has(r.call_id)) { // its result follows in the same commit
+        const card = view.calls.get(r.call_id);
+        card.querySelector(".note").textContent = `a person chose to ${r.action} it`;
+        const actions = card.querySelector(".actions");
+        if (actions) actions.remove();
+      }
       break;
     case "ToolCompleted": {
       const how = r.kind === "ok" ? "" : r.kind;
