@@ -31,7 +31,7 @@ import psycopg
 import pytest
 import trio
 
-from perdure.storage.backend import (
+from perdure.storage import (
     Guard,
     LogError,
     LogUnavailable,

@@ -21,7 +21,7 @@ import perdure
 from perdure import ReplayPolicy, ToolContext
 from perdure.actors.session import RELOAD_TRIES
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
-from perdure.storage.backend import CommitUnknown, LogUnavailable
+from perdure.storage import CommitUnknown, LogUnavailable
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import ToolCompleted
 
