@@ -119,6 +119,14 @@ def open_log(
         raise ValueError(
             f"{', '.join(given)}: options of a PostgreSQL log; {location} is not a PostgreSQL URL"
         )
+    if location == MEMORY:
+        if map_size is not None:
+            raise ValueError("map_size applies to an LMDB log, not to an in-memory one")
+        if readonly:
+            raise ValueError("an in-memory log cannot be opened read-only: it starts empty")
+        from perdure.storage.memory_log import MemoryLog
+
+        return MemoryLog(durability=durability, clock=clock)
     from perdure.storage.lmdb_log import DEFAULT_MAP_SIZE, LmdbLog
 
     return LmdbLog(
