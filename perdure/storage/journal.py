@@ -105,8 +105,10 @@ class Journal:
             return []
         request = _Append(records, guard)
         if self._inline:
-            await trio.lowlevel.checkpoint()  # an append is a checkpoint in both modes
             self._deliver([request], self._commit([request]))
+            # A schedule point, as the threaded wait is, and like it not a cancel point:
+            # the caller learns the outcome of a commit that happened.
+            await trio.lowlevel.cancel_shielded_checkpoint()
             if request.error is not None:
                 raise request.error
             assert request.result is not None
@@ -190,8 +192,9 @@ class Journal:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Call the log's blocking ``fn`` in a worker thread (inline: here, at once)."""
         if self._inline:
-            await trio.lowlevel.checkpoint()
-            return fn(*args)
+            result = fn(*args)
+            await trio.lowlevel.cancel_shielded_checkpoint()  # as uncancellable as a thread
+            return result
         return await trio.to_thread.run_sync(functools.partial(fn, *args))
 
     async def read_session(

@@ -14,7 +14,8 @@ Each test runs once per backend, through the interface only:
   frames of ``read_global``, every open is a ``LogOpened`` system record;
 * through the Journal, concurrent appenders each get their own increasing seqs,
   what they were told is what every read path returns, and a subscriber hears
-  every committed record once, in seq order, never a refused one;
+  every committed record once, in seq order, never a refused one; an append whose
+  caller is cancelled still commits and answers;
 * a takeover fences the old writer: its next batch is not written and it hears
   ``LogFenced`` (LMDB and memory: the whole log; PostgreSQL: ``SessionFenced``,
   the session's lease).
@@ -320,6 +321,23 @@ async def test_journal_appends_get_their_own_seqs_and_are_published_once(
     assert everything[-len(told) - 1 :] == [revision, *told]
     assert heard == [revision.seq] + [c.seq for c in told]  # once each, in order, none refused
     assert all(c.record.call_id != "stale" for c in told)  # type: ignore[union-attr]
+
+
+async def test_an_append_whose_caller_is_cancelled_still_commits(log: LogBackend) -> None:
+    # Once an append is made its caller learns the outcome: the commit is not undone
+    # by a cancellation, in the threaded Journal and in the inline one alike.
+    await trio.to_thread.run_sync(log.acquire, "s")
+    record = tool_result("s", "c1")
+    async with open_journal(log) as journal:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            done = await journal.append([record])
+            told = [c.record for c in done]
+            await trio.lowlevel.checkpoint()  # here the cancellation is delivered
+            told.append(tool_result("s", "never reached"))
+        assert scope.cancelled_caught
+        assert told == [record]
+        assert [c.record for c in await journal.read_session("s")] == [record]
 
 
 # -- fencing --------------------------------------------------------------------------------
