@@ -177,7 +177,7 @@ def serve(
     from perdure._setup import SetupError
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
-    from perdure.storage.lmdb_log import LogBusy, LogError
+    from perdure.storage import LogBusy, LogError
 
     try:
         token, source, show = resolve_token(log_dir, token_file, os.environ, host)
@@ -248,7 +248,7 @@ def run(
     """Run one task to completion, streaming the model's text and the tool calls."""
     import trio
 
-    from perdure.storage.lmdb_log import LogError
+    from perdure.storage import LogError
 
     prov, tools = _setup(provider, model, tool_specs)
     try:
@@ -465,7 +465,7 @@ def _short(text: str, limit: int = 160) -> str:
 
 def _open_readonly(log_dir: str) -> Any:
     """The log for reading only, either backend; a clear message if there is none."""
-    from perdure.storage.backend import LogError, is_postgres, open_log
+    from perdure.storage import LogError, is_postgres, open_log
 
     if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
         _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
@@ -479,7 +479,7 @@ def _open_readonly(log_dir: str) -> Any:
 
 def _where(log_dir: str) -> str:
     """The log's location for a message: a PostgreSQL URL without its password."""
-    from perdure.storage.backend import is_postgres
+    from perdure.storage import is_postgres
 
     if is_postgres(log_dir):
         from perdure.storage.pg_log import redact

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from perdure.errors import NotOwnerRefused, Refused, SessionRestarting
-from perdure.storage.backend import LogError, NotOwner
+from perdure.storage import LogError, NotOwner
 from perdure.storage.codec import CorruptRecord
 
 REFUSED_STATUS: Final[Mapping[str, int]] = {

@@ -26,7 +26,7 @@ from perdure.providers.base import (
     ToolUseBlock,
 )
 from perdure.server.errors import ApiError
-from perdure.storage.backend import SessionInfo, check_session_id
+from perdure.storage import SessionInfo, check_session_id
 from perdure.storage.records import ResolutionAction
 
 MAX_BODY: Final = 1 << 20

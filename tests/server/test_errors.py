@@ -36,7 +36,7 @@ from perdure.errors import (
 from perdure.providers.scripted import Reply, ScriptedProvider
 from perdure.server.app import create_app
 from perdure.server.errors import HANDLERS, ApiError
-from perdure.storage.backend import LogFenced, LogUnavailable, NotOwner, StorageFull
+from perdure.storage import LogFenced, LogUnavailable, NotOwner, StorageFull
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import InputAccepted, Record
 
