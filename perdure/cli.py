@@ -286,99 +286,105 @@ async def _run_task(
         echo(f"session {sid}, input {accepted.submission_id} (log {rt.location})", "dim")
         if accepted.duplicate:
             echo("this task was already submitted: following it to its outcome", "dim")
-        prefix = accepted.submission_id + "."
-        streamed: set[str] = set()
-        async with progress.running() as show:
-            show.status("waiting for the model")
+        live = Live(rt, sid, accepted.submission_id, progress, yes)
+        async with progress.running():
+            progress.status("waiting for the model")
             events = rt.events(sid, after=accepted.seq - 1, restarts=True)
             async with aclosing(events) as stream:
                 async for event in stream:
-                    outcome = await _show_event(rt, sid, event, prefix, streamed, show, yes)
+                    outcome = await live.show(event)
                     if outcome is not None:
                         return outcome
     return "failed"
 
 
-async def _show_event(
-    rt: Any, sid: str, event: Any, prefix: str, streamed: set[str], show: Any, yes: bool
-) -> str | None:
-    """Print one event of our submission; return the run's final status when it ends."""
-    import trio
+class Live:
+    """``perdure run``'s output: the model's text as it streams, and every record as
+    the shared ``Timeline`` renders it (the same lines as ``perdure show``), with the
+    prompts a record calls for (an approval, a call that needs a person)."""
 
-    from perdure.storage import records as r
+    def __init__(
+        self, rt: Any, session_id: str, submission_id: str, progress: Progress, yes: bool
+    ) -> None:
+        from perdure.timeline import Timeline
 
-    rec = event.record
-    data = event.data
-    if event.kind == "model_call" and str(data.get("generation_id", "")).startswith(prefix):
-        attempt = data.get("attempt", 1)
-        show.status("waiting for the model" + (f" (attempt {attempt})" if attempt > 1 else ""))
-    elif event.kind == "text_delta" and str(data.get("generation_id", "")).startswith(prefix):
-        show.clear()
-        streamed.add(data["generation_id"])
-        echo(data.get("text", ""), nl=False)
-        sys.stdout.flush()
-    elif isinstance(rec, r.LogOpened):
-        show.clear()
-        echo(f"── runtime started (epoch {rec.epoch}, pid {rec.pid}) ──", "restart")
-    elif isinstance(rec, r.GenerationCompleted) and rec.generation_id.startswith(prefix):
-        show.clear()
-        if rec.generation_id not in streamed and rec.text:
-            echo(rec.text, nl=False)
-        if rec.text:
-            echo("")
-        for call in rec.tool_calls:
-            echo(f"→ {call.name}({json.dumps(call.input, ensure_ascii=False)[:200]})", "model")
-    elif isinstance(rec, r.ToolAwaitingApproval):
-        show.clear()
-        approved, note = yes, "approved with --yes"
-        if not yes and sys.stdin.isatty():
+        self.rt = rt
+        self.session_id = session_id
+        self.submission_id = submission_id
+        self.progress = progress
+        self.yes = yes
+        self.timeline = Timeline()
+        self.mid_text = False  # streamed text not yet ended by a newline
+
+    async def show(self, event: Any) -> str | None:
+        """Print one event; return the run's final status when our submission's run ends."""
+        from perdure.storage import records as r
+
+        data, rec, progress = event.data, event.record, self.progress
+        ours = data.get("submission_id") == self.submission_id
+        if event.kind == "model_call" and ours:
+            attempt = data.get("attempt", 1)
+            progress.status(
+                "waiting for the model" + (f" (attempt {attempt})" if attempt > 1 else "")
+            )
+            return None
+        if event.kind == "text_delta" and ours:
+            progress.clear()
+            self.timeline.streamed.add(data["generation_id"])
+            echo(data.get("text", ""), nl=False)
+            self.mid_text = True
+            sys.stdout.flush()
+            return None
+        if rec is None:
+            return None
+        if isinstance(rec, r.GenerationStarted | r.GenerationCompleted | r.RunFinished) and (
+            rec.submission_id != self.submission_id
+        ):
+            return None  # another input's turn in the same session
+        if isinstance(rec, r.ToolExecuting):
+            progress.status(f"running {rec.tool_name} [{rec.call_id}]")
+        lines = self.timeline.add(event_committed(event))
+        if lines:
+            progress.clear()
+            if self.mid_text:
+                echo("")
+                self.mid_text = False
+        for _, kind, text in lines:
+            echo(text, kind)
+        if isinstance(rec, r.ToolAwaitingApproval):
+            await self._approve(rec.call_id, rec.reason)
+        elif isinstance(rec, r.ToolAwaitingHuman):
+            await _resolve_at_the_terminal(self.rt, self.session_id, rec.call_id)
+        elif isinstance(rec, r.RunFinished) and rec.status != "interrupted":
+            return rec.status
+        return None
+
+    async def _approve(self, call_id: str, reason: str) -> None:
+        import trio
+
+        approved, note = self.yes, "approved with --yes"
+        if not self.yes and sys.stdin.isatty():
             approved = await trio.to_thread.run_sync(
-                lambda: click.confirm(f"approve {rec.call_id}? ({rec.reason})", default=False)
+                lambda: click.confirm(f"approve {call_id}? ({reason})", default=False)
             )
             note = "answered at the terminal"
-        elif not yes:
+        elif not self.yes:
             note = "no terminal to ask; run with --yes to approve"
-        echo(f"{'approved' if approved else 'denied'}: {rec.call_id} ({note})", "warning")
-        await rt.approve(
-            sid, rec.call_id, approved=approved, request_id=f"cli-approve-{rec.call_id}", note=note
+        echo(f"{'approved' if approved else 'denied'}: {call_id} ({note})", "warning")
+        await self.rt.approve(
+            self.session_id,
+            call_id,
+            approved=approved,
+            request_id=f"cli-approve-{call_id}",
+            note=note,
         )
-    elif isinstance(rec, r.ToolAwaitingHuman):
-        show.clear()
-        echo(f"! {rec.call_id} needs a person: {rec.reason}", "warning")
-        await _resolve_at_the_terminal(rt, sid, rec.call_id)
-    elif isinstance(rec, r.ToolRetryPending):
-        show.clear()
-        wait = max(0.0, rec.not_before - rec.at)
-        echo(
-            f"↻ {rec.call_id}: attempt {rec.attempt} failed ({_short(rec.error)}); "
-            f"retrying in {wait:.1f}s",
-            "warning",
-        )
-    elif isinstance(rec, r.ToolExecuting):
-        show.status(f"running {rec.tool_name} [{rec.call_id}]")
-    elif isinstance(rec, r.ToolCompleted):
-        show.clear()
-        style = "warning" if rec.is_error else "tool"
-        echo(f"{'✗' if rec.is_error else '✓'} {rec.call_id}: {_short(rec.output)}", style)
-    elif isinstance(rec, r.ToolOutcomeUnknown):
-        show.clear()
-        echo(f"? {rec.call_id}: OUTCOME UNKNOWN — {rec.reason}", "warning")
-    elif isinstance(rec, r.ToolCancelled):
-        show.clear()
-        echo(f"✗ {rec.call_id}: cancelled — {rec.reason}", "warning")
-    elif isinstance(rec, r.RecoveryDecision):
-        show.clear()
-        echo(
-            f"recovery: {rec.subject}: found {rec.found} → {rec.action} ({rec.reason})", "recovery"
-        )
-    elif isinstance(rec, r.RunFinished) and rec.submission_id + "." == prefix:
-        if rec.status == "interrupted":
-            return None
-        show.clear()
-        style = "outcome" if rec.status == "completed" else "warning"
-        echo(f"run {rec.status}" + (f": {rec.reason}" if rec.reason else ""), style)
-        return rec.status
-    return None
+
+
+def event_committed(event: Any) -> Any:
+    """A committed record's event as the ``Committed`` the timeline reads."""
+    from perdure.storage.records import Committed
+
+    return Committed(seq=event.seq, record=event.record)
 
 
 async def _resolve_at_the_terminal(rt: Any, sid: str, call_id: str) -> None:
@@ -453,11 +459,6 @@ class Progress:
                 sys.stderr.flush()
                 self._shown = True
                 i += 1
-
-
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # -- read-only commands ------------------------------------------------------------------

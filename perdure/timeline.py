@@ -1,9 +1,10 @@
 """A readable timeline of a session, straight from its records (pure; no I/O).
 
-Used by ``perdure show`` and ``perdure demo``: inputs, runs, model turns, tool
-calls with their phases and durations, every restart of the runtime, and every
-recovery decision with its reason. Each line is ``(seq, kind, text)`` where kind
-is a style hint ("input", "model", "tool", "restart", "recovery", "outcome",
+The one renderer of records as lines: ``perdure show``, ``perdure demo`` and
+``perdure run``'s live output all use it. Inputs, runs, model turns, tool calls
+with their phases and durations, every restart of the runtime, and every recovery
+decision with its reason. Each line is ``(seq, kind, text)`` where kind is a
+style hint ("input", "model", "tool", "restart", "recovery", "outcome",
 "warning", "plain") for colouring. Failed attempts show their retry and back-off,
 calls waiting for a person say how to answer, and a run of heartbeats of one call
 is one line with the latest details.
@@ -60,14 +61,26 @@ def _args(values: dict[str, object]) -> str:
     return ", ".join(f"{k}={_short(repr(v), 40)}" for k, v in values.items())
 
 
-def render(records: Iterable[Committed]) -> list[Line]:
-    """Timeline lines for the given records (a session's, plus LogOpened markers)."""
-    lines: list[Line] = []
-    tools: dict[str, str] = {}
-    started: dict[str, float] = {}
-    # The heartbeat lines since the last other line: call id -> (line index, count).
-    beats: dict[str, tuple[int, int]] = {}
-    for c in records:
+class Timeline:
+    """The timeline built one record at a time: ``add`` returns the record's new lines.
+
+    Both faces use it: ``render`` (``perdure show``, the demo) over a whole session,
+    and ``perdure run``'s live output record by record. A stretch of heartbeats of
+    one call is one line, updated in ``lines``; ``add`` returns it only the first
+    time. A model reply whose text was already shown as it streamed (its generation
+    id in ``streamed``) is rendered without the text.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[Line] = []
+        self.streamed: set[str] = set()
+        self._tools: dict[str, str] = {}
+        self._started: dict[str, float] = {}
+        # The heartbeat lines since the last other line: call id -> (line index, count).
+        self._beats: dict[str, tuple[int, int]] = {}
+
+    def add(self, c: Committed) -> list[Line]:
+        lines, tools, started = self.lines, self._tools, self._started
         r = c.record
         seq = c.seq
         stamp = _clock(r.at)
@@ -107,7 +120,8 @@ def render(records: Iterable[Committed]) -> list[Line]:
             calls = "; ".join(f"{t.name}({_args(t.input)})" for t in r.tool_calls)
             who = " ".join(x for x in (r.provider, r.model) if x)
             text = f"model ({who}) replied" if who else "model replied"
-            text += f": {_short(r.text)!r}" if r.text else ""
+            if r.text and r.generation_id not in self.streamed:
+                text += f": {_short(r.text)!r}"
             if calls:
                 text += f" → calls {calls}"
             u = r.usage
@@ -130,7 +144,7 @@ def render(records: Iterable[Committed]) -> list[Line]:
             )
         elif isinstance(r, ToolHeartbeat):
             # One line per call for a stretch of heartbeats: how many, and the latest.
-            index, count = beats.get(r.call_id, (len(lines), 0))
+            index, count = self._beats.get(r.call_id, (len(lines), 0))
             times = f" ×{count + 1}" if count else ""
             details = _short(json.dumps(r.details, ensure_ascii=False), 80)
             text = f"{stamp}  {tools.get(r.call_id, '?')} [{r.call_id}] heartbeat{times}: {details}"
@@ -138,8 +152,8 @@ def render(records: Iterable[Committed]) -> list[Line]:
                 lines[index] = (seq, "plain", text)
             else:
                 lines.append((seq, "plain", text))
-            beats[r.call_id] = (index, count + 1)
-            continue
+            self._beats[r.call_id] = (index, count + 1)
+            return lines[before:]  # a later heartbeat of a stretch only updates its line
         elif isinstance(r, ToolRetryPending):
             wait = max(0.0, r.not_before - r.at)
             add(
@@ -190,8 +204,16 @@ def render(records: Iterable[Committed]) -> list[Line]:
         elif isinstance(r, SessionParked):
             add("warning", f"session PARKED: {r.reason}")
         if len(lines) > before:
-            beats = {}  # another line came after the heartbeats: a new stretch starts
-    return lines
+            self._beats = {}  # another line came after the heartbeats: a new stretch starts
+        return lines[before:]
+
+
+def render(records: Iterable[Committed]) -> list[Line]:
+    """Timeline lines for the given records (a session's, plus LogOpened markers)."""
+    timeline = Timeline()
+    for c in records:
+        timeline.add(c)
+    return timeline.lines
 
 
 def with_restarts(session: list[Committed], system: list[Committed]) -> list[Committed]:
