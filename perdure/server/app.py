@@ -56,13 +56,12 @@ from perdure.server.payloads import (
     ResolutionBody,
     RevisionAnswer,
     SessionCreatedAnswer,
-    SessionList,
-    SessionListing,
     StatsAnswer,
     answer,
     message_json,
     path_session,
     read_body,
+    session_list,
     stream_start,
 )
 from perdure.server.streams import EventStreamResponse, FrameCache, Streams
@@ -148,7 +147,7 @@ class Api:
 
     async def list_sessions(self, request: Request) -> Response:
         infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
-        return _json(SessionList([SessionListing.of(i) for i in infos]))
+        return JSONResponse(session_list(infos))
 
     async def create_session(self, request: Request) -> Response:
         body = await read_body(request, CreateSessionBody, self.max_body)

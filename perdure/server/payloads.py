@@ -132,34 +132,6 @@ class SessionCreatedAnswer:
 
 
 @frozen
-class SessionListing:
-    session_id: str
-    first_seq: int
-    last_seq: int
-    records: int
-    goal_rev: int
-    open_submissions: int
-    active: bool
-
-    @classmethod
-    def of(cls, info: SessionInfo) -> SessionListing:
-        return cls(
-            info.session_id,
-            info.first_seq,
-            info.last_seq,
-            info.records,
-            info.goal_rev,
-            info.open_submissions,
-            info.open_submissions > 0,
-        )
-
-
-@frozen
-class SessionList:
-    sessions: list[SessionListing]
-
-
-@frozen
 class MessageAccepted:
     submission_id: str
     seq: int
@@ -263,6 +235,11 @@ def answer(value: Any) -> dict[str, Any]:
     """An answer class as its JSON object."""
     data: dict[str, Any] = converter.unstructure(value)
     return data
+
+
+def session_list(infos: list[SessionInfo]) -> dict[str, Any]:
+    """``GET /v1/sessions``: each session's summary as the log keeps it, plus ``active``."""
+    return {"sessions": [{**answer(i), "active": i.open_submissions > 0} for i in infos]}
 
 
 # -- reading a request ---------------------------------------------------------------------
