@@ -1,0 +1,551 @@
+"""The rows of the core for a call that fails, proven as data in, data out.
+
+A transient failure under a ``RetryPolicy`` (back-off, attempt + 1 with the same key,
+giving up), a timeout, a heartbeat, a call that needs a person (``Resolve``), and what
+a restart decides for each of them. These rows were first proven only through whole
+runtimes; mutation testing (docs/RELIABILITY.md) found the pure core around them
+unguarded, so each test here states the promise a change of the core would break.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import perdure
+from perdure import errors
+from perdure.actors import decide, protocol
+from perdure.actors.protocol import Step, View
+from perdure.storage.records import (
+    RecoveryDecision,
+    ResolutionDecided,
+    ToolAwaitingHuman,
+    ToolCancelled,
+    ToolCompleted,
+    ToolExecuting,
+    ToolHeartbeat,
+    ToolOutcomeUnknown,
+    ToolRetryPending,
+)
+from tests.core.sim import TOOLS, Session, kinds, only, runs
+
+POLICY = perdure.RetryPolicy(max_attempts=3, initial=2.0, multiplier=3.0, max_interval=60.0)
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE, retry=POLICY)
+async def fetch(url: str) -> str:
+    """Fetch a page (transient failures retried)."""
+    return url
+
+
+@perdure.tool(
+    replay=perdure.ReplayPolicy.KEYED,
+    retry=perdure.RetryPolicy(max_attempts=5, retry_timeouts=False),
+)
+async def charge(amount: int) -> str:
+    """Charge once per key; timeouts are not retried."""
+    return str(amount)
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.NEVER)
+async def launch(target: str) -> str:
+    """Launch (never re-run blindly)."""
+    return target
+
+
+async def _undo_fetch(ctx: perdure.ToolContext, result: str, url: str) -> str:
+    return "undone"
+
+
+FAILING = {**TOOLS, **{t.name: t for t in (fetch, charge, launch)}}
+
+
+class Shell(Session):
+    """``Session`` that also keeps the back-offs it was asked to wait out (``View.waiting``)."""
+
+    def __init__(self, tools: dict[str, Any] | None = None, **env: Any) -> None:
+        self.waiting: set[str] = set()
+        super().__init__(FAILING if tools is None else tools, **env)
+
+    def _commit(self, first: Step, *, recovering: bool = False) -> Step:
+        self.view = View(
+            models=self.view.models, tools=self.view.tools, waiting=frozenset(self.waiting)
+        )
+        step = super()._commit(first, recovering=recovering)
+        for effect in step.effects:
+            if isinstance(effect, protocol.BackOff):
+                self.waiting.add(effect.call_id)
+            elif isinstance(effect, protocol.StopBackOff):
+                self.waiting.discard(effect.call_id)
+        return step
+
+    def back_off_over(self, call_id: str) -> Step:
+        self.waiting.discard(call_id)
+        task = self.state.tasks[call_id]
+        return self.result(protocol.BackOffOver(call_id=call_id, attempt=task.attempt))
+
+    def restart(self, **env: Any) -> Step:
+        self.waiting = set()
+        return super().restart(**env)
+
+
+def started(tool: str, args: dict[str, Any], **env: Any) -> Shell:
+    s = Shell(**env)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("calling", ("c1", tool, args))
+    assert s.state.tasks["c1"].phase == "executing"
+    return s
+
+
+def backoffs(step: Step) -> list[protocol.BackOff]:
+    return [e for e in step.effects if isinstance(e, protocol.BackOff)]
+
+
+# -- a transient failure under a RetryPolicy --------------------------------------------------
+
+
+def test_a_transient_failure_waits_out_its_back_off_then_runs_attempt_two_with_the_same_key() -> (
+    None
+):
+    s = started("fetch", {"url": "u"})
+    first = s.state.tasks["c1"].executing
+    assert first is not None
+    step = s.finish_tool("c1", output="503 from upstream", outcome="retryable", jitter=1.0)
+    pending = only(step.records, ToolRetryPending)
+    assert kinds(step) == ["ToolRetryPending"], "the retry is recorded, nothing else happens"
+    assert pending[0].attempt == 1 and pending[0].error == "503 from upstream"
+    assert pending[0].not_before == s.now + POLICY.initial, "jitter 1.0: the whole first delay"
+    assert backoffs(step) == [protocol.BackOff("c1", 1, s.now + POLICY.initial)]
+    assert not runs(step), "no attempt before the back-off is over"
+    task = s.state.tasks["c1"]
+    assert (task.phase, task.last_error, task.not_before) == (
+        "retry_pending",
+        "503 from upstream",
+        s.now + POLICY.initial,
+    )
+    s.now += POLICY.initial
+    step = s.back_off_over("c1")
+    assert runs(step) == [("c1", 2)]
+    second = only(step.records, ToolExecuting)[0]
+    assert second.idempotency_key == first.idempotency_key and second.args == first.args
+    assert second.run_id == first.run_id == "in1.r0"
+    assert s.state.tasks["c1"].not_before is None and s.state.tasks["c1"].phase == "executing"
+
+
+def test_a_back_off_not_yet_over_is_waited_out_not_skipped() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=0.0)
+    not_before = s.state.tasks["c1"].not_before
+    assert not_before == s.now + POLICY.initial / 2, "jitter 0: half the delay"
+    s.waiting.clear()  # the shell lost its timer: advance asks for the wait again
+    s.now = not_before - 0.01
+    step = s._commit(Step())
+    assert backoffs(step) == [protocol.BackOff("c1", 1, not_before)] and not runs(step)
+    s.now = not_before
+    step = s.back_off_over("c1")
+    assert runs(step) == [("c1", 2)], "at not_before exactly, the wait is over"
+
+
+def test_the_delay_grows_with_each_attempt_and_the_last_failure_gives_up_with_the_count() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="e1", outcome="retryable", jitter=1.0)
+    s.now += 10
+    s.back_off_over("c1")
+    step = s.finish_tool("c1", output="e2", outcome="retryable", jitter=1.0)
+    pending = only(step.records, ToolRetryPending)[0]
+    assert pending.attempt == 2
+    assert pending.not_before == s.now + POLICY.initial * POLICY.multiplier
+    s.now += 10
+    assert runs(s.back_off_over("c1")) == [("c1", 3)]
+    step = s.finish_tool("c1", output="e3", outcome="retryable")
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.is_error, done.attempt) == ("error", True, 3)
+    assert "failed 3 times" in done.output and "allows 3 attempts" in done.output
+    assert done.output.endswith("The last error: e3")
+    assert "GenerationStarted" in kinds(step), "the model reads the failure and goes on"
+
+
+def test_a_timeout_is_retried_only_if_the_policy_retries_timeouts() -> None:
+    s = started("fetch", {"url": "u"})
+    step = s.finish_tool("c1", output="timed out", outcome="timeout")
+    assert kinds(step) == ["ToolRetryPending"]
+    s = started("charge", {"amount": 5})
+    step = s.finish_tool("c1", output="timed out", outcome="timeout")
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.is_error, done.output) == ("timeout", True, "timed out")
+
+
+def test_a_timeout_given_up_on_keeps_its_kind() -> None:
+    s = started("fetch", {"url": "u"})
+    for _ in range(2):
+        s.finish_tool("c1", output="slow", outcome="timeout")
+        s.now += 100
+        s.back_off_over("c1")
+    step = s.finish_tool("c1", output="slow", outcome="timeout", duration=4.5)
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.attempt, done.duration) == ("timeout", 3, 4.5)
+
+
+def test_a_retryable_failure_without_a_policy_is_an_error_for_the_model() -> None:
+    s = started("lookup", {"query": "q"})
+    step = s.finish_tool("c1", output="flaky", outcome="retryable")
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.is_error, done.output) == ("error", True, "flaky")
+
+
+def test_a_call_recorded_never_is_not_retried_even_if_its_tool_has_a_policy_now() -> None:
+    s = started("launch", {"target": "t"})
+    s.tools = {
+        **FAILING,
+        "launch": perdure.tool(name="launch", replay=perdure.ReplayPolicy.SAFE, retry=POLICY)(
+            launch.fn
+        ),
+    }
+    step = s.finish_tool("c1", output="flaky", outcome="retryable")
+    assert not only(step.records, ToolRetryPending)
+    assert only(step.records, ToolCompleted)[0].kind == "error"
+
+
+def test_a_call_now_never_is_not_retried_even_if_it_was_recorded_safe() -> None:
+    s = started("fetch", {"url": "u"})
+    now_never = perdure.tool(name="fetch", replay=perdure.ReplayPolicy.NEVER)(fetch.fn)
+    s.tools = {**FAILING, "fetch": now_never}
+    step = s.finish_tool("c1", output="flaky", outcome="retryable")
+    assert not only(step.records, ToolRetryPending)
+
+
+def test_a_failure_after_a_revision_or_a_cancel_is_not_retried() -> None:
+    s = started("fetch", {"url": "u"})
+    s.command(protocol.Revise("v1", "do something else"))
+    step = s.finish_tool("c1", output="flaky", outcome="retryable")
+    assert not only(step.records, ToolRetryPending), "the request it served was revised"
+    s = started("fetch", {"url": "u"})
+    s.command(protocol.Cancel("x1"))
+    step = s.finish_tool("c1", output="flaky", outcome="retryable")
+    assert not only(step.records, ToolRetryPending), "its run is being cancelled"
+    assert only(step.records, ToolCompleted)[0].is_error
+
+
+def test_a_report_of_another_attempt_or_call_changes_nothing() -> None:
+    s = started("fetch", {"url": "u"})
+    stale = protocol.ToolFinished(call_id="c1", attempt=2, outcome="ok", output="from the future")
+    assert not decide.on_result(s.state, s.env(), stale)
+    assert not decide.on_result(
+        s.state, s.env(), protocol.ToolFinished(call_id="c9", attempt=1, outcome="ok", output="x")
+    )
+    s.finish_tool("c1")
+    again = protocol.ToolFinished(call_id="c1", attempt=1, outcome="ok", output="twice")
+    assert not decide.on_result(s.state, s.env(), again), "a duplicate of a settled call"
+
+
+# -- a pending retry that may no longer run ---------------------------------------------------
+
+
+def pending_retry(tool: str = "fetch", args: dict[str, Any] | None = None) -> Shell:
+    s = started(tool, args or {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    s.now += 100
+    return s
+
+
+def test_a_pending_retry_whose_tool_became_never_gives_the_last_error_instead() -> None:
+    s = pending_retry()
+    s.tools = {
+        **FAILING,
+        "fetch": perdure.tool(name="fetch", replay=perdure.ReplayPolicy.NEVER)(fetch.fn),
+    }
+    step = s.back_off_over("c1")
+    done = only(step.records, ToolCompleted)[0]
+    assert not runs(step)
+    assert (done.kind, done.is_error, done.attempt) == ("error", True, 1)
+    assert done.output.startswith("503\n(perdure: attempt 1 failed and was not retried: ")
+    assert "recorded policy safe, registered policy never" in done.output
+
+
+def test_a_pending_retry_whose_tool_is_gone_gives_the_last_error_instead() -> None:
+    s = pending_retry()
+    s.tools = {k: v for k, v in FAILING.items() if k != "fetch"}
+    step = s.back_off_over("c1")
+    done = only(step.records, ToolCompleted)[0]
+    assert not runs(step)
+    assert "its tool is no longer registered" in done.output
+
+
+def test_a_pending_retry_whose_tool_changed_runs_only_if_its_arguments_still_fit() -> None:
+    s = pending_retry()
+    v2 = perdure.tool(name="fetch", replay=perdure.ReplayPolicy.SAFE, retry=POLICY, version="2")(
+        fetch.fn
+    )
+    s.tools = {**FAILING, "fetch": v2}
+    assert runs(s.back_off_over("c1")) == [("c1", 2)]
+
+    async def fetch_v3(address: str) -> str:
+        """Fetch by address."""
+        return address
+
+    s = pending_retry()
+    v3 = perdure.tool(name="fetch", replay=perdure.ReplayPolicy.SAFE, retry=POLICY)(fetch_v3)
+    s.tools = {**FAILING, "fetch": v3}
+    step = s.back_off_over("c1")
+    assert not runs(step)
+    done = only(step.records, ToolCompleted)[0]
+    assert "definition changed" in done.output and "no longer fit" in done.output
+    assert not done.output.count("; ;"), "the words are joined once"
+
+
+# -- heartbeats -------------------------------------------------------------------------------
+
+
+def test_a_heartbeat_is_recorded_and_handed_to_the_next_attempt() -> None:
+    s = started("fetch", {"url": "u"})
+    report = protocol.HeartbeatReported(call_id="c1", attempt=1, details={"offset": 40})
+    step = s._commit(decide.on_result(s.state, s.env(), report))  # the attempt still runs
+    beat = only(step.records, ToolHeartbeat)
+    assert [(b.call_id, b.attempt, b.details) for b in beat] == [("c1", 1, {"offset": 40})]
+    assert s.state.tasks["c1"].last_heartbeat == beat[0]
+    s.finish_tool("c1", output="reset", outcome="retryable")
+    s.now += 100
+    step = s.back_off_over("c1")
+    run = [e for e in step.effects if isinstance(e, protocol.RunTool)]
+    assert [r.last_heartbeat for r in run] == [{"offset": 40}]
+
+
+def test_a_first_attempt_starts_without_a_heartbeat() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    step = s.reply("calling", ("c1", "fetch", {"url": "u"}))
+    assert [e.last_heartbeat for e in step.effects if isinstance(e, protocol.RunTool)] == [None]
+
+
+def test_a_heartbeat_of_an_attempt_that_is_over_is_not_recorded() -> None:
+    s = started("fetch", {"url": "u"})
+    assert not decide.on_result(
+        s.state, s.env(), protocol.HeartbeatReported(call_id="c1", attempt=2, details=1)
+    )
+    assert not decide.on_result(
+        s.state, s.env(), protocol.HeartbeatReported(call_id="c9", attempt=1, details=1)
+    )
+    s.finish_tool("c1")
+    assert not decide.on_result(
+        s.state, s.env(), protocol.HeartbeatReported(call_id="c1", attempt=1, details=1)
+    )
+
+
+# -- a call that needs a person ---------------------------------------------------------------
+
+
+def waiting_for_a_person(tool: str = "fetch", args: dict[str, Any] | None = None) -> Shell:
+    s = started(tool, args or {"url": "u"})
+    step = s.finish_tool("c1", output="card declined: ask the customer", outcome="needs_human")
+    waiting = only(step.records, ToolAwaitingHuman)
+    assert [(w.call_id, w.attempt, w.reason) for w in waiting] == [
+        ("c1", 1, "card declined: ask the customer")
+    ]
+    assert kinds(step) == ["ToolAwaitingHuman"], "the run waits; nothing else happens"
+    assert s.state.tasks["c1"].phase == "awaiting_human"
+    return s
+
+
+def test_a_person_retries_the_call_with_the_same_key_even_for_a_never_tool() -> None:
+    s = waiting_for_a_person("launch", {"target": "t"})
+    key = s.state.tasks["c1"].executing.idempotency_key  # type: ignore[union-attr]
+    step, answer = s.command(protocol.Resolve("c1", "retry", "h1"))
+    assert answer == protocol.Done("c1")
+    assert kinds(step) == ["ResolutionDecided", "ToolExecuting"], "at once: no back-off"
+    assert runs(step) == [("c1", 2)]
+    assert only(step.records, ToolExecuting)[0].idempotency_key == key
+
+
+def test_a_person_skips_the_call_with_a_result_the_model_reads() -> None:
+    s = waiting_for_a_person()
+    step, _ = s.command(protocol.Resolve("c1", "skip", "h1", result={"page": "cached"}))
+    assert kinds(step)[:2] == ["ResolutionDecided", "ToolCompleted"]
+    decided = only(step.records, ResolutionDecided)[0]
+    assert (decided.action, decided.result, decided.request_id) == (
+        "skip",
+        {"page": "cached"},
+        "h1",
+    )
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.is_error, done.attempt) == ("resolved", False, 1)
+    assert done.output == perdure.tools.contract.render_result({"page": "cached"})
+    assert "GenerationStarted" in kinds(step)
+
+
+def test_a_person_fails_the_call_and_the_model_reads_why() -> None:
+    s = waiting_for_a_person()
+    step, _ = s.command(protocol.Resolve("c1", "fail", "h1", result="wrong card"))
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.is_error) == ("resolved", True)
+    assert done.output == (
+        "perdure: this call needed a person (card declined: ask the customer); they chose to "
+        "fail it. They said: wrong card"
+    )
+    s = waiting_for_a_person()
+    step, _ = s.command(protocol.Resolve("c1", "fail", "h1"))
+    assert only(step.records, ToolCompleted)[0].output.endswith("they chose to fail it.")
+
+
+def test_a_resolution_is_idempotent_by_request_id_and_refused_when_nobody_waits() -> None:
+    s = waiting_for_a_person()
+    s.command(protocol.Resolve("c1", "skip", "h1", result="r"))
+    s.state.requests["h1"].seq = 9
+    step, answer = s.command(protocol.Resolve("c1", "skip", "h1", result="r"))
+    assert not step and answer == protocol.Done("c1", 9, duplicate=True)
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Resolve("c1", "skip", "h1", result="other"))
+    assert info.value.code == "conflict"
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Resolve("c1", "retry", "h2"))
+    assert info.value.code == "invalid_state" and "not waiting for a person" in str(info.value)
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Resolve("c9", "retry", "h3"))
+    assert info.value.code == "not_found" and "'c9'" in str(info.value)
+
+
+# -- what a restart decides for each ---------------------------------------------------------
+
+
+def decision_for(step: Step, subject: str) -> RecoveryDecision:
+    return next(d for d in only(step.records, RecoveryDecision) if d.subject == subject)
+
+
+def test_a_restart_during_a_back_off_waits_out_what_is_left_then_retries() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    s.now += 0.5  # 1.5 s of the 2 s back-off left
+    step = s.restart()
+    decision = decision_for(step, "c1")
+    assert decision.found == "retry back-off after attempt 1"
+    assert decision.action == "wait out the back-off (1.5s left), then run attempt 2"
+    assert decision.reason == "the same arguments and idempotency key; attempt 1: 503"
+    assert not runs(step) and backoffs(step) == [protocol.BackOff("c1", 1, 1002.0)]
+    assert only(step.records, ToolRetryPending) == []
+    s.now = 1002.0
+    assert runs(s.back_off_over("c1")) == [("c1", 2)]
+
+
+def test_a_restart_after_the_back_off_ran_out_retries_at_once() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    s.now += 60
+    step = s.restart()
+    decision = decision_for(step, "c1")
+    assert decision.action == "run attempt 2 now (its back-off is over)"
+    assert runs(step) == [("c1", 2)]
+    assert only(step.records, ToolExecuting)[0].run_id == "in1.r1", "the resumed run owns it"
+
+
+def test_a_restart_does_not_retry_what_may_no_longer_be_retried() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    s.tools = {
+        **FAILING,
+        "fetch": perdure.tool(name="fetch", replay=perdure.ReplayPolicy.NEVER)(fetch.fn),
+    }
+    s.now += 100
+    step = s.restart()
+    decision = decision_for(step, "c1")
+    assert decision.action == "record the last error; do not retry"
+    assert "never retried automatically" in decision.reason
+    assert not runs(step) and only(step.records, ToolCompleted)[0].is_error
+
+
+def test_a_restart_after_a_person_chose_to_retry_runs_the_call() -> None:
+    s = waiting_for_a_person("launch", {"target": "t"})
+    s.state.paused = False
+    s.command(protocol.Pause("p1"))  # the retry is decided but waits for the resume
+    step, _ = s.command(protocol.Resolve("c1", "retry", "h1"))
+    assert kinds(step) == ["ResolutionDecided"] and not runs(step)
+    task = s.state.tasks["c1"]
+    assert (task.phase, task.retry_by_human, task.not_before) == ("retry_pending", True, s.now)
+    step = s.restart()
+    decision = decision_for(step, "c1")
+    assert decision.found == "a person chose to retry (attempt 1 asked for one)"
+    assert "run attempt 2" in decision.action, "a NEVER call a person retries does run"
+    step, _ = s.command(protocol.Resume("p2"))
+    assert runs(step) == [("c1", 2)]
+
+
+def test_a_restart_keeps_a_call_waiting_for_a_person() -> None:
+    s = waiting_for_a_person()
+    step = s.restart()
+    assert not runs(step) and not only(step.records, ToolCompleted)
+    run_decision = decision_for(step, "in1.r0")
+    assert run_decision.found == "awaiting a person to resolve c1"
+    assert run_decision.action == "keep waiting"
+
+
+# -- a cancellation or a pause met by a restart -----------------------------------------------
+
+
+def test_a_restart_during_a_cancellation_finishes_it_and_never_resumes() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "launch", {"target": "t"}), ("c2", "deploy", {"target": "d"}))
+    s.command(protocol.Cancel("x1"))
+    assert s.state.run is not None and s.state.run.cancel_requested
+    step = s.restart()
+    decision = decision_for(step, "in1.r0")
+    assert (decision.found, decision.action, decision.reason) == (
+        "cancellation in progress",
+        "finish cancelling",
+        "never resumed",
+    )
+    unknown = only(step.records, ToolOutcomeUnknown)
+    assert [u.call_id for u in unknown] == ["c1"]
+    assert unknown[0].reason == "interrupted while the run was being cancelled"
+    assert not runs(step) and "RunStarted" not in kinds(step)
+    assert s.state.run is None and s.state.last_outcome is not None
+    assert s.state.last_outcome.status == "cancelled"
+
+
+def test_a_call_found_not_applied_while_paused_is_reconciled_again_after_the_resume() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send_checked", {"text": "hi"}))
+    s.restart()  # NEVER with a reconcile: recovery asks it
+    s.command(protocol.Pause("p1"))
+    s.view = View(models=s.view.models, tools=s.view.tools - {"c1"})
+    step = s._commit(
+        decide.on_result(
+            s.state, s.env(), protocol.ReconcileFinished(call_id="c1", status="not_applied")
+        )
+    )
+    assert decision_for(step, "c1").action == "run it once the session is resumed"
+    assert not runs(step) and s.state.tasks["c1"].phase == "executing"
+    step, _ = s.command(protocol.Resume("p2"))
+    reconcile = [e for e in step.effects if isinstance(e, protocol.Reconcile)]
+    assert [e.call_id for e in reconcile] == ["c1"], "asked again: the world may have changed"
+
+
+def test_an_executing_call_nobody_runs_whose_tool_went_away_is_unknown() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send_checked", {"text": "hi"}))
+    s.restart()
+    s.command(protocol.Pause("p1"))
+    s.view = View(models=s.view.models, tools=s.view.tools - {"c1"})
+    s._commit(
+        decide.on_result(
+            s.state, s.env(), protocol.ReconcileFinished(call_id="c1", status="not_applied")
+        )
+    )
+    s.tools = {k: v for k, v in FAILING.items() if k != "send_checked"}
+    step, _ = s.command(protocol.Resume("p2"))
+    unknown = only(step.records, ToolOutcomeUnknown)
+    assert [u.reason for u in unknown] == ["not re-run: its tool is no longer registered"]
+
+
+def test_a_failed_attempt_cancelled_by_a_revision_says_it_failed() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    step, _ = s.command(protocol.Revise("v1", "never mind"))
+    cancelled = only(step.records, ToolCancelled)
+    assert [c.call_id for c in cancelled] == ["c1"]
+    assert cancelled[0].output == (
+        "perdure: this call failed (attempt 1: 503) and was not tried again: "
+        "the request was revised before it ran."
+    )
+    assert protocol.StopBackOff("c1") in step.effects, "its back-off timer is stopped"
