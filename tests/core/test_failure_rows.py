@@ -549,3 +549,109 @@ def test_a_failed_attempt_cancelled_by_a_revision_says_it_failed() -> None:
         "the request was revised before it ran."
     )
     assert protocol.StopBackOff("c1") in step.effects, "its back-off timer is stopped"
+
+
+def test_a_restart_exactly_at_the_end_of_the_back_off_retries_at_once() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    s.now = s.state.tasks["c1"].not_before  # type: ignore[assignment]
+    step = s.restart()
+    assert decision_for(step, "c1").action == "run attempt 2 now (its back-off is over)"
+    assert runs(step) == [("c1", 2)]
+
+
+def test_a_later_attempt_not_retried_reports_its_own_number() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="e1", outcome="retryable")
+    s.now += 100
+    s.back_off_over("c1")
+    s.finish_tool("c1", output="e2", outcome="retryable")
+    s.now += 100
+    s.tools = {k: v for k, v in FAILING.items() if k != "fetch"}
+    done = only(s.back_off_over("c1").records, ToolCompleted)[0]
+    assert done.attempt == 2
+    assert done.output == (
+        "e2\n(perdure: attempt 2 failed and was not retried: its tool is no longer registered.)"
+    )
+
+
+def test_a_pending_retry_whose_arguments_no_longer_fit_says_why_in_one_sentence() -> None:
+    async def fetch_v3(address: str) -> str:
+        """Fetch by address."""
+        return address
+
+    s = pending_retry()
+    v3 = perdure.tool(name="fetch", replay=perdure.ReplayPolicy.SAFE, retry=POLICY)(fetch_v3)
+    s.tools = {**FAILING, "fetch": v3}
+    done = only(s.back_off_over("c1").records, ToolCompleted)[0]
+    assert done.output.startswith(
+        "503\n(perdure: attempt 1 failed and was not retried: the tool's definition changed "
+        f"since the call was dispatched ({fetch.definition_hash} -> {v3.definition_hash}) and "
+        "the recorded arguments no longer fit it: "
+    )
+
+
+def test_a_person_resolving_a_later_attempt_names_that_attempt() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="e1", outcome="retryable")
+    s.now += 100
+    s.back_off_over("c1")
+    s.finish_tool("c1", output="ask", outcome="needs_human")
+    step, answer = s.command(protocol.Resolve("c1", "skip", "h1", result="ok"))
+    assert answer == protocol.Done("c1")
+    assert only(step.records, ToolCompleted)[0].attempt == 2
+
+
+def test_an_executing_call_nobody_runs_whose_tool_cannot_reconcile_any_more_is_unknown() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send_checked", {"text": "hi"}))
+    s.restart()
+    s.command(protocol.Pause("p1"))
+    s.view = View(models=s.view.models, tools=s.view.tools - {"c1"})
+    report = protocol.ReconcileFinished(call_id="c1", status="not_applied")
+    s._commit(decide.on_result(s.state, s.env(), report))
+    plain = perdure.tool(name="send_checked", replay=perdure.ReplayPolicy.NEVER)(
+        TOOLS["send_checked"].fn
+    )
+    s.tools = {**FAILING, "send_checked": plain}
+    step, _ = s.command(protocol.Resume("p2"))
+    unknown = only(step.records, ToolOutcomeUnknown)
+    assert [u.reason for u in unknown] == ["not re-run: it cannot reconcile"]
+
+
+def test_the_reconcile_asked_again_after_a_resume_is_the_tools_own() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send_checked", {"text": "hi"}))
+    s.restart()
+    s.command(protocol.Pause("p1"))
+    s.view = View(models=s.view.models, tools=s.view.tools - {"c1"})
+    report = protocol.ReconcileFinished(call_id="c1", status="not_applied")
+    s._commit(decide.on_result(s.state, s.env(), report))
+    step, _ = s.command(protocol.Resume("p2"))
+    asked = [e for e in step.effects if isinstance(e, protocol.Reconcile)]
+    assert [(e.tool, e.executing) for e in asked] == [
+        (TOOLS["send_checked"], s.state.tasks["c1"].executing)
+    ]
+
+
+def test_a_restart_keeps_a_compensation_waiting_for_a_person() -> None:
+    from tests.core.sim import COURSE_TOOLS
+
+    s = Shell(tools={**COURSE_TOOLS, **FAILING})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_seat", {"seat": "1A"}))
+    s.finish_tool("c1", output="held")
+    s.command(protocol.Revise("v1", "another flight"))  # releases the seat automatically
+    assert s.state.tasks["comp-c1"].phase == "executing"
+    s.finish_tool("comp-c1", output="the airline wants a call", outcome="needs_human")
+    assert s.state.tasks["comp-c1"].phase == "awaiting_human"
+    step = s.restart()
+    decision = decision_for(step, "comp-c1")
+    assert (decision.found, decision.action, decision.reason) == (
+        "awaiting a person (NeedsHuman)",
+        "keep waiting for rt.resolve: retry, skip or fail",
+        "the airline wants a call",
+    )
+    assert not runs(step)

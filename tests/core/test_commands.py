@@ -1,0 +1,207 @@
+"""A caller's commands in the pure core: what each answers, refuses, and remembers.
+
+Every refusal carries a code the daemon maps to an HTTP status and a message a
+person reads; every command a request id already used answers as it did the first
+time, also after a restart (the fold rebuilds the request ids from the records).
+Mutation testing (docs/RELIABILITY.md) found these answers unguarded.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perdure import errors
+from perdure.actors import decide, protocol
+from perdure.storage.records import (
+    CompensationRequested,
+    RecoveryDecision,
+    RunFinished,
+    ToolCancelled,
+    ToolOutcomeUnknown,
+)
+from tests.core.sim import COURSE_TOOLS, Session, kinds, only
+
+
+def refusal(s: Session, cmd: protocol.Command) -> tuple[str, str]:
+    """The code and message of the refusal of ``cmd``; nothing may be decided."""
+    before = list(s.log)
+    with pytest.raises(errors.Refused) as info:
+        s.command(cmd)
+    assert s.log == before, "a refused command records nothing"
+    return info.value.code, info.value.message
+
+
+def awaiting_approval() -> Session:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "deploy", {"target": "prod"}), ("c2", "lookup", {"query": "q"}))
+    assert s.state.tasks["c1"].phase == "awaiting_approval"
+    return s
+
+
+def test_approving_an_unknown_call_or_one_not_waiting_is_refused_with_its_code() -> None:
+    s = awaiting_approval()
+    assert refusal(s, protocol.Approve("c9", True, "a1")) == (
+        "not_found",
+        "no tool call 'c9' in session s1",
+    )
+    assert refusal(s, protocol.Approve("c2", True, "a1")) == (
+        "invalid_state",
+        "tool call c2 is executing, not awaiting approval",
+    )
+
+
+def test_an_approval_answers_with_its_call_and_keeps_its_note() -> None:
+    s = awaiting_approval()
+    step, answer = s.command(protocol.Approve("c1", True, "a1", note="looks fine"))
+    assert answer == protocol.Done("c1")
+    decided = step.records[0]
+    assert (type(decided).__name__, decided.note, decided.approved) == (  # type: ignore[attr-defined]
+        "ApprovalDecided",
+        "looks fine",
+        True,
+    )
+
+
+def test_an_approval_repeated_after_a_restart_is_a_duplicate_and_a_changed_one_a_conflict() -> None:
+    s = awaiting_approval()
+    s.command(protocol.Approve("c1", False, "a1"))
+    s.restart()
+    seq = next(i for i, r in enumerate(s.log, start=1) if type(r).__name__ == "ApprovalDecided")
+    step, answer = s.command(protocol.Approve("c1", False, "a1"))
+    assert not step and answer == protocol.Done("c1", seq, duplicate=True)
+    code, message = refusal(s, protocol.Approve("c1", True, "a1"))
+    assert code == "conflict"
+    assert message == "request id 'a1' was already used for a different approve request"
+    code, _ = refusal(s, protocol.Revise("a1", "x"))
+    assert code == "conflict", "the same id for another kind of command"
+
+
+def test_a_resolution_repeated_after_a_restart_is_a_duplicate() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    s.finish_tool("c1", output="ask", outcome="needs_human")
+    s.command(protocol.Resolve("c1", "skip", "h1", result="fine"))
+    s.restart()
+    step, answer = s.command(protocol.Resolve("c1", "skip", "h1", result="fine"))
+    assert not step and answer.duplicate and answer.ref == "c1"  # type: ignore[union-attr]
+    assert refusal(s, protocol.Resolve("c1", "fail", "h1"))[0] == "conflict"
+
+
+def test_pause_resume_and_cancel_repeated_after_a_restart_are_duplicates() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.command(protocol.Pause("p1"))
+    s.command(protocol.Resume("u1"))
+    s.command(protocol.Cancel("x1"))
+    s.restart()
+    for cmd in (protocol.Pause("p1"), protocol.Resume("u1"), protocol.Cancel("x1")):
+        step, answer = s.command(cmd)
+        assert not step and answer.duplicate, cmd  # type: ignore[union-attr]
+    assert refusal(s, protocol.Resume("p1"))[0] == "conflict"
+    assert refusal(s, protocol.Pause("x1"))[0] == "conflict"
+
+
+def test_pausing_twice_or_resuming_a_running_session_records_nothing() -> None:
+    s = Session()
+    step, answer = s.command(protocol.Resume("u1"))
+    assert not step and answer == protocol.Done("")
+    s.command(protocol.Pause("p1"))
+    step, answer = s.command(protocol.Pause("p2"))
+    assert not step and answer == protocol.Done("")
+
+
+def test_cancelling_twice_answers_with_the_run_and_records_once() -> None:
+    s = Session()
+    step, answer = s.command(protocol.Cancel("x0"))
+    assert not step and answer == protocol.Done(""), "no run: nothing to cancel"
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send", {"text": "t"}))
+    step, answer = s.command(protocol.Cancel("x1"))
+    assert kinds(step) == ["CancelRequested"] and answer == protocol.Done("in1.r0")
+    step, answer = s.command(protocol.Cancel("x2"))
+    assert not step and answer == protocol.Done("in1.r0")
+
+
+def test_revising_without_a_run_is_refused_with_advice() -> None:
+    s = Session()
+    assert refusal(s, protocol.Revise("v1", "x")) == (
+        "invalid_state",
+        "no run is in progress to revise; submit a new message instead",
+    )
+
+
+def completed_ticket() -> Session:
+    s = Session(tools=COURSE_TOOLS)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "create_ticket", {"title": "t"}), ("c2", "lookup", {"query": "q"}))
+    s.finish_tool("c1", output="T-1")
+    s.finish_tool("c2")
+    s.reply("done")
+    return s
+
+
+def test_a_compensation_asked_for_is_not_automatic_and_answers_with_its_id() -> None:
+    s = completed_ticket()
+    step, answer = s.command(protocol.Compensate("c1", "k1"))
+    assert answer == protocol.Done(decide.compensation_id("c1")) == protocol.Done("comp-c1")
+    requested = only(step.records, CompensationRequested)
+    assert [(r.call_id, r.automatic, r.request_id) for r in requested] == [("c1", False, "k1")]
+
+
+def test_what_cannot_be_compensated_is_refused_with_the_reason() -> None:
+    s = completed_ticket()
+    assert refusal(s, protocol.Compensate("c9", "k1")) == (
+        "not_found",
+        "no tool call 'c9' in session s1",
+    )
+    assert refusal(s, protocol.Compensate("c2", "k1")) == (
+        "invalid_state",
+        "the tool 'lookup' declares no compensation",
+    )
+    s.command(protocol.Compensate("c1", "k1"))
+    assert refusal(s, protocol.Compensate("c1", "k2")) == (
+        "invalid_state",
+        "c1 is already compensated by comp-c1",
+    )
+    assert refusal(s, protocol.Compensate("comp-c1", "k3")) == (
+        "invalid_state",
+        "comp-c1 is awaiting_approval; only a completed call can be undone",
+    )
+
+
+# -- what a restart decides when the run gave up or was being cancelled --------------------------
+
+
+def test_a_run_that_keeps_dying_gives_up_and_settles_every_open_call() -> None:
+    s = Session(resume_budget=1)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}), ("c2", "deploy", {"target": "d"}))
+    assert s.state.tasks["c2"].phase == "awaiting_approval"
+    step = s.restart()  # resume 1 of 1: c1 (SAFE) runs again
+    assert "RunStarted" in kinds(step)
+    step = s.restart()  # no progress since: the budget is spent
+    decision = next(d for d in only(step.records, RecoveryDecision) if d.subject == "in1.r1")
+    assert (decision.found, decision.action) == ("run in progress", "fail the run")
+    assert decision.reason == (
+        "the run was interrupted 2 times in a row without progress (resume budget 1); "
+        "giving up instead of looping"
+    )
+    unknown = only(step.records, ToolOutcomeUnknown)
+    cancelled = only(step.records, ToolCancelled)
+    assert [(u.call_id, u.reason) for u in unknown] == [("c1", "interrupted; the run was given up")]
+    assert [(c.call_id, c.reason) for c in cancelled] == [("c2", "the run was given up")]
+    finished = only(step.records, RunFinished)
+    assert [(f.status, f.reason) for f in finished] == [("failed", decision.reason)]
+
+
+def test_a_restart_during_a_cancellation_finishes_it_as_cancelled_by_request() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send", {"text": "t"}))
+    s.command(protocol.Cancel("x1"))  # c1 (NEVER) is left to finish; then the crash
+    step = s.restart()
+    assert [u.call_id for u in only(step.records, ToolOutcomeUnknown)] == ["c1"]
+    finished = only(step.records, RunFinished)
+    assert [(f.status, f.reason) for f in finished] == [("cancelled", "cancelled by request")]
