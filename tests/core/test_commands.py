@@ -205,3 +205,22 @@ def test_a_restart_during_a_cancellation_finishes_it_as_cancelled_by_request() -
     assert [u.call_id for u in only(step.records, ToolOutcomeUnknown)] == ["c1"]
     finished = only(step.records, RunFinished)
     assert [(f.status, f.reason) for f in finished] == [("cancelled", "cancelled by request")]
+
+
+def test_only_a_completed_original_call_can_be_compensated() -> None:
+    s = Session(tools=COURSE_TOOLS)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "create_ticket", {"title": "t"}))
+    assert refusal(s, protocol.Compensate("c1", "k1")) == (
+        "invalid_state",
+        "c1 is executing; only a completed call can be undone",
+    )
+    s.finish_tool("c1", output="T-1")
+    s.command(protocol.Compensate("c1", "k1"))
+    s.command(protocol.Approve("comp-c1", True, "a1"))
+    s.finish_tool("comp-c1", output="closed")
+    assert s.state.tasks["comp-c1"].phase == "completed"
+    assert refusal(s, protocol.Compensate("comp-c1", "k2")) == (
+        "invalid_state",
+        "comp-c1 is completed; only a completed call can be undone",
+    ), "a compensation is not itself undone"

@@ -655,3 +655,36 @@ def test_a_restart_keeps_a_compensation_waiting_for_a_person() -> None:
         "the airline wants a call",
     )
     assert not runs(step)
+
+
+def test_a_retry_after_of_the_tool_is_honoured_by_its_back_off() -> None:
+    s = started("fetch", {"url": "u"})
+    step = s.finish_tool("c1", output="429", outcome="retryable", jitter=1.0, retry_after=30.0)
+    assert only(step.records, ToolRetryPending)[0].not_before == s.now + 30.0
+
+
+def test_a_failure_of_a_call_whose_tool_went_away_is_an_error_not_a_retry() -> None:
+    s = started("fetch", {"url": "u"})
+    s.tools = {k: v for k, v in FAILING.items() if k != "fetch"}
+    step = s.finish_tool("c1", output="503", outcome="retryable")
+    done = only(step.records, ToolCompleted)[0]
+    assert (done.kind, done.output) == ("error", "503")
+
+
+@pytest.mark.parametrize(
+    ("attempt", "jitter", "retry_after", "expected"),
+    [
+        (1, 0.0, None, 1.0),  # half of the base
+        (1, 1.0, None, 2.0),  # all of it
+        (3, 1.0, None, 8.0),  # doubling per attempt
+        (3, 0.5, None, 6.0),  # three quarters
+        (9, 1.0, None, 50.0),  # capped
+        (1, 1.0, 30.0, 30.0),  # the server's retry-after, if longer
+        (1, 1.0, 10_000.0, 500.0),  # but never more than ten caps
+    ],
+)
+def test_the_model_back_off_doubles_is_jittered_capped_and_honours_retry_after(
+    attempt: int, jitter: float, retry_after: float | None, expected: float
+) -> None:
+    env = protocol.Env(tools={}, now=0.0, retry_base=2.0, retry_cap=50.0)
+    assert decide.retry_delay(env, attempt, retry_after, jitter) == expected

@@ -1,0 +1,85 @@
+"""What the fold keeps from the records, read back by what depends on it.
+
+The fold (``SessionState.apply``) is the only way a restarted process learns what
+happened; a field it forgets or mis-sets is a state the dead process never had.
+Each test reads the folded state through a promise that depends on it: the notes
+the model reads, the model retry history, a parked session that takes no more
+commands. Mutation testing (docs/RELIABILITY.md) found these unguarded.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perdure import errors
+from perdure.actors import decide, protocol
+from perdure.actors.state import Note, SessionState
+from perdure.storage.records import RetryPending, SessionParked
+from tests.core.sim import COURSE_TOOLS, Session, decide_committed
+
+
+def refold(s: Session) -> SessionState:
+    return SessionState.fold("s1", [decide_committed(i, r) for i, r in enumerate(s.log, 1)])
+
+
+def notes(state: SessionState) -> list[str]:
+    return [item.text for item in state.conversation if isinstance(item, Note)]
+
+
+def test_the_model_reads_which_compensation_ran_how_and_with_what_result() -> None:
+    s = Session(tools=COURSE_TOOLS)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply(
+        "x",
+        ("c1", "hold_seat", {"seat": "1A"}),
+        ("c2", "create_ticket", {"title": "t"}),
+    )
+    s.finish_tool("c1", output="held 1A")
+    s.finish_tool("c2", output="T-1")
+    s.command(protocol.Revise("v1", "another flight"))  # releases the seat unasked
+    s.finish_tool("comp-c1", output="released 1A")
+    s.reply("ok")
+    s.command(protocol.Compensate("c2", "k1"))
+    s.command(protocol.Approve("comp-c2", True, "a1"))  # close_ticket requires approval
+    s.finish_tool("comp-c2", output="closed T-1")
+    expected = [
+        "[perdure ran the compensation of hold_seat (c1) automatically; completed: released 1A]",
+        "[perdure ran the compensation of create_ticket (c2) at the user request; "
+        "completed: closed T-1]",
+    ]
+    assert notes(s.state) == expected
+    assert notes(refold(s)) == expected
+
+
+def test_a_failed_model_attempt_is_kept_with_its_error_for_the_next_attempt() -> None:
+    s = Session(max_model_attempts=3)
+    s.command(protocol.Submit("r1", "go"))
+    s.result(
+        protocol.ModelFailed(
+            generation_id="in1.g1", attempt=1, error="overloaded", retryable=True, model="m1"
+        )
+    )
+    for state in (s.state, refold(s)):
+        gen = state.generations["in1.g1"]
+        assert (gen.phase, gen.attempt, gen.last_error, gen.model) == (
+            "retry_pending",
+            2,
+            "overloaded",
+            "m1",
+        )
+        assert [type(f) for f in gen.failures] == [RetryPending]
+        assert [f.error for f in gen.failures] == ["overloaded"]
+
+
+def test_a_parked_session_takes_no_command_and_decides_nothing() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.log.append(SessionParked(session_id="s1", reason="its actor crashed 3 times", at=s.now))
+    state = refold(s)
+    assert state.parked == "its actor crashed 3 times"
+    with pytest.raises(errors.SessionParkedError) as info:
+        decide.command(state, s.env(), protocol.Submit("r2", "more"))
+    assert info.value.code == "parked"
+    assert info.value.message == "session s1 is parked: its actor crashed 3 times"
+    assert not decide.recover(state, s.env())
+    assert not decide.advance(state, s.env(), protocol.View())
