@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import perdure
 from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.storage.records import (
@@ -224,3 +225,37 @@ def test_only_a_completed_original_call_can_be_compensated() -> None:
         "invalid_state",
         "comp-c1 is completed; only a completed call can be undone",
     ), "a compensation is not itself undone"
+
+
+def test_a_compensation_repeated_after_a_restart_is_a_duplicate() -> None:
+    s = completed_ticket()
+    s.command(protocol.Compensate("c1", "k1"))
+    s.restart()
+    step, answer = s.command(protocol.Compensate("c1", "k1"))
+    assert not step and answer.duplicate and answer.ref == "comp-c1"  # type: ignore[union-attr]
+
+
+@perdure.tool(name="release_room", replay=perdure.ReplayPolicy.KEYED)
+async def release_room(ctx: perdure.ToolContext, result: str, room: str) -> str:
+    """Release a held room (safe to repeat with its key)."""
+    return "released"
+
+
+@perdure.tool(
+    replay=perdure.ReplayPolicy.KEYED, compensate=release_room, compensate_automatically=True
+)
+async def hold_room(ctx: perdure.ToolContext, room: str) -> str:
+    """Hold a room (released automatically when the plan changes)."""
+    return f"held {room}"
+
+
+def test_an_automatic_compensation_interrupted_by_a_crash_is_re_run_not_superseded() -> None:
+    s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_room", {"room": "1A"}))
+    s.finish_tool("c1", output="held 1A")
+    s.command(protocol.Revise("v1", "another flight"))  # releases the seat unasked
+    assert s.state.tasks["comp-c1"].goal_rev == 1, "it serves the new revision"
+    step = s.restart()
+    assert [r.call_id for r in step.records if type(r).__name__ == "ToolExecuting"] == ["comp-c1"]
+    assert not only(step.records, ToolCancelled), "a compensation is not superseded by its revision"

@@ -54,8 +54,8 @@ async def launch(target: str) -> str:
     return target
 
 
-async def _undo_fetch(ctx: perdure.ToolContext, result: str, url: str) -> str:
-    return "undone"
+async def _reconcile_cancel(ctx: perdure.ToolContext, result: str, city: str) -> perdure.Reconciled:
+    return perdure.Reconciled.unknown()
 
 
 FAILING = {**TOOLS, **{t.name: t for t in (fetch, charge, launch)}}
@@ -688,3 +688,46 @@ def test_the_model_back_off_doubles_is_jittered_capped_and_honours_retry_after(
 ) -> None:
     env = protocol.Env(tools={}, now=0.0, retry_base=2.0, retry_cap=50.0)
     assert decide.retry_delay(env, attempt, retry_after, jitter) == expected
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.NEVER, reconcile=_reconcile_cancel)
+async def cancel_booking(ctx: perdure.ToolContext, result: str, city: str) -> str:
+    """Cancel a booking (NEVER; its reconcile can tell)."""
+    return "cancelled"
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.KEYED, compensate=cancel_booking)
+async def book(city: str) -> str:
+    """Book a room."""
+    return "B-1"
+
+
+def test_a_reconcile_outside_any_run_decides_for_no_run() -> None:
+    s = Shell(tools={**FAILING, "book": book})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "book", {"city": "Oslo"}))
+    s.finish_tool("c1", output="B-1")
+    s.reply("booked")
+    assert s.state.run is None
+    s.command(protocol.Compensate("c1", "k1"))
+    step = s.restart()  # the compensation was executing: NEVER, so its reconcile is asked
+    assert [e.call_id for e in step.effects if isinstance(e, protocol.Reconcile)] == ["comp-c1"]
+    s.view = View(models=s.view.models, tools=s.view.tools - {"comp-c1"})
+    report = protocol.ReconcileFinished(call_id="comp-c1", status="applied", output="gone")
+    step = s._commit(decide.on_result(s.state, s.env(), report))
+    decision = decision_for(step, "comp-c1")
+    assert (decision.run_id, decision.found) == ("", "reconcile answered applied")
+
+
+def test_a_reconcile_during_a_run_decides_for_that_run_and_a_late_one_changes_nothing() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send_checked", {"text": "hi"}))
+    s.restart()
+    s.view = View(models=s.view.models, tools=s.view.tools - {"c1"})
+    report = protocol.ReconcileFinished(call_id="c1", status="applied", output="sent")
+    step = s._commit(decide.on_result(s.state, s.env(), report))
+    assert decision_for(step, "c1").run_id == "in1.r1"
+    assert not decide.on_result(s.state, s.env(), report), "the call is settled already"
+    stray = protocol.ReconcileFinished(call_id="c9", status="applied")
+    assert not decide.on_result(s.state, s.env(), stray)
