@@ -19,6 +19,7 @@ from perdure.storage.records import (
     RunFinished,
     ToolCancelled,
     ToolOutcomeUnknown,
+    ToolTaskCreated,
 )
 from tests.core.sim import COURSE_TOOLS, Session, kinds, only
 
@@ -149,6 +150,10 @@ def test_a_compensation_asked_for_is_not_automatic_and_answers_with_its_id() -> 
     assert answer == protocol.Done(decide.compensation_id("c1")) == protocol.Done("comp-c1")
     requested = only(step.records, CompensationRequested)
     assert [(r.call_id, r.automatic, r.request_id) for r in requested] == [("c1", False, "k1")]
+    created = only(step.records, ToolTaskCreated)
+    assert [(c.call_id, c.generation_id, c.compensates) for c in created] == [
+        ("comp-c1", "", "c1")
+    ], "a compensation belongs to no model turn"
 
 
 def test_what_cannot_be_compensated_is_refused_with_the_reason() -> None:

@@ -89,6 +89,18 @@ def test_not_applied_after_a_revision_is_not_run() -> None:
     assert not runs(step)
 
 
+def test_not_applied_while_paused_waits_for_the_resume() -> None:
+    s = reconciling()
+    s.command(protocol.Pause("p1"))
+    step = answer(s, status="not_applied")
+    assert decided(step)[1:] == (
+        "reconcile answered not_applied",
+        "run it once the session is resumed",
+        "the effect had not happened; the session is paused",
+    )
+    assert not runs(step) and s.state.tasks["c1"].phase == "executing"
+
+
 def test_not_applied_while_its_tool_is_gone_is_unknown() -> None:
     s = reconciling()
     s.tools = {k: v for k, v in TOOLS.items() if k != "send_checked"}
