@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
+import perdure
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import Step
 from perdure.storage.records import RecoveryDecision, ToolCancelled, ToolOutcomeUnknown
-from tests.core.sim import TOOLS, Session
+from tests.core.sim import TOOLS, Session, send
 
 Decision = tuple[str, str, str, str, str]  # run id, subject, found, action, reason
 RESUMED = ("in1.r0", "in1.r0", "run in progress", "resume as in1.r1")
@@ -94,6 +95,17 @@ def call_whose_tool_is_gone() -> Step:
     return s.restart()
 
 
+def never_call_whose_tool_is_safe_now() -> Step:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send", {"text": "hi"}))
+    s.tools = {
+        **TOOLS,
+        "send": perdure.tool(name="send", replay=perdure.ReplayPolicy.SAFE)(send.fn),
+    }
+    return s.restart()
+
+
 TABLE: list[tuple[Callable[[], Step], list[Decision]]] = [
     (queued_input, [("", "in1", "input accepted, no run", "start its run", "nothing ran yet")]),
     (
@@ -167,6 +179,19 @@ TABLE: list[tuple[Callable[[], Step], list[Decision]]] = [
                 "executing",
                 "report outcome unknown",
                 "its tool is no longer registered",
+            ),
+        ],
+    ),
+    (
+        never_call_whose_tool_is_safe_now,
+        [
+            (*RESUMED, PROGRESSED),
+            (
+                "in1.r0",
+                "c1",
+                "executing",
+                "report outcome unknown",
+                "recorded policy never, registered policy safe: no blind re-run; no reconcile",
             ),
         ],
     ),
