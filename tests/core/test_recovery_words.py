@@ -95,6 +95,9 @@ def call_whose_tool_is_gone() -> Step:
     return s.restart()
 
 
+SEND_SAFE = perdure.tool(name="send", replay=perdure.ReplayPolicy.SAFE)(send.fn)
+
+
 def never_call_whose_tool_is_safe_now() -> Step:
     s = Session()
     s.command(protocol.Submit("r1", "go"))
@@ -191,7 +194,10 @@ TABLE: list[tuple[Callable[[], Step], list[Decision]]] = [
                 "c1",
                 "executing",
                 "report outcome unknown",
-                "recorded policy never, registered policy safe: no blind re-run; no reconcile",
+                "recorded policy never, registered policy safe: no blind re-run; the tool's "
+                "definition changed since the call was dispatched "
+                f"({send.definition_hash} -> {SEND_SAFE.definition_hash}); the recorded "
+                "arguments still fit it; no reconcile",
             ),
         ],
     ),
