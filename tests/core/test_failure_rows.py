@@ -731,3 +731,37 @@ def test_a_reconcile_during_a_run_decides_for_that_run_and_a_late_one_changes_no
     assert not decide.on_result(s.state, s.env(), report), "the call is settled already"
     stray = protocol.ReconcileFinished(call_id="c9", status="applied")
     assert not decide.on_result(s.state, s.env(), stray)
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "course", "why", "partly"),
+    [
+        ("lookup", {"query": "q"}, "revise", "the request was revised", ""),
+        (
+            "send",
+            {"text": "t"},
+            "revise",
+            "the request was revised",
+            " Its effect may have partly happened.",
+        ),
+        ("lookup", {"query": "q"}, "cancel", "the run was cancelled", ""),
+        ("lookup", {"query": "q"}, "", "the runtime stopped it", ""),
+    ],
+)
+def test_a_call_stopped_while_running_says_why_and_if_its_effect_may_have_happened(
+    tool: str, args: dict[str, Any], course: str, why: str, partly: str
+) -> None:
+    s = started(tool, args)
+    if course == "revise":
+        s.command(protocol.Revise("v1", "other"))
+    elif course == "cancel":
+        s.command(protocol.Cancel("x1"))
+    step = s.finish_tool("c1", output="", outcome="cancelled")
+    cancelled = only(step.records, ToolCancelled)
+    assert [(c.call_id, c.reason, c.while_executing) for c in cancelled] == [
+        ("c1", f"stopped while executing: {why}", True)
+    ]
+    assert (
+        cancelled[0].output
+        == f"perdure: this call was stopped while it was running: {why}.{partly}"
+    )

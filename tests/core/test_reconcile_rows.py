@@ -30,7 +30,8 @@ def reconciling(**env: Any) -> Session:
     s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "send_checked", {"text": "hi"}))
     step = s.restart()
-    assert [e.call_id for e in step.effects if isinstance(e, protocol.Reconcile)] == ["c1"]
+    asked = [e for e in step.effects if isinstance(e, protocol.Reconcile)]
+    assert [(e.call_id, e.tool) for e in asked] == [("c1", TOOLS["send_checked"])]
     return s
 
 

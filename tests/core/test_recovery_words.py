@@ -95,6 +95,13 @@ def call_whose_tool_is_gone() -> Step:
     return s.restart()
 
 
+def never_call_without_reconcile() -> Step:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send", {"text": "hi"}))
+    return s.restart()
+
+
 SEND_SAFE = perdure.tool(name="send", replay=perdure.ReplayPolicy.SAFE)(send.fn)
 
 
@@ -186,6 +193,19 @@ TABLE: list[tuple[Callable[[], Step], list[Decision]]] = [
         ],
     ),
     (
+        never_call_without_reconcile,
+        [
+            (*RESUMED, PROGRESSED),
+            (
+                "in1.r0",
+                "c1",
+                "executing",
+                "report outcome unknown",
+                "recorded policy never, registered policy never: no blind re-run; no reconcile",
+            ),
+        ],
+    ),
+    (
         never_call_whose_tool_is_safe_now,
         [
             (*RESUMED, PROGRESSED),
@@ -239,3 +259,12 @@ def test_the_model_reads_that_an_interrupted_effect_is_unknown_in_these_words() 
         "not re-run automatically. Check the current state before deciding whether to call "
         "it again."
     )
+
+
+def test_a_never_call_without_reconcile_is_unknown_as_interrupted() -> None:
+    unknown = [
+        r for r in never_call_without_reconcile().records if isinstance(r, ToolOutcomeUnknown)
+    ]
+    assert [(u.call_id, u.reason) for u in unknown] == [
+        ("c1", "interrupted before its result was saved; not re-run")
+    ]
