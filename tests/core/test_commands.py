@@ -8,6 +8,8 @@ Mutation testing (docs/RELIABILITY.md) found these answers unguarded.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 import perdure
@@ -98,9 +100,13 @@ def test_pause_resume_and_cancel_repeated_after_a_restart_are_duplicates() -> No
     s.command(protocol.Resume("u1"))
     s.command(protocol.Cancel("x1"))
     s.restart()
-    for cmd in (protocol.Pause("p1"), protocol.Resume("u1"), protocol.Cancel("x1")):
+    for cmd, ref in (
+        (protocol.Pause("p1"), ""),
+        (protocol.Resume("u1"), ""),
+        (protocol.Cancel("x1"), "in1.r0"),
+    ):
         step, answer = s.command(cmd)
-        assert not step and answer.duplicate, cmd  # type: ignore[union-attr]
+        assert not step and answer.duplicate and answer.ref == ref, cmd  # type: ignore[union-attr]
     assert refusal(s, protocol.Resume("p1"))[0] == "conflict"
     assert refusal(s, protocol.Pause("x1"))[0] == "conflict"
 
@@ -109,7 +115,8 @@ def test_pausing_twice_or_resuming_a_running_session_records_nothing() -> None:
     s = Session()
     step, answer = s.command(protocol.Resume("u1"))
     assert not step and answer == protocol.Done("")
-    s.command(protocol.Pause("p1"))
+    step, answer = s.command(protocol.Pause("p1"))
+    assert kinds(step) == ["SessionPaused"] and answer == protocol.Done("")
     step, answer = s.command(protocol.Pause("p2"))
     assert not step and answer == protocol.Done("")
 
@@ -264,3 +271,29 @@ def test_an_automatic_compensation_interrupted_by_a_crash_is_re_run_not_supersed
     step = s.restart()
     assert [r.call_id for r in step.records if type(r).__name__ == "ToolExecuting"] == ["comp-c1"]
     assert not only(step.records, ToolCancelled), "a compensation is not superseded by its revision"
+
+
+def test_a_resume_answers_like_a_pause() -> None:
+    s = Session()
+    s.command(protocol.Pause("p1"))
+    step, answer = s.command(protocol.Resume("u1"))
+    assert kinds(step) == ["SessionResumed"] and answer == protocol.Done("")
+
+
+def test_keys_and_fingerprints_of_old_logs_are_recomputed_identically() -> None:
+    """An idempotency key reaches external services and a fingerprint is stored with every
+    executing record: a build that derived either differently would, after an upgrade,
+    repeat a KEYED effect under a new key or call every recorded call "changed"."""
+    assert decide.idempotency_key("s1", "in1", "c1") == "pdk_c25a18cb6d4d2736c33560b334602ec1"
+    tool = SimpleNamespace(name="lookup", definition_hash="0123456789abcdef")
+    args = {"query": "café", "limit": 3}
+    assert decide.fingerprint(tool, args) == "7e800b3b4f4261b45cbdb11d94f16362"  # type: ignore[arg-type]
+
+
+def test_a_compensation_outside_any_run_executes_for_no_run() -> None:
+    s = completed_ticket()
+    assert s.state.run is None
+    s.command(protocol.Compensate("c1", "k1"))
+    step, _ = s.command(protocol.Approve("comp-c1", True, "a1"))
+    executing = [r for r in step.records if type(r).__name__ == "ToolExecuting"]
+    assert [(r.call_id, r.run_id) for r in executing] == [("comp-c1", "")]  # type: ignore[attr-defined]

@@ -765,3 +765,87 @@ def test_a_call_stopped_while_running_says_why_and_if_its_effect_may_have_happen
         cancelled[0].output
         == f"perdure: this call was stopped while it was running: {why}.{partly}"
     )
+
+
+# -- a cancellation winding down ----------------------------------------------------------------
+
+
+def test_a_cancel_stops_a_running_cancellable_tool_once_and_finishes_when_it_reports() -> None:
+    s = started("lookup", {"query": "q"})
+    step, _ = s.command(protocol.Cancel("x1"))
+    assert kinds(step) == ["CancelRequested"]
+    assert step.effects == (protocol.CancelTool("c1"),), "told to stop exactly once"
+    step = s.finish_tool("c1", output="", outcome="cancelled")
+    finished = [r for r in step.records if type(r).__name__ == "RunFinished"]
+    assert [(f.status, f.reason) for f in finished] == [("cancelled", "cancelled by request")]  # type: ignore[attr-defined]
+
+
+def test_a_cancel_during_a_back_off_stops_its_timer_and_cancels_the_call() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable", jitter=1.0)
+    assert s.waiting == {"c1"}
+    step, _ = s.command(protocol.Cancel("x1"))
+    assert protocol.StopBackOff("c1") in step.effects
+    cancelled = only(step.records, ToolCancelled)
+    assert [(c.call_id, c.reason) for c in cancelled] == [("c1", "the run was cancelled")]
+    assert "RunFinished" in kinds(step)
+
+
+def test_a_cancel_while_the_model_is_asked_stops_that_call() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    step, _ = s.command(protocol.Cancel("x1"))
+    assert protocol.CancelModel("in1.g1") in step.effects
+    assert kinds(step) == ["CancelRequested", "RunFinished"]
+
+
+def test_a_cancel_after_the_reply_asks_no_model_call_to_stop() -> None:
+    s = started("send", {"text": "t"})  # NEVER: left to finish
+    step, _ = s.command(protocol.Cancel("x1"))
+    assert kinds(step) == ["CancelRequested"] and not step.effects
+    step = s.finish_tool("c1", output="sent")
+    assert kinds(step) == ["ToolCompleted", "RunFinished"]
+
+
+# -- a model call that fails -------------------------------------------------------------------
+
+
+def test_a_fallback_to_another_provider_retries_at_once_and_keeps_who_failed() -> None:
+    s = Shell(max_model_attempts=3)
+    s.command(protocol.Submit("r1", "go"))
+    step = s.result(
+        protocol.ModelFailed(
+            generation_id="in1.g1",
+            attempt=1,
+            error="503",
+            retryable=True,
+            retry_after=30.0,
+            provider="first",
+            model="m1",
+            fallback=True,
+        )
+    )
+    pending = [r for r in step.records if type(r).__name__ == "RetryPending"]
+    assert [(p.not_before, p.provider, p.fallback, p.model) for p in pending] == [  # type: ignore[attr-defined]
+        (s.now, "first", True, "m1")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("retryable", "why"),
+    [(False, "a non-retryable error"), (True, "2 attempts")],
+)
+def test_a_model_call_that_fails_for_good_says_why(retryable: bool, why: str) -> None:
+    s = Shell(max_model_attempts=2)
+    s.command(protocol.Submit("r1", "go"))
+    if retryable:
+        s.result(protocol.ModelFailed(generation_id="in1.g1", attempt=1, error="e", retryable=True))
+    step = s.result(
+        protocol.ModelFailed(
+            generation_id="in1.g1", attempt=1 + retryable, error="boom", retryable=retryable
+        )
+    )
+    finished = [r for r in step.records if type(r).__name__ == "RunFinished"]
+    assert [(f.status, f.reason) for f in finished] == [  # type: ignore[attr-defined]
+        ("failed", f"the model call failed after {why}: boom")
+    ]
