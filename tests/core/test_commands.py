@@ -297,3 +297,24 @@ def test_a_compensation_outside_any_run_executes_for_no_run() -> None:
     step, _ = s.command(protocol.Approve("comp-c1", True, "a1"))
     executing = [r for r in step.records if type(r).__name__ == "ToolExecuting"]
     assert [(r.call_id, r.run_id) for r in executing] == [("comp-c1", "")]  # type: ignore[attr-defined]
+
+
+def test_automatic_compensations_take_their_request_ids_from_the_command() -> None:
+    for cmd in (protocol.Revise("v1", "another flight"), protocol.Cancel("x1")):
+        s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
+        s.command(protocol.Submit("r1", "go"))
+        s.reply("x", ("c1", "hold_room", {"room": "1A"}), ("c2", "send", {"text": "t"}))
+        s.finish_tool("c1", output="held 1A")
+        step, _ = s.command(cmd)
+        requested = only(step.records, CompensationRequested)
+        assert [(r.request_id, r.automatic) for r in requested] == [
+            (f"{cmd.request_id}/auto/c1", True)
+        ], cmd
+
+
+def test_a_revision_while_the_model_is_asked_stops_that_call_and_asks_again() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    step, _ = s.command(protocol.Revise("v1", "something else"))
+    assert protocol.CancelModel("in1.g1") in step.effects
+    assert protocol.CallModel("in1.g2", 1) in step.effects
