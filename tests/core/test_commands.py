@@ -318,3 +318,31 @@ def test_a_revision_while_the_model_is_asked_stops_that_call_and_asks_again() ->
     step, _ = s.command(protocol.Revise("v1", "something else"))
     assert protocol.CancelModel("in1.g1") in step.effects
     assert protocol.CallModel("in1.g2", 1) in step.effects
+
+
+def test_a_revision_while_paused_only_stops_the_model_call() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.command(protocol.Pause("p1"))  # the call in flight goes on; nothing new starts
+    step, _ = s.command(protocol.Revise("v1", "something else"))
+    assert kinds(step) == ["GoalRevised"]
+    assert step.effects == (protocol.CancelModel("in1.g1"),)
+
+
+def test_a_revision_cancels_what_has_not_started_and_stops_what_runs_and_can_stop() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply(
+        "x",
+        ("c1", "lookup", {"query": "a"}),
+        ("c2", "deploy", {"target": "d"}),
+        ("c3", "lookup", {"query": "b"}),
+        ("c4", "send", {"text": "t"}),
+    )
+    s.finish_tool("c1")
+    step, _ = s.command(protocol.Revise("v1", "something else"))
+    assert [(c.call_id, c.reason) for c in only(step.records, ToolCancelled)] == [
+        ("c2", "the request was revised before it ran")
+    ]
+    # c3 is SAFE (cancellable) and runs: told to stop once; c4 is NEVER: left to finish.
+    assert step.effects == (protocol.CancelTool("c3"),)
