@@ -346,3 +346,74 @@ def test_a_revision_cancels_what_has_not_started_and_stops_what_runs_and_can_sto
     ]
     # c3 is SAFE (cancellable) and runs: told to stop once; c4 is NEVER: left to finish.
     assert step.effects == (protocol.CancelTool("c3"),)
+
+
+def test_a_cancel_offers_to_undo_only_completed_calls_not_undone_yet() -> None:
+    s = Session(tools=COURSE_TOOLS)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply(
+        "x",
+        ("c1", "create_ticket", {"title": "a"}),
+        ("c2", "create_ticket", {"title": "b"}),
+        ("c3", "lookup", {"query": "q"}),
+        ("c4", "create_ticket", {"title": "d"}),
+    )
+    for call in ("c1", "c3", "c4"):
+        s.finish_tool(call, output="done")
+    s.command(protocol.Compensate("c4", "k4"))
+    step, _ = s.command(protocol.Cancel("x1"))
+    requested = [r for r in step.records if type(r).__name__ == "CancelRequested"]
+    assert [r.compensable for r in requested] == [["c1"]]  # type: ignore[attr-defined]
+
+
+def test_every_automatic_compensation_of_a_revision_is_requested() -> None:
+    s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_room", {"room": "1A"}), ("c2", "hold_room", {"room": "1B"}))
+    s.finish_tool("c1", output="held 1A")
+    s.finish_tool("c2", output="held 1B")
+    step, _ = s.command(protocol.Revise("v1", "another hotel"))
+    assert [r.call_id for r in only(step.records, CompensationRequested)] == ["c1", "c2"]
+
+
+def test_what_a_restart_decides_for_compensations_left_open() -> None:
+    s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_room", {"room": "1A"}), ("c2", "hold_room", {"room": "1B"}))
+    s.finish_tool("c1", output="held 1A")
+    s.finish_tool("c2", output="held 1B")
+    s.reply("held both")
+    s.command(protocol.Compensate("c2", "k2"))  # runs: KEYED, executing when the crash comes
+    s.command(protocol.Pause("p1"))
+    s.command(protocol.Compensate("c1", "k1"))  # created while paused: not started
+    step = s.restart()
+    found = [
+        (d.run_id, d.subject, d.found, d.action, d.reason)
+        for d in step.records
+        if isinstance(d, RecoveryDecision)
+    ]
+    assert found == [
+        (
+            "",
+            "comp-c2",
+            "executing",
+            "re-run with the same idempotency key (policy keyed)",
+            "recorded policy keyed, registered policy keyed",
+        ),
+        ("", "comp-c1", "compensation created", "run it", "not started"),
+    ]
+    executing = [r for r in step.records if type(r).__name__ == "ToolExecuting"]
+    assert [(r.call_id, r.run_id) for r in executing] == [("comp-c2", "")]  # type: ignore[attr-defined]
+
+
+def test_a_run_finished_without_words_has_none() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    step = s.finish_tool("c1", output="the end", terminate=True)
+    (done,) = only(step.records, RunFinished)
+    assert (done.final_text, done.reason) == ("the end", "")
+    s.command(protocol.Submit("r2", "again"))
+    step, _ = s.command(protocol.Cancel("x1"))
+    (cancelled,) = only(step.records, RunFinished)
+    assert (cancelled.final_text, cancelled.reason) == ("", "cancelled by request")

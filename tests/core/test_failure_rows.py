@@ -849,3 +849,34 @@ def test_a_model_call_that_fails_for_good_says_why(retryable: bool, why: str) ->
     assert [(f.status, f.reason) for f in finished] == [  # type: ignore[attr-defined]
         ("failed", f"the model call failed after {why}: boom")
     ]
+
+
+@perdure.tool(name="release_desk", replay=perdure.ReplayPolicy.KEYED, retry=POLICY)
+async def release_desk(ctx: perdure.ToolContext, result: str, desk: str) -> str:
+    """Release a desk (transient failures retried)."""
+    return "released"
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.KEYED, compensate=release_desk)
+async def hold_desk(ctx: perdure.ToolContext, desk: str) -> str:
+    """Hold a desk."""
+    return f"held {desk}"
+
+
+def test_a_restart_during_a_compensations_back_off_resumes_the_wait() -> None:
+    s = Shell(tools={**FAILING, "hold_desk": hold_desk})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_desk", {"desk": "7"}))
+    s.finish_tool("c1", output="held 7")
+    s.reply("held")
+    s.command(protocol.Compensate("c1", "k1"))
+    s.finish_tool("comp-c1", output="busy", outcome="retryable", jitter=1.0)
+    assert s.state.tasks["comp-c1"].phase == "retry_pending"
+    step = s.restart()
+    decision = decision_for(step, "comp-c1")
+    assert (decision.run_id, decision.found, decision.action) == (
+        "",
+        "retry back-off after attempt 1",
+        "wait out the back-off (2.0s left), then run attempt 2",
+    )
+    assert backoffs(step) == [protocol.BackOff("comp-c1", 1, s.now + 2.0)]

@@ -83,3 +83,27 @@ def test_a_parked_session_takes_no_command_and_decides_nothing() -> None:
     assert info.value.message == "session s1 is parked: its actor crashed 3 times"
     assert not decide.recover(state, s.env())
     assert not decide.advance(state, s.env(), protocol.View())
+
+
+def test_a_revision_is_folded_with_its_number_and_repeats_as_a_duplicate_after_a_restart() -> None:
+    from perdure.actors.conversation import revision_text
+    from perdure.actors.state import Revision
+    from perdure.storage.records import Budget
+
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    budget = Budget(run_tokens=1000)
+    s.command(protocol.Revise("v1", "something else", budget=budget))
+    s.restart()
+    (rev,) = [item for item in s.state.conversation if isinstance(item, Revision)]
+    assert revision_text(s.state, rev).startswith(
+        "[The user revised the request (revision 1). It now reads: something else\n"
+    )
+    step, answer = s.command(protocol.Revise("v1", "something else", budget=budget))
+    assert not step and answer.ref == "1" and answer.duplicate  # type: ignore[union-attr]
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Revise("v1", "something else"))  # the same words, another budget
+    assert info.value.code == "conflict"
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Submit("v1", "something else"))
+    assert info.value.code == "conflict"
