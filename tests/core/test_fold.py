@@ -107,3 +107,22 @@ def test_a_revision_is_folded_with_its_number_and_repeats_as_a_duplicate_after_a
     with pytest.raises(errors.Refused) as info:
         s.command(protocol.Submit("v1", "something else"))
     assert info.value.code == "conflict"
+
+
+def test_what_a_restart_folds_is_what_inspection_and_duplicates_read() -> None:
+    from perdure.inspect import summarize
+
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.restart()  # the model call was in flight: in1.r0 is interrupted, in1.r1 goes on
+    state = refold(s)
+    assert state.last_seq == len(s.log)
+    summary = summarize(state)
+    assert summary["last_seq"] == len(s.log)
+    assert [(r["run_id"], r["status"]) for r in summary["runs"]] == [
+        ("in1.r0", "interrupted"),
+        ("in1.r1", "running"),
+    ]
+    seq = next(i for i, r in enumerate(s.log, 1) if type(r).__name__ == "InputAccepted")
+    step, answer = s.command(protocol.Submit("r1", "go"))
+    assert not step and answer == protocol.Accepted("in1", seq, duplicate=True)

@@ -268,3 +268,89 @@ def test_a_never_call_without_reconcile_is_unknown_as_interrupted() -> None:
     assert [(u.call_id, u.reason) for u in unknown] == [
         ("c1", "interrupted before its result was saved; not re-run")
     ]
+
+
+def test_the_interrupted_run_names_the_run_that_continues_it() -> None:
+    from perdure.storage.records import RunFinished
+
+    (finished,) = [r for r in model_call_in_flight().records if isinstance(r, RunFinished)]
+    assert (finished.run_id, finished.status, finished.reason) == (
+        "in1.r0",
+        "interrupted",
+        "the process stopped; continued by in1.r1",
+    )
+
+
+def test_a_restart_lists_every_call_waiting_for_an_answer() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply(
+        "x",
+        ("c1", "deploy", {"target": "a"}),
+        ("c2", "deploy", {"target": "b"}),
+        ("c3", "lookup", {"query": "q"}),
+        ("c4", "lookup", {"query": "r"}),
+    )
+    s.finish_tool("c3", output="ask them", outcome="needs_human")
+    s.finish_tool("c4", output="ask them too", outcome="needs_human")
+    assert decisions(s.restart()) == [
+        (
+            "in1.r0",
+            "in1.r0",
+            "awaiting approval of c1, c2; awaiting a person to resolve c3, c4",
+            "keep waiting",
+            "nothing was in flight",
+        )
+    ]
+
+
+def test_a_restart_with_a_call_in_flight_decides_for_each_call_that_waits() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply(
+        "x",
+        ("c1", "lookup", {"query": "q"}),
+        ("c2", "lookup", {"query": "r"}),
+        ("c3", "deploy", {"target": "a"}),
+    )
+    s.finish_tool("c2", output="ask them", outcome="needs_human")
+    assert decisions(s.restart())[1:] == [
+        (
+            "in1.r0",
+            "c1",
+            "executing",
+            "re-run with the same idempotency key (policy safe)",
+            "recorded policy safe, registered policy safe",
+        ),
+        (
+            "in1.r0",
+            "c2",
+            "awaiting a person (NeedsHuman)",
+            "keep waiting for rt.resolve: retry, skip or fail",
+            "ask them",
+        ),
+        ("in1.r0", "c3", "awaiting_approval", "keep waiting", "no decision yet"),
+    ]
+
+
+def test_a_restart_after_the_last_result_of_a_draining_process_starts_the_next_turn() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    first = decide.on_result(
+        s.state, s.env(), protocol.ToolFinished(call_id="c1", attempt=1, outcome="ok", output="a")
+    )
+    step = decide.settle(s.state, s.env(), protocol.View(draining=True), first)
+    assert [type(r).__name__ for r in step.records] == ["ToolCompleted"], "draining: no new turn"
+    s.log += step.records
+    step = s.restart()
+    assert decisions(step) == [
+        (
+            "in1.r0",
+            "in1.r0",
+            "all tool results saved, next turn not started",
+            "start the next turn",
+            "nothing was in flight",
+        )
+    ]
+    assert protocol.CallModel("in1.g2", 1) in step.effects
