@@ -126,3 +126,47 @@ def test_what_a_restart_folds_is_what_inspection_and_duplicates_read() -> None:
     seq = next(i for i, r in enumerate(s.log, 1) if type(r).__name__ == "InputAccepted")
     step, answer = s.command(protocol.Submit("r1", "go"))
     assert not step and answer == protocol.Accepted("in1", seq, duplicate=True)
+
+
+def test_the_model_reads_how_each_earlier_request_ended_and_an_interruption_is_no_ending() -> None:
+    from perdure.storage.records import Budget
+
+    s = Session(max_model_attempts=1)
+    s.command(protocol.Submit("r1", "one"))
+    s.command(protocol.Cancel("x1"))
+    s.command(protocol.Submit("r2", "two"))
+    s.restart()  # in2's model call was in flight: its run is interrupted and resumed
+    assert s.state.submissions["in2"].outcome is None, "an interrupted run has not ended"
+    s.result(protocol.ModelFailed(generation_id="in2.g1", attempt=1, error="bad", retryable=False))
+    s.command(protocol.Submit("r3", "three", budget=Budget(run_tokens=0)))
+    expected = [
+        "[The user cancelled the request above.]",
+        "[The request above failed: the model call failed after a non-retryable error: bad]",
+        "[The request above was stopped: ",
+    ]
+    for state in (s.state, refold(s)):
+        got = notes(state)
+        assert got[:2] == expected[:2] and got[2].startswith(expected[2]), got
+        outcomes = {k: v.outcome.status for k, v in state.submissions.items() if v.outcome}
+        assert outcomes == {"in1": "cancelled", "in2": "failed", "in3": "stopped"}
+        assert state.last_outcome is not None and state.last_outcome.status == "stopped"
+
+
+def test_a_resumed_session_reads_as_not_paused() -> None:
+    from perdure.inspect import summarize
+
+    s = Session()
+    s.command(protocol.Pause("p1"))
+    s.command(protocol.Resume("u1"))
+    assert summarize(refold(s))["paused"] is False
+
+
+def test_a_tool_result_is_progress_so_a_run_that_keeps_making_some_is_not_given_up() -> None:
+    s = Session(resume_budget=1)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    s.restart()  # progress (the reply): resume 1 of 1, c1 runs again
+    s.finish_tool("c1")  # a result in the resumed run: progress again
+    assert not s.state.tasks["c1"].stale, "a result of the revision in force is not stale"
+    step = s.restart()
+    assert "RunStarted" in [type(r).__name__ for r in step.records], "resumed, not given up"
