@@ -880,3 +880,75 @@ def test_a_restart_during_a_compensations_back_off_resumes_the_wait() -> None:
         "wait out the back-off (2.0s left), then run attempt 2",
     )
     assert backoffs(step) == [protocol.BackOff("comp-c1", 1, s.now + 2.0)]
+
+
+# -- the words of a call's end, as the model reads them -------------------------------------------
+
+
+def test_the_model_reads_why_a_call_was_not_run() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    step = s.reply("x", ("c1", "nope", {}), ("c2", "deploy", {"target": "t"}))
+    (unknown_tool,) = only(step.records, ToolCompleted)
+    known = ", ".join(sorted(FAILING))
+    assert unknown_tool.output == (
+        f"perdure: there is no tool named 'nope' (available: {known}). Nothing was run."
+    )
+    step, _ = s.command(protocol.Approve("c2", False, "a1"))
+    (denied,) = only(step.records, ToolCompleted)
+    assert denied.output == "perdure: the user denied this call; it was not run."
+    s = Shell(tools={})
+    s.command(protocol.Submit("r1", "go"))
+    (alone,) = only(s.reply("x", ("c1", "nope", {})).records, ToolCompleted)
+    assert "(available: none)" in alone.output
+
+
+@pytest.mark.parametrize(
+    ("outcome", "why", "reason"),
+    [
+        ("unknown", "could not tell (lost the socket)", "the tool could not tell: lost the socket"),
+        ("timeout", "timed out (lost the socket)", "timeout"),
+    ],
+)
+def test_an_unknown_outcome_names_the_tool_and_what_happened(
+    outcome: str, why: str, reason: str
+) -> None:
+    s = started("launch", {"target": "t"})
+    step = s.finish_tool("c1", output="lost the socket", outcome=outcome)
+    (unknown,) = only(step.records, ToolOutcomeUnknown)
+    assert unknown.reason == reason
+    assert unknown.output == decide.unknown_outcome_text("launch", why)
+    assert unknown.output.startswith(f"perdure: the call to 'launch' {why}. Its external effect")
+
+
+def test_a_result_keeps_its_attempt_its_duration_and_its_error_flag() -> None:
+    s = started("fetch", {"url": "u"})
+    s.finish_tool("c1", output="503", outcome="retryable")
+    s.now += 100
+    s.back_off_over("c1")
+    step = s.finish_tool("c1", output="page", duration=1.5)
+    (done,) = only(step.records, ToolCompleted)
+    assert (done.attempt, done.duration, done.is_error, done.kind) == (2, 1.5, False, "ok")
+
+
+def test_a_policy_change_that_forbids_a_retry_says_so() -> None:
+    s = pending_retry()
+    never = perdure.tool(name="fetch", replay=perdure.ReplayPolicy.NEVER)(fetch.fn)
+    s.tools = {**FAILING, "fetch": never}
+    (done,) = only(s.back_off_over("c1").records, ToolCompleted)
+    assert done.output == (
+        "503\n(perdure: attempt 1 failed and was not retried: recorded policy safe, registered "
+        "policy never: never retried automatically.)"
+    )
+
+
+def test_a_person_asked_without_a_reason_is_still_waited_for_after_a_restart() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}), ("c2", "lookup", {"query": "r"}))
+    s.finish_tool("c2", output="", outcome="needs_human")
+    decision = decision_for(s.restart(), "c2")
+    assert (decision.action, decision.reason) == (
+        "keep waiting for rt.resolve: retry, skip or fail",
+        "no resolution yet",
+    )
