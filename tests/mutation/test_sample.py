@@ -91,3 +91,13 @@ def test_the_guard_of_each_sampled_promise_kills_its_mutant(
                 monkeypatch.setitem(table, kind, mutant)
     with pytest.raises(AssertionError):
         guard()
+
+
+def test_every_equivalent_mutant_is_named_with_its_reason() -> None:
+    from tests.mutation.score import load_equivalent
+
+    reasons = load_equivalent()
+    assert reasons, "the list of equivalent mutants is read"
+    for name, why in reasons.items():
+        assert name.startswith(("perdure.actors.decide.x", "perdure.actors.state.x")), name
+        assert "__mutmut_" in name and len(why) > 20, name
