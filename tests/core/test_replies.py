@@ -115,3 +115,42 @@ def test_a_compensation_has_a_key_of_its_own_lineage() -> None:
     key = s.state.tasks["comp-c1"].executing.idempotency_key  # type: ignore[union-attr]
     assert key == decide.idempotency_key("s1", "compensation", "comp-c1")
     assert s.state.tasks["comp-c1"].generation_id == ""
+
+
+def test_a_final_reply_cut_off_or_refused_finishes_the_run_saying_so() -> None:
+    from perdure.storage.records import RunFinished
+
+    for stop, reason in [
+        ("max_tokens", "the reply was cut off at the model's output limit (max_tokens)"),
+        ("refusal", "the model declined to continue (refusal)"),
+        ("end_turn", ""),
+    ]:
+        s = Session()
+        s.command(protocol.Submit("r1", "go"))
+        step = s.result(
+            protocol.ModelReplied("in1.g1", 1, ModelReply(text="partial", stop_reason=stop))
+        )
+        (done,) = only(step.records, RunFinished)
+        assert (done.status, done.final_text, done.reason) == ("completed", "partial", reason)
+
+
+def test_what_inspection_reads_of_runs_and_the_session_is_folded() -> None:
+    from perdure.actors.state import SessionState
+    from perdure.inspect import summarize
+    from perdure.storage.records import SessionCreated
+    from tests.core.sim import decide_committed
+
+    s = Session()
+    s.log[0] = SessionCreated(session_id="s1", system="be brief", at=s.now)
+    s.command(protocol.Submit("r1", "go"))
+    s.command(protocol.Revise("v1", "other"))
+    s.now += 5
+    s.restart()
+    state = SessionState.fold("s1", [decide_committed(i, r) for i, r in enumerate(s.log, 1)])
+    summary = summarize(state)
+    assert summary["system"] == "be brief"
+    runs = [
+        (r["run_id"], r["goal_rev"], r["resumed_from"], r["started_at"]) for r in summary["runs"]
+    ]
+    assert runs == [("in1.r0", 0, None, 1000.0), ("in1.r1", 1, "in1.r0", 1005.0)]
+    assert state.submissions["in1"].runs == ["in1.r0", "in1.r1"]
