@@ -952,3 +952,36 @@ def test_a_person_asked_without_a_reason_is_still_waited_for_after_a_restart() -
         "keep waiting for rt.resolve: retry, skip or fail",
         "no resolution yet",
     )
+
+
+def test_forget_is_asked_of_the_calls_own_tool_and_only_for_a_call_that_ran() -> None:
+    from tests.core.test_decide import forgets, note
+
+    s = Shell(tools={**FAILING, "note": note}, forget_settled=True)
+    s.command(protocol.Submit("r1", "go"))
+    step = s.reply("x", ("c1", "note", {"text": 5}), ("c2", "lookup", {"query": "q"}))
+    assert forgets(step) == [], "invalid arguments: nothing ran, nothing to forget"
+    s.finish_tool("c2")
+    s.reply("y", ("c3", "lookup", {"query": "q"}), ("c4", "note", {"text": "a"}))
+    s.view = View(models=s.view.models, tools=s.view.tools - {"c3", "c4"})  # both reported
+    step = s._commit(
+        decide.on_result(
+            s.state,
+            s.env(),
+            protocol.ToolFinished(call_id="c3", attempt=1, outcome="ok", output="a"),
+        )
+        + decide.on_result(
+            s.state,
+            s.env(),
+            protocol.ToolFinished(call_id="c4", attempt=1, outcome="ok", output="b"),
+        )
+    )
+    asked = [e for e in step.effects if isinstance(e, protocol.Forget)]
+    assert [(e.executing.call_id, e.tool) for e in asked] == [("c4", note)]
+
+
+def test_an_unknown_record_is_refused_by_the_fold_by_name() -> None:
+    from perdure.actors.state import SessionState
+
+    with pytest.raises(TypeError, match="session s1: no fold for object"):
+        SessionState("s1").apply(object())  # type: ignore[arg-type]
