@@ -154,3 +154,32 @@ def test_what_inspection_reads_of_runs_and_the_session_is_folded() -> None:
     ]
     assert runs == [("in1.r0", 0, None, 1000.0), ("in1.r1", 1, "in1.r0", 1005.0)]
     assert state.submissions["in1"].runs == ["in1.r0", "in1.r1"]
+
+
+def test_a_reply_repeated_for_a_completed_turn_is_discarded() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    reply = ModelReply(
+        text="x", tool_calls=(ToolCall(call_id="c1", name="send", input={"text": "t"}),)
+    )
+    s.result(protocol.ModelReplied("in1.g1", 1, reply))
+    again = protocol.ModelReplied("in1.g1", 1, reply)
+    assert not decide.on_result(s.state, s.env(), again), "the turn is completed already"
+
+
+def test_a_compensation_whose_original_tool_is_gone_is_unknown_after_a_restart() -> None:
+    from perdure.storage.records import ToolOutcomeUnknown
+    from tests.core.test_commands import hold_room
+
+    s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_room", {"room": "1A"}))
+    s.finish_tool("c1", output="held")
+    s.reply("held")
+    s.command(protocol.Compensate("c1", "k1"))
+    s.tools = dict(COURSE_TOOLS)
+    step = s.restart()
+    unknown = only(step.records, ToolOutcomeUnknown)
+    assert [(u.call_id, u.reason) for u in unknown] == [
+        ("comp-c1", "interrupted; its tool is no longer registered")
+    ]
