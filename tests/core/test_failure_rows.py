@@ -985,3 +985,30 @@ def test_an_unknown_record_is_refused_by_the_fold_by_name() -> None:
 
     with pytest.raises(TypeError, match="session s1: no fold for object"):
         SessionState("s1").apply(object())  # type: ignore[arg-type]
+
+
+def test_invalid_arguments_are_listed_for_the_model_with_the_way_out() -> None:
+    s = Shell()
+    s.command(protocol.Submit("r1", "go"))
+    args = {"query": 5, "extra": 1}
+    (done,) = only(s.reply("x", ("c1", "lookup", args)).records, ToolCompleted)
+    problems = TOOLS["lookup"].validate(args)
+    assert len(problems) == 2
+    assert done.output == (
+        f"perdure: invalid arguments for 'lookup': {'; '.join(problems)}. Nothing was run; "
+        "fix the arguments and call it again."
+    )
+
+
+def test_a_changed_tool_lists_every_way_the_recorded_arguments_no_longer_fit() -> None:
+    async def fetch_v4(address: str, mode: str) -> str:
+        """Fetch by address and mode."""
+        return address
+
+    s = pending_retry()
+    v4 = perdure.tool(name="fetch", replay=perdure.ReplayPolicy.SAFE, retry=POLICY)(fetch_v4)
+    s.tools = {**FAILING, "fetch": v4}
+    problems = v4.validate({"url": "u"})
+    assert len(problems) >= 2
+    (done,) = only(s.back_off_over("c1").records, ToolCompleted)
+    assert done.output.endswith(f"no longer fit it: {'; '.join(problems)}.)")
