@@ -263,7 +263,9 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     assert gen.reply is not None
     if not tasks:
         stop = gen.reply.stop_reason
-        if stop == "pause_turn" and not (s.paused or view.draining):
+        if stop == "pause_turn":  # the model is not done: its turn goes on, never "completed"
+            if s.paused or view.draining:
+                return NOTHING
             return _continue_turn(s, env, run.run_id, run.submission_id)
         note = {
             "max_tokens": "the reply was cut off at the model's output limit (max_tokens)",

@@ -14,6 +14,7 @@ from perdure.actors import decide, protocol
 from perdure.actors.protocol import Env, Reconcile, RunTool, Step, View
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
+from perdure.storage import codec
 from perdure.storage.records import Committed, Record, SessionCreated, ToolCall
 
 
@@ -65,7 +66,12 @@ class Session:
 
     def _commit(self, first: Step, *, recovering: bool = False) -> Step:
         step = decide.settle(self.state, self.env(), self.view, first, recovering=recovering)
-        self.log += step.records
+        for record in step.records:
+            # What the core decides is what a restart reads back: every field well typed,
+            # so the strict codec returns the very record (a None id would not decode).
+            seq = len(self.log) + 1
+            assert codec.decode(seq, codec.encode(record, seq)) == record, record
+            self.log.append(record)
         for effect in step.effects:  # the shell marks what it started
             if isinstance(effect, protocol.CallModel):
                 self.view = View(

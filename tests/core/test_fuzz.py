@@ -26,6 +26,7 @@ from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
+from perdure.storage import codec
 from perdure.storage.records import Committed, ToolCall
 from tests.core.sim import COURSE_TOOLS
 from tests.support.checker import check_history
@@ -87,7 +88,10 @@ class CoreMachine(RuleBasedStateMachine):
     def _commit(self, first: protocol.Step) -> None:
         step = decide.settle(self.state, self.env, self._view(), first)
         for record in step.records:
-            c = Committed(len(self.log) + 1, record)
+            seq = len(self.log) + 1
+            # A restart reads what the codec gives back: it must be the very record.
+            assert codec.decode(seq, codec.encode(record, seq)) == record, record
+            c = Committed(seq, record)
             self.log.append(c)
             self.state.note_committed(c)
         for effect in step.effects:

@@ -1,0 +1,103 @@
+"""A sample of the mutation campaign that CI can afford: known mutants must be killed.
+
+The whole campaign (``mutmut run``, docs/RELIABILITY.md) takes too long for CI. This
+test keeps its most important findings from regressing: each row below is a change
+of the core that once passed every test (the audit of issue 14 found them), rebuilt
+here by editing one line of the function's source, and the test that now guards the
+promise must fail against it. A row whose line no longer exists fails too, so a
+rewrite of the core has to carry its sample along.
+"""
+
+from __future__ import annotations
+import __future__
+
+import inspect
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from perdure.actors import decide
+from tests.core import test_commands, test_decide, test_failure_rows
+
+
+def mutant_of(name: str, line: str, replacement: str) -> Callable[..., Any]:
+    """``decide.<name>`` with ``line`` (which must occur once) replaced."""
+    source = textwrap.dedent(inspect.getsource(getattr(decide, name)))
+    assert source.count(line) == 1, f"{name} no longer contains {line!r}"
+    namespace = dict(vars(decide))
+    flags = __future__.annotations.compiler_flag
+    exec(
+        compile(source.replace(line, replacement), decide.__file__, "exec", flags=flags), namespace
+    )
+    mutant: Callable[..., Any] = namespace[name]
+    return mutant
+
+
+SAMPLE: list[tuple[str, str, str, Callable[[], None]]] = [
+    (  # recovery ignores the RECORDED policy: a call recorded NEVER re-run because SAFE now
+        "_recover_executing",
+        "if recorded.replayable and tool.replay.replayable and still_fits:",
+        "if tool.replay.replayable and still_fits:",
+        test_decide.test_recover_never_re_runs_a_call_recorded_never_even_if_its_tool_is_safe_now,
+    ),
+    (  # a NEVER tool's timeout reported as a plain error, not an unknown outcome
+        "_tool_finished",
+        'elif msg.outcome == "timeout" and never:',
+        "elif False:",
+        lambda: test_decide.test_a_timeout_is_an_unknown_outcome_only_for_a_never_tool(
+            "send", {"text": "hi"}, decide.ToolOutcomeUnknown
+        ),
+    ),
+    (  # a constant fingerprint
+        "fingerprint",
+        "return hashlib.sha256(canonical.encode()).hexdigest()[:32]",
+        'return "0" * 32',
+        test_decide.test_the_fingerprint_names_the_tool_its_definition_and_the_arguments,
+    ),
+    (  # a tool's retry-after ignored by its back-off
+        "_retry_failed_attempt",
+        "wait = policy.delay(msg.attempt, msg.jitter, msg.retry_after)",
+        "wait = policy.delay(msg.attempt, msg.jitter)",
+        test_failure_rows.test_a_retry_after_of_the_tool_is_honoured_by_its_back_off,
+    ),
+    (  # an automatic compensation recorded under the old revision
+        "_compensate",
+        "goal_rev=s.goal_rev if goal_rev is None else goal_rev,",
+        "goal_rev=s.goal_rev,",
+        test_commands.test_an_automatic_compensation_interrupted_by_a_crash_is_re_run_not_superseded,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "replacement", "guard"), SAMPLE, ids=[row[0] for row in SAMPLE]
+)
+def test_the_guard_of_each_sampled_promise_kills_its_mutant(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    line: str,
+    replacement: str,
+    guard: Callable[[], None],
+) -> None:
+    guard()  # the guard passes on the real core
+    original = getattr(decide, name)
+    mutant = mutant_of(name, line, replacement)
+    monkeypatch.setattr(decide, name, mutant)
+    for table in (decide.COMMANDS, decide.RESULTS):  # the tables hold the functions themselves
+        for kind, handler in list(table.items()):
+            if handler is original:
+                monkeypatch.setitem(table, kind, mutant)
+    with pytest.raises(AssertionError):
+        guard()
+
+
+def test_every_equivalent_mutant_is_named_with_its_reason() -> None:
+    from tests.mutation.score import load_equivalent
+
+    reasons = load_equivalent()
+    assert reasons, "the list of equivalent mutants is read"
+    for name, why in reasons.items():
+        assert name.startswith(("perdure.actors.decide.x", "perdure.actors.state.x")), name
+        assert "__mutmut_" in name and len(why) > 20, name
