@@ -36,6 +36,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -63,6 +65,8 @@ from perdure.providers.base import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from perdure.server import frontends, tokens
+from perdure.server.tokens import Grant, TokenRejected, TokenSigner
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
 from perdure.storage.lmdb_log import LogError, check_session_id
@@ -72,6 +76,7 @@ MAX_BODY: Final = 1 << 20
 DRAIN_FACTOR: Final = 16
 MAX_REQUEST_ID: Final = 200
 COOKIE: Final = "perdure_session"
+SCOPED_COOKIE: Final = "perdure_scoped"
 _STATIC: Final = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
@@ -84,6 +89,7 @@ _REFUSED_STATUS: Final = {
     "not_owner": 409,
     "busy": 409,
 }
+_STREAM_PATH: Final = re.compile(r"^/v1/sessions/[^/]+/(events|chat/[^/]+/stream)$")
 
 
 _ACTIONS: Final[dict[str, ResolutionAction]] = {"retry": "retry", "skip": "skip", "fail": "fail"}
@@ -361,52 +367,93 @@ class EventStreamResponse(Response):
 
 
 class AuthMiddleware:
-    """Checks the token on every HTTP request except ``/healthz``."""
+    """Checks the credentials on every HTTP request except ``/healthz``.
 
-    def __init__(self, app: ASGIApp, token: str, login_page: str) -> None:
+    The admin token opens everything. A scoped token (``perdure.server.tokens``)
+    opens only its session's routes (``tokens.route_allowed``): a forged or expired
+    one is a 401, a genuine one on another route a 403.
+    """
+
+    def __init__(
+        self, app: ASGIApp, token: str, login_page: str, signer: TokenSigner | None = None
+    ) -> None:
         self.app = app
         self.token = token
         self.cookie = cookie_value(token)
         self.login_page = login_page
+        self.signer = signer
 
-    def _how(self, scope: Scope) -> str | None:
+    def _how(self, scope: Scope) -> tuple[str, str | None] | None:
+        """How the caller proved itself and, for a scoped token, the token."""
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, given = auth.partition(" ")
-        if scheme.lower() == "bearer" and same_secret(given.strip(), self.token):
-            return "header"
+        given = given.strip()
+        if scheme.lower() == "bearer" and tokens.is_scoped(given):
+            return "header", given
+        if scheme.lower() == "bearer" and same_secret(given, self.token):
+            return "header", None
+        path: str = scope["path"]
+        if path == "/" or _STREAM_PATH.match(path):
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            for given in query.get("token", []):
+                if tokens.is_scoped(given):
+                    return "query", given
+                if same_secret(given, self.token):
+                    return "query", None
         for part in headers.get(b"cookie", b"").decode("latin-1").split(";"):
             name, _, value = part.strip().partition("=")
             if name == COOKIE and same_secret(value, self.cookie):
-                return "cookie"
-        path: str = scope["path"]
-        if path == "/" or path.endswith("/events"):
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            for given in query.get("token", []):
-                if same_secret(given, self.token):
-                    return "query"
+                return "cookie", None
+            if name == SCOPED_COOKIE and tokens.is_scoped(value):
+                return "cookie", value
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/healthz":
             await self.app(scope, receive, send)
             return
-        how = self._how(scope)
-        if how is None:
-            response: Response
+        found = self._how(scope)
+        response: Response
+        grant: Grant | None = None
+        if found is not None and found[1] is not None:
+            try:
+                if self.signer is None:
+                    raise TokenRejected("this daemon has no token key")
+                grant = self.signer.verify(found[1], time.time())
+            except TokenRejected as exc:
+                response = _unauthorized(f"scoped token rejected: {exc}")
+                await response(scope, receive, send)
+                return
+            if not tokens.route_allowed(grant, scope["method"], scope["path"]):
+                response = error_response(
+                    403,
+                    "forbidden",
+                    f"a {grant.scope} token of session {grant.session_id!r} "
+                    f"does not open {scope['method']} {scope['path']}",
+                )
+                await response(scope, receive, send)
+                return
+        if found is None:
             if scope["path"] == "/" and scope["method"] == "GET":
                 response = HTMLResponse(self.login_page, status_code=401)
             else:
-                response = error_response(
-                    401,
-                    "unauthorized",
-                    "missing or wrong token: send 'Authorization: Bearer <token>'",
-                    headers={"WWW-Authenticate": 'Bearer realm="perdure"'},
+                response = _unauthorized(
+                    "missing or wrong token: send 'Authorization: Bearer <token>'"
                 )
             await response(scope, receive, send)
             return
-        scope.setdefault("state", {})["auth"] = how
+        state = scope.setdefault("state", {})
+        state["auth"] = found[0]
+        state["grant"] = grant  # None: the admin token
+        state["scoped_token"] = found[1]
         await self.app(scope, receive, send)
+
+
+def _unauthorized(message: str) -> Response:
+    return error_response(
+        401, "unauthorized", message, headers={"WWW-Authenticate": 'Bearer realm="perdure"'}
+    )
 
 
 # -- the API -----------------------------------------------------------------------------
@@ -446,9 +493,15 @@ class Api:
         heartbeat: float = 15.0,
         max_body: int = MAX_BODY,
         retry_ms: int = 1000,
+        signer: TokenSigner | None = None,
     ) -> None:
         self.rt = rt
         self.token = token
+        # Without a key of its own, scoped tokens are signed with a key derived from
+        # the admin token (tests and embedders; ``perdure serve`` always gives one).
+        self.signer = signer or TokenSigner(
+            hmac.new(token.encode(), b"perdure token key v1", hashlib.sha256).digest()
+        )
         self.closing = closing
         self.heartbeat = heartbeat
         self.max_body = max_body
@@ -457,6 +510,7 @@ class Api:
         static = resources.files("perdure.server") / "static"
         self.static = {name: (static / name).read_bytes() for name in _STATIC}
         self.index = (static / "index.html").read_bytes()
+        self.chats = frontends.ChatRoutes(self)
         self.login = (static / "login.html").read_text()
 
     # -- pages -----------------------------------------------------------------------
@@ -483,10 +537,25 @@ class Api:
     async def page(self, request: Request) -> Response:
         if request.scope["state"].get("auth") == "query":
             # Trade the token in the URL for a cookie, and drop it from the address bar.
+            # One page, one credential: the other kind's cookie is cleared.
             response: Response = RedirectResponse("/", status_code=303)
-            response.set_cookie(
-                COOKIE, cookie_value(self.token), httponly=True, samesite="strict", path="/"
-            )
+            scoped = request.scope["state"].get("scoped_token")
+            if scoped is None:
+                response.set_cookie(
+                    COOKIE, cookie_value(self.token), httponly=True, samesite="strict", path="/"
+                )
+                response.delete_cookie(SCOPED_COOKIE, path="/")
+            else:
+                grant: Grant = request.scope["state"]["grant"]
+                response.set_cookie(
+                    SCOPED_COOKIE,
+                    scoped,
+                    max_age=max(1, grant.expires_at - int(time.time())),
+                    httponly=True,
+                    samesite="strict",
+                    path="/",
+                )
+                response.delete_cookie(COOKIE, path="/")
             return response
         return Response(
             self.index,
@@ -495,6 +564,40 @@ class Api:
                 "Content-Security-Policy": "default-src 'self'; connect-src 'self'",
                 "Cache-Control": "no-store",
             },
+        )
+
+    async def whoami(self, request: Request) -> Response:
+        """What the caller's credential opens (the page adapts to a scoped token)."""
+        grant: Grant | None = request.scope["state"].get("grant")
+        if grant is None:
+            return JSONResponse({"scope": "admin", "session_id": None, "expires_at": None})
+        return JSONResponse(
+            {"scope": grant.scope, "session_id": grant.session_id, "expires_at": grant.expires_at}
+        )
+
+    @api_errors
+    async def mint_token(self, request: Request) -> Response:
+        """``POST /v1/sessions/{id}/tokens {scope, ttl_s}``: a token for that session only."""
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        given = text_field(data, "scope")
+        scope = tokens.SCOPES.get(given or "")
+        if scope is None:
+            raise ApiError(400, "invalid_field", "the field 'scope' must be read or write", "scope")
+        ttl = data.get("ttl_s", 3600)
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= tokens.MAX_TTL:
+            raise ApiError(
+                400,
+                "invalid_field",
+                f"the field 'ttl_s' must be a whole number of seconds from 1 to {tokens.MAX_TTL}",
+                "ttl_s",
+            )
+        if await self.rt.session_info(sid) is None:
+            raise ApiError(404, "not_found", f"no session {sid!r} in this log")
+        token, expires_at = self.signer.mint(sid, scope, ttl, time.time())
+        return JSONResponse(
+            {"token": token, "expires_at": expires_at, "session_id": sid, "scope": scope},
+            status_code=201,
         )
 
     async def static_file(self, request: Request) -> Response:
@@ -649,9 +752,39 @@ class Api:
         sid = path_session(request)
         after = _after(request)
         live = request.query_params.get("live", "1") not in ("0", "false", "no")
+        fmt = request.query_params.get("format", "perdure")
+        if fmt not in ("perdure", *frontends.FORMATS):
+            raise ApiError(
+                400, "invalid_field", "format must be perdure, ai-sdk or ag-ui", "format"
+            )
         if await self.rt.session_info(sid) is None:
             raise ApiError(404, "not_found", f"no session {sid!r} in this log")
+        if fmt != "perdure":
+            return frontends.session_stream(self, sid, fmt, after)
         return EventStreamResponse(self, sid, after, live)
+
+    # -- frontend protocols (perdure.server.frontends) ---------------------------------
+
+    @api_errors
+    async def chat(self, request: Request) -> Response:
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        return await self.chats.chat(request, sid, data)
+
+    @api_errors
+    async def chat_stream(self, request: Request) -> Response:
+        sid = path_session(request)
+        if request.path_params["chat_id"] != sid:
+            raise ApiError(404, "not_found", "the chat id must be the session id of the URL")
+        if await self.rt.session_info(sid) is None:
+            return Response(status_code=204)
+        return await self.chats.chat_resume(sid)
+
+    @api_errors
+    async def ag_ui(self, request: Request) -> Response:
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        return await self.chats.ag_ui_run(sid, data)
 
 
 def _after(request: Request) -> int:
@@ -697,15 +830,23 @@ def create_app(
     closing: trio.Event,
     heartbeat: float = 15.0,
     max_body: int = MAX_BODY,
+    token_key: bytes | None = None,
 ) -> ASGIApp:
-    """The ASGI application: routes, JSON errors, and the auth middleware around them."""
-    api = Api(rt, token=token, closing=closing, heartbeat=heartbeat, max_body=max_body)
+    """The ASGI application: routes, JSON errors, and the auth middleware around them.
+
+    ``token_key`` signs scoped session tokens (``perdure.server.tokens``).
+    """
+    signer = TokenSigner(token_key) if token_key is not None else None
+    api = Api(
+        rt, token=token, closing=closing, heartbeat=heartbeat, max_body=max_body, signer=signer
+    )
     s = "/v1/sessions/{session_id}"
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/", api.page, methods=["GET"]),
         Route("/static/{name}", api.static_file, methods=["GET"]),
         Route("/v1/stats", api.stats, methods=["GET"]),
+        Route("/v1/whoami", api.whoami, methods=["GET"]),
         Route("/v1/sessions", api.list_sessions, methods=["GET"]),
         Route("/v1/sessions", api.create_session, methods=["POST"]),
         Route(s, api.get_session, methods=["GET"]),
@@ -719,9 +860,13 @@ def create_app(
         Route(s + "/resume", api.resume, methods=["POST"]),
         Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
         Route(s + "/calls/{call_id}/resolution", api.resolve, methods=["POST"]),
+        Route(s + "/tokens", api.mint_token, methods=["POST"]),
+        Route(s + "/chat", api.chat, methods=["POST"]),
+        Route(s + "/chat/{chat_id}/stream", api.chat_stream, methods=["GET"]),
+        Route(s + "/ag-ui", api.ag_ui, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
-    return AuthMiddleware(app, token, api.login)
+    return AuthMiddleware(app, token, api.login, api.signer)
