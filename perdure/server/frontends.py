@@ -110,7 +110,12 @@ class ProtocolStream(Response):
                 async for event in stream:
                     chunks: list[Chunk] = []
                     ended = False
-                    for part in self.follower.feed(event):
+                    parts = self.follower.feed(event)
+                    if self.follower.hidden(event):
+                        for part in parts:
+                            self.encode(part)  # keeps the encoder's state; sends nothing
+                        continue
+                    for part in parts:
                         if part.kind == "blocked" and self.on_blocked is not None:
                             closing = await self.on_blocked(part)
                             if closing is not None:

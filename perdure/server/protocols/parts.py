@@ -16,9 +16,10 @@ committed reply becomes one open/delta/close. So a client that starts over from
 any log position sees each reply exactly once.
 
 A follower may be limited to one submission (one user input and everything its
-runs did) and may be *cut*: it folds every event but returns no part for events
-up to a log position, so a continuation (after an approval) starts where the
-previous response ended while still knowing the run's context.
+runs did) and may be *cut* at a log position: the parts of events up to there are
+``hidden`` (an encoder folds them but sends nothing), so a continuation (after an
+approval, or a reconnect) starts where the previous response ended while still
+knowing the run's context.
 
 Each part carries the ``seq`` of the record it came from (``None`` for live
 deltas): an encoder gives the last frame of each record that seq as its SSE id,
@@ -100,7 +101,6 @@ class _Stream:
     """A text or reasoning part that live deltas opened."""
 
     id: str
-    attempt: int
     text: str = ""
 
 
@@ -126,6 +126,7 @@ class Follower:
     _live_tools: dict[str, str] = field(factory=dict)  # call id -> streamed argument text
     _live_index: dict[tuple[str, int], str] = field(factory=dict)
     _pending: set[str] = field(factory=set)  # calls created and not yet answered
+    _ids: set[str] = field(factory=set)  # text and reasoning part ids given out
     _awaiting: dict[str, dict[str, Any]] = field(factory=dict)  # call id -> approval part data
 
     def feed(self, event: Event) -> list[Part]:
@@ -137,9 +138,12 @@ class Follower:
             self._live(event, out)
         elif event.record is not None:
             self._record(event.record, event.seq, out)
-        if event.seq is not None and event.seq <= self.cut:
-            return []
         return out
+
+    def hidden(self, event: Event) -> bool:
+        """Whether ``event`` falls before the cut: its parts update an encoder's state
+        (which step is open) but are not sent."""
+        return event.seq is not None and event.seq <= self.cut
 
     # -- whose is it -------------------------------------------------------------------
 
@@ -196,7 +200,7 @@ class Follower:
             text = str(d.get("thinking", ""))
             r = self._reasoning.get(gen)
             if r is None:
-                r = self._reasoning[gen] = _Stream(f"{gen}.reasoning", self._attempt.get(gen, 1))
+                r = self._reasoning[gen] = _Stream(self._new_id(gen, "reasoning", None))
                 out.append(Part("reasoning_start", None, {"id": r.id, "generation_id": gen}))
             if text:
                 r.text += text
@@ -206,7 +210,7 @@ class Follower:
             self._end_reasoning(gen, out, None)
             t = self._text.get(gen)
             if t is None:
-                t = self._text[gen] = _Stream(f"{gen}.text", self._attempt.get(gen, 1))
+                t = self._text[gen] = _Stream(self._new_id(gen, "text", None))
                 out.append(Part("text_start", None, {"id": t.id, "generation_id": gen}))
             if text:
                 t.text += text
@@ -230,6 +234,17 @@ class Follower:
             out.append(
                 Part("fact", None, {"name": "progress", "value": dict(d), "transient": True})
             )
+
+    def _new_id(self, gen: str, what: str, seq: int | None) -> str:
+        """``<generation>.text`` (the same live or replayed, so a replay matches what
+        streamed live), suffixed only when that turn already had such a part."""
+        n = 0
+        found = f"{gen}.{what}"
+        while found in self._ids:
+            n += 1
+            found = f"{gen}.{what}.{n}"
+        self._ids.add(found)
+        return found
 
     def _end_reasoning(self, gen: str, out: list[Part], seq: int | None) -> None:
         r = self._reasoning.pop(gen, None)
@@ -363,7 +378,7 @@ class Follower:
             else:
                 if live is not None:
                     out.append(Part("reasoning_end", seq, {"id": live.id}))
-                rid = f"{gen}.reasoning.{seq}"
+                rid = self._new_id(gen, "reasoning", seq)
                 out.append(Part("reasoning_start", seq, {"id": rid, "generation_id": gen}))
                 if block.thinking:
                     out.append(Part("reasoning_delta", seq, {"id": rid, "delta": block.thinking}))
@@ -379,7 +394,7 @@ class Follower:
             if live_text is not None:
                 out.append(Part("text_end", seq, {"id": live_text.id}))
             if r.text:
-                tid = f"{gen}.text.{seq}"
+                tid = self._new_id(gen, "text", seq)
                 out.append(Part("text_start", seq, {"id": tid, "generation_id": gen}))
                 out.append(Part("text_delta", seq, {"id": tid, "delta": r.text}))
                 out.append(Part("text_end", seq, {"id": tid}))
