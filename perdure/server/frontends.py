@@ -65,6 +65,7 @@ class ProtocolStream(Response):
         on_blocked: OnBlocked | None = None,
         tail: bytes = b"",
         headers: dict[str, str] | None = None,
+        resumed: Callable[[], list[Chunk]] | None = None,
     ) -> None:
         super().__init__(status_code=200)
         self.api = api
@@ -76,6 +77,9 @@ class ProtocolStream(Response):
         self.on_blocked = on_blocked
         self.tail = tail
         self.extra_headers = headers or {}
+        # Chunks that re-open what the hidden part of the stream left open (AG-UI's
+        # current step), sent before the first visible event of a continuation.
+        self.resumed = resumed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [
@@ -115,6 +119,9 @@ class ProtocolStream(Response):
                         for part in parts:
                             self.encode(part)  # keeps the encoder's state; sends nothing
                         continue
+                    if self.resumed is not None:
+                        chunks += self.resumed()
+                        self.resumed = None
                     for part in parts:
                         if part.kind == "blocked" and self.on_blocked is not None:
                             closing = await self.on_blocked(part)
@@ -423,6 +430,7 @@ class ChatRoutes:
             after=after,
             head=head,
             on_blocked=on_blocked,
+            resumed=encoder.reopen if cut else None,
         )
 
 

@@ -186,6 +186,10 @@ class AgUiEncoder:
         )
         return out
 
+    def reopen(self) -> list[dict[str, Any]]:
+        """A continuation run re-opens the step the previous run was interrupted in."""
+        return [] if self.step is None else [_ev("STEP_STARTED", stepName=self.step)]
+
     def _finish_step(self) -> list[dict[str, Any]]:
         if self.step is None:
             return []
