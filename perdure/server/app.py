@@ -760,7 +760,7 @@ class Api:
         if await self.rt.session_info(sid) is None:
             raise ApiError(404, "not_found", f"no session {sid!r} in this log")
         if fmt != "perdure":
-            return frontends.session_stream(self, sid, fmt, after)
+            return frontends.session_stream(self, sid, fmt, after, live)
         return EventStreamResponse(self, sid, after, live)
 
     # -- frontend protocols (perdure.server.frontends) ---------------------------------

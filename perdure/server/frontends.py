@@ -66,6 +66,7 @@ class ProtocolStream(Response):
         tail: bytes = b"",
         headers: dict[str, str] | None = None,
         resumed: Callable[[], list[Chunk]] | None = None,
+        live: bool = True,
     ) -> None:
         super().__init__(status_code=200)
         self.api = api
@@ -80,6 +81,7 @@ class ProtocolStream(Response):
         # Chunks that re-open what the hidden part of the stream left open (AG-UI's
         # current step), sent before the first visible event of a continuation.
         self.resumed = resumed
+        self.live = live
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [
@@ -108,7 +110,9 @@ class ProtocolStream(Response):
             pass  # the client went away mid-write
 
     async def _pump(self, write: Callable[[bytes], Awaitable[None]]) -> None:
-        events = self.api.rt.events(self.session_id, after=self.after, live=True, restarts=True)
+        events = self.api.rt.events(
+            self.session_id, after=self.after, live=self.live, restarts=True
+        )
         try:
             async with aclosing(events) as stream:
                 async for event in stream:
@@ -171,20 +175,28 @@ async def _heartbeats(period: float, write: Callable[[bytes], Awaitable[None]]) 
 # -- the session's stream in another encoding ---------------------------------------------
 
 
-def session_stream(api: Api, session_id: str, fmt: str, after: int) -> ProtocolStream:
-    """``events?format=``: every submission of the session, resumable by seq.
+def session_stream(
+    api: Api, session_id: str, fmt: str, after: int, live: bool = True
+) -> ProtocolStream:
+    """``events?format=``: every submission of the session, resumable by seq
+    (``live=0``: only what the log holds now).
 
     The follower reads the session from its start (so a part resumed mid-run knows
-    its context) and is cut at ``after``: it returns nothing up to there.
+    its context) and is cut at ``after``: nothing up to there is sent.
     """
     follower = Follower(cut=after)
     if fmt == "ai-sdk":
         encoder = ai_sdk.AiSdkEncoder()
         return ProtocolStream(
-            api, session_id, follower=follower, encode=encoder.encode, headers=ai_sdk.HEADERS
+            api,
+            session_id,
+            follower=follower,
+            encode=encoder.encode,
+            headers=ai_sdk.HEADERS,
+            live=live,
         )
     ag = ag_ui.AgUiEncoder(session_id)
-    return ProtocolStream(api, session_id, follower=follower, encode=ag.encode)
+    return ProtocolStream(api, session_id, follower=follower, encode=ag.encode, live=live)
 
 
 # -- the AI SDK chat transport --------------------------------------------------------------

@@ -123,6 +123,9 @@ class Follower:
     _attempt: dict[str, int] = field(factory=dict)
     _text: dict[str, _Stream] = field(factory=dict)
     _reasoning: dict[str, _Stream] = field(factory=dict)
+    # Live reasoning already closed because the text began: the commit must not send
+    # it again.
+    _reasoned: dict[str, list[_Stream]] = field(factory=dict)
     _live_tools: dict[str, str] = field(factory=dict)  # call id -> streamed argument text
     _live_index: dict[tuple[str, int], str] = field(factory=dict)
     _pending: set[str] = field(factory=set)  # calls created and not yet answered
@@ -249,6 +252,7 @@ class Follower:
     def _end_reasoning(self, gen: str, out: list[Part], seq: int | None) -> None:
         r = self._reasoning.pop(gen, None)
         if r is not None:
+            self._reasoned.setdefault(gen, []).append(r)
             out.append(Part("reasoning_end", seq, {"id": r.id}))
 
     def _close_live(self, gen: str, out: list[Part], seq: int | None) -> None:
@@ -365,7 +369,9 @@ class Follower:
 
     def _completed(self, r: GenerationCompleted, seq: int, out: list[Part]) -> None:
         gen = r.generation_id
-        # Reasoning first, as the model produced it.
+        # Reasoning first, as the model produced it. Blocks that streamed live are
+        # completed (or, already closed, skipped); the others are sent whole.
+        closed = self._reasoned.pop(gen, [])
         for block in r.thinking:
             if not isinstance(block, ThinkingBlock):
                 continue
@@ -375,14 +381,19 @@ class Follower:
                 if rest:
                     out.append(Part("reasoning_delta", seq, {"id": live.id, "delta": rest}))
                 out.append(Part("reasoning_end", seq, {"id": live.id}))
-            else:
-                if live is not None:
-                    out.append(Part("reasoning_end", seq, {"id": live.id}))
-                rid = self._new_id(gen, "reasoning", seq)
-                out.append(Part("reasoning_start", seq, {"id": rid, "generation_id": gen}))
-                if block.thinking:
-                    out.append(Part("reasoning_delta", seq, {"id": rid, "delta": block.thinking}))
-                out.append(Part("reasoning_end", seq, {"id": rid}))
+                continue
+            if live is not None:
+                out.append(Part("reasoning_end", seq, {"id": live.id}))
+            text = block.thinking
+            if closed and text.startswith(closed[0].text):
+                text = text[len(closed.pop(0).text) :]  # what streamed is already shown
+                if not text:
+                    continue
+            rid = self._new_id(gen, "reasoning", seq)
+            out.append(Part("reasoning_start", seq, {"id": rid, "generation_id": gen}))
+            if text:
+                out.append(Part("reasoning_delta", seq, {"id": rid, "delta": text}))
+            out.append(Part("reasoning_end", seq, {"id": rid}))
         self._end_reasoning(gen, out, seq)
         live_text = self._text.pop(gen, None)
         if live_text is not None and r.text.startswith(live_text.text):
