@@ -8,6 +8,9 @@ import {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithApprovalResponses,
+  parseJsonEventStream,
+  readUIMessageStream,
+  uiMessageChunkSchema,
 } from "ai";
 import { Daemon, waiter, transcriptItems } from "./support/daemon.mjs";
 
@@ -112,6 +115,26 @@ test("useChat's client: a run with an approval survives a SIGKILL mid-stream", a
     assert.ok(facts.includes("data-perdure-recovery"), facts.join());
     const steps = parts(chat).filter((p) => p.type === "step-start").length;
     assert.equal(steps, 3);
+
+    // The session's whole stream in the same encoding (read from the log afterwards),
+    // parsed by the ai package's own schema and stream reader, ends in the same message.
+    const resp = await fetch(`${daemon.url}/v1/sessions/${sid}/events?format=ai-sdk&live=0`, {
+      headers: daemon.headers(),
+    });
+    assert.equal(resp.headers.get("x-vercel-ai-ui-message-stream"), "v1");
+    const chunks = parseJsonEventStream({ stream: resp.body, schema: uiMessageChunkSchema })
+      .pipeThrough(new TransformStream({
+        transform(parsed, controller) {
+          assert.ok(parsed.success, `a chunk the ai package rejects: ${JSON.stringify(parsed.rawValue)}`);
+          controller.enqueue(parsed.value);
+        },
+      }));
+    let replayed;
+    for await (const message of readUIMessageStream({ stream: chunks })) replayed = message;
+    const visible = (ps) => ps.filter((p) => p.type === "text" || p.type === "dynamic-tool")
+      .map((p) => (p.type === "text" ? p.text : [p.toolCallId, p.state, p.output]));
+    assert.equal(replayed.id, reply(chat).id);
+    assert.deepEqual(visible(replayed.parts), visible(parts(chat)));
   } finally {
     await daemon.stop();
   }

@@ -223,3 +223,26 @@ def test_ai_sdk_chat_errors_are_clear(daemon: Daemon) -> None:
         assert resp.status_code == 400 and "text" in resp.json()["error"]["message"]
         resp = c.get("/v1/sessions/chat2/events?format=xml")
         assert resp.status_code == 400 and resp.json()["error"]["field"] == "format"
+
+
+def test_ag_ui_denial_and_ai_sdk_view_of_the_same_session(daemon: Daemon) -> None:
+    sid = "ag3"
+    with daemon.client() as c:
+        first = ag_run(c, sid, user_input(sid, "deny-1", "Deploy"))
+        (interrupt,) = first[-1][1]["outcome"]["interrupts"]
+        body = user_input(sid, "deny-2", "Deploy")
+        body["resume"] = [
+            {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": False}}
+        ]
+        second = ag_run(c, sid, body)
+        result = next(e for _, e in second if e["type"] == "TOOL_CALL_RESULT")
+        assert result["toolCallId"] == interrupt["toolCallId"]
+        assert second[-1][1]["type"] == "RUN_FINISHED"
+        tasks = {t["call_id"]: t for t in c.get(f"/v1/sessions/{sid}").json()["tasks"]}
+        assert tasks[interrupt["toolCallId"]]["phase"] == "completed"
+        # The same session read as an AI SDK stream: the denial is tool-output-denied.
+        with c.stream("GET", f"/v1/sessions/{sid}/events?format=ai-sdk&live=0") as resp:
+            chunks = [e for _, e in frames(resp)]
+        denied = [e for e in chunks if e["type"] == "tool-output-denied"]
+        assert [d["toolCallId"] for d in denied] == [interrupt["toolCallId"]]
+        assert chunks[-1]["type"] == "finish" and chunks[-1]["finishReason"] == "stop"
