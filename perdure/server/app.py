@@ -769,7 +769,7 @@ class Api:
     async def chat(self, request: Request) -> Response:
         sid = path_session(request)
         data = await read_json(request, self.max_body)
-        return await self.chats.chat(request, sid, data)
+        return await self.chats.chat(sid, data)
 
     @api_errors
     async def chat_stream(self, request: Request) -> Response:

@@ -30,10 +30,10 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from perdure.errors import Refused
 from perdure.inspect import summarize
 from perdure.server.protocols import ag_ui, ai_sdk
 from perdure.server.protocols.parts import Follower, Part, parse_approval_id
@@ -229,6 +229,19 @@ class ChatRoutes:
     def __init__(self, api: Api) -> None:
         self.api = api
 
+    async def _approve(
+        self, session_id: str, call_id: str, approved: bool, request_id: str, note: str
+    ) -> None:
+        """Record an approval; one decided meanwhile (another tab, the page) is no error:
+        the stream that follows shows what was decided."""
+        try:
+            await self.api.rt.approve(
+                session_id, call_id, approved=approved, request_id=request_id, note=note
+            )
+        except Refused as exc:
+            if exc.code != "invalid_state":
+                raise
+
     async def _submission_seq(self, session_id: str, submission_id: str) -> int:
         state = await self.api.rt.load_state(session_id)
         sub = state.submissions.get(submission_id)
@@ -258,7 +271,7 @@ class ChatRoutes:
             headers=ai_sdk.HEADERS,
         )
 
-    async def chat(self, request: Request, session_id: str, data: dict[str, Any]) -> Response:
+    async def chat(self, session_id: str, data: dict[str, Any]) -> Response:
         from perdure.server.app import ApiError
 
         messages = data.get("messages")
@@ -316,9 +329,7 @@ class ChatRoutes:
                 "messages",
             )
         for call_id, _seq, approved, note, rid in answered:
-            await self.api.rt.approve(
-                session_id, call_id, approved=approved, request_id=rid, note=note
-            )
+            await self._approve(session_id, call_id, approved, rid, note)
         state = await self.api.rt.load_state(session_id)
         if submission_id not in state.submissions:
             raise ApiError(404, "not_found", f"no reply {message.get('id')!r} in this session")
@@ -398,13 +409,8 @@ class ChatRoutes:
             payload = entry.payload if isinstance(entry.payload, dict) else {}
             approved = entry.status == "resolved" and payload.get("approved") is True
             note = payload.get("note")
-            await self.api.rt.approve(
-                session_id,
-                call_id,
-                approved=approved,
-                request_id=entry.interrupt_id,
-                note=note if isinstance(note, str) else "",
-            )
+            note = note if isinstance(note, str) else ""
+            await self._approve(session_id, call_id, approved, entry.interrupt_id, note)
             cut = max(cut, seq)
             call_ids.append(call_id)
         state = await self.api.rt.load_state(session_id)

@@ -28,7 +28,6 @@ class AgUiEncoder:
         self.thread_id = thread_id
         self.run_id: str | None = None
         self.step: str | None = None
-        self.reasoning_open: set[str] = set()
         self.tool_open: set[str] = set()
         # A turn's text is its assistant message: the message id is the generation id,
         # which the turn's tool calls name as their parent.
@@ -100,7 +99,6 @@ class AgUiEncoder:
             return [_ev("TEXT_MESSAGE_END", messageId=self.text_message.pop(d["id"], d["id"]))]
         if k == "reasoning_start":
             rid = d["id"]
-            self.reasoning_open.add(rid)
             return [
                 _ev("REASONING_START", messageId=rid),
                 _ev("REASONING_MESSAGE_START", messageId=rid, role="reasoning"),
@@ -110,7 +108,6 @@ class AgUiEncoder:
                 return []
             return [_ev("REASONING_MESSAGE_CONTENT", messageId=d["id"], delta=d["delta"])]
         if k == "reasoning_end":
-            self.reasoning_open.discard(d["id"])
             return [
                 _ev("REASONING_MESSAGE_END", messageId=d["id"]),
                 _ev("REASONING_END", messageId=d["id"]),

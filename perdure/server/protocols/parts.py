@@ -107,7 +107,7 @@ class _Stream:
 @define
 class Follower:
     """See the module docstring. ``submission``: only that input's parts;
-    ``cut``: no parts for events with a seq at or below it."""
+    ``cut``: the parts of events with a seq at or below it are ``hidden``."""
 
     submission: str | None = None
     cut: int = 0
@@ -203,7 +203,7 @@ class Follower:
             text = str(d.get("thinking", ""))
             r = self._reasoning.get(gen)
             if r is None:
-                r = self._reasoning[gen] = _Stream(self._new_id(gen, "reasoning", None))
+                r = self._reasoning[gen] = _Stream(self._new_id(gen, "reasoning"))
                 out.append(Part("reasoning_start", None, {"id": r.id, "generation_id": gen}))
             if text:
                 r.text += text
@@ -213,7 +213,7 @@ class Follower:
             self._end_reasoning(gen, out, None)
             t = self._text.get(gen)
             if t is None:
-                t = self._text[gen] = _Stream(self._new_id(gen, "text", None))
+                t = self._text[gen] = _Stream(self._new_id(gen, "text"))
                 out.append(Part("text_start", None, {"id": t.id, "generation_id": gen}))
             if text:
                 t.text += text
@@ -238,7 +238,7 @@ class Follower:
                 Part("fact", None, {"name": "progress", "value": dict(d), "transient": True})
             )
 
-    def _new_id(self, gen: str, what: str, seq: int | None) -> str:
+    def _new_id(self, gen: str, what: str) -> str:
         """``<generation>.text`` (the same live or replayed, so a replay matches what
         streamed live), suffixed only when that turn already had such a part."""
         n = 0
@@ -389,7 +389,7 @@ class Follower:
                 text = text[len(closed.pop(0).text) :]  # what streamed is already shown
                 if not text:
                     continue
-            rid = self._new_id(gen, "reasoning", seq)
+            rid = self._new_id(gen, "reasoning")
             out.append(Part("reasoning_start", seq, {"id": rid, "generation_id": gen}))
             if text:
                 out.append(Part("reasoning_delta", seq, {"id": rid, "delta": text}))
@@ -405,7 +405,7 @@ class Follower:
             if live_text is not None:
                 out.append(Part("text_end", seq, {"id": live_text.id}))
             if r.text:
-                tid = self._new_id(gen, "text", seq)
+                tid = self._new_id(gen, "text")
                 out.append(Part("text_start", seq, {"id": tid, "generation_id": gen}))
                 out.append(Part("text_delta", seq, {"id": tid, "delta": r.text}))
                 out.append(Part("text_end", seq, {"id": tid}))
