@@ -210,7 +210,12 @@ def _text_of(parts: Any) -> str:
     )
 
 
-def _still_blocked(api: Api, session_id: str) -> OnBlocked:
+def _end_if_still_blocked(
+    api: Api, session_id: str, closing: Callable[[Part], list[Chunk]]
+) -> OnBlocked:
+    """End the response with ``closing(part)`` if the calls still wait for approval
+    (a replay passes points where a run waited and was answered long ago)."""
+
     async def check(part: Part) -> list[Chunk] | None:
         state = await api.rt.load_state(session_id)
         waiting = [
@@ -218,7 +223,7 @@ def _still_blocked(api: Api, session_id: str) -> OnBlocked:
             for c in part.data["call_ids"]
             if c in state.tasks and state.tasks[c].phase == "awaiting_approval"
         ]
-        return [] if waiting else None
+        return closing(part) if waiting else None
 
     return check
 
@@ -252,13 +257,6 @@ class ChatRoutes:
     ) -> ProtocolStream:
         encoder = ai_sdk.AiSdkEncoder()
         head = encoder.start(submission_id) if cut else []
-        still_blocked = _still_blocked(self.api, session_id)
-
-        async def on_blocked(part: Part) -> list[Chunk] | None:
-            if await still_blocked(part) is None:
-                return None
-            return encoder.pause()
-
         return ProtocolStream(
             self.api,
             session_id,
@@ -266,7 +264,7 @@ class ChatRoutes:
             encode=encoder.encode,
             after=after,
             head=head,
-            on_blocked=on_blocked,
+            on_blocked=_end_if_still_blocked(self.api, session_id, lambda _: encoder.pause()),
             tail=ai_sdk.DONE,
             headers=ai_sdk.HEADERS,
         )
@@ -433,11 +431,7 @@ class ChatRoutes:
         encoder: ag_ui.AgUiEncoder,
         head: list[Chunk],
     ) -> ProtocolStream:
-        still_blocked = _still_blocked(self.api, session_id)
-
-        async def on_blocked(part: Part) -> list[Chunk] | None:
-            if await still_blocked(part) is None:
-                return None
+        def interrupt(part: Part) -> list[Chunk]:
             return encoder.interrupt(part.data["approvals"])
 
         return ProtocolStream(
@@ -447,7 +441,7 @@ class ChatRoutes:
             encode=encoder.encode,
             after=after,
             head=head,
-            on_blocked=on_blocked,
+            on_blocked=_end_if_still_blocked(self.api, session_id, interrupt),
             resumed=encoder.reopen if cut else None,
         )
 
