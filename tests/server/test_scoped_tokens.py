@@ -27,6 +27,8 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, bool]] = [
     ("GET", f"/v1/sessions/{SID}", None, True),
     ("GET", f"/v1/sessions/{SID}/transcript", None, True),
     ("GET", f"/v1/sessions/{SID}/events?live=0", None, True),
+    ("GET", f"/v1/sessions/{SID}/events?live=0&format=ai-sdk", None, True),
+    ("GET", f"/v1/sessions/{SID}/events?live=0&format=ag-ui", None, True),
     ("GET", f"/v1/sessions/{SID}/chat/{SID}/stream", None, True),
     ("POST", f"/v1/sessions/{SID}/messages", {"text": "hi", "request_id": "tok-1"}, False),
     ("POST", f"/v1/sessions/{SID}/cancel", {"request_id": "tok-2"}, False),
