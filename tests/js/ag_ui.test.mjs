@@ -109,6 +109,9 @@ test("AG-UI HttpAgent: an interrupt for approval, a SIGKILL mid-stream, the same
     assert.deepEqual(shown(second.messages), items);
     const ids = second.messages.map((m) => m.id);
     assert.equal(new Set(ids).size, ids.length, "no message twice");
+    await daemon.stop();
+    const checked = await daemon.check();
+    assert.equal(checked.code, 0, checked.output);
   } finally {
     await daemon.stop();
   }

@@ -135,6 +135,9 @@ test("useChat's client: a run with an approval survives a SIGKILL mid-stream", a
       .map((p) => (p.type === "text" ? p.text : [p.toolCallId, p.state, p.output]));
     assert.equal(replayed.id, reply(chat).id);
     assert.deepEqual(visible(replayed.parts), visible(parts(chat)));
+    await daemon.stop();
+    const checked = await daemon.check();
+    assert.equal(checked.code, 0, checked.output);
   } finally {
     await daemon.stop();
   }

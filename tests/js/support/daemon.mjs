@@ -73,6 +73,20 @@ export class Daemon {
     }
   }
 
+  // `perdure check --settled` on the log (after stop()): checksums and invariants.
+  async check() {
+    const python = process.env.PERDURE_PYTHON || "python3";
+    const root = process.env.PERDURE_ROOT || process.cwd();
+    const proc = spawn(python, ["-m", "perdure.cli", "check", "--settled", "--log", this.log], {
+      cwd: root, env: { ...process.env, PYTHONPATH: root }, stdio: ["ignore", "pipe", "pipe"],
+    });
+    let output = "";
+    proc.stdout.on("data", (d) => { output += d; });
+    proc.stderr.on("data", (d) => { output += d; });
+    const [code] = await once(proc, "exit");
+    return { code, output };
+  }
+
   headers() {
     return { Authorization: `Bearer ${this.token}` };
   }
