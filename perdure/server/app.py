@@ -67,9 +67,9 @@ from perdure.providers.base import (
 )
 from perdure.server import frontends, tokens
 from perdure.server.tokens import Grant, TokenRejected, TokenSigner
+from perdure.storage import LogError, check_session_id
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
-from perdure.storage.lmdb_log import LogError, check_session_id
 from perdure.storage.records import Record, ResolutionAction
 
 MAX_BODY: Final = 1 << 20

@@ -32,7 +32,7 @@ from typing import Final, Literal
 from attrs import frozen
 
 from perdure._setup import SetupError
-from perdure.storage.backend import is_postgres
+from perdure.storage import is_postgres
 
 PREFIX: Final = "pdt1."
 KEY_FILE: Final = "token.key"
