@@ -475,12 +475,28 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 def _open_readonly(log_dir: str) -> Any:
-    from perdure.storage.lmdb_log import LmdbLog
+    """The log for reading only, either backend; a clear message if there is none."""
+    from perdure.storage import LogError, is_postgres, open_log
 
+    if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
+        _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
     try:
-        return LmdbLog(log_dir, readonly=True)
+        return open_log(log_dir, readonly=True)
     except FileNotFoundError:
-        _fail(f"no perdure log at {log_dir} (use --log DIR)", 2)
+        _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
+    except LogError as exc:
+        _fail(f"cannot open the log {_where(log_dir)}: {exc}")
+
+
+def _where(log_dir: str) -> str:
+    """The log's location for a message: a PostgreSQL URL without its password."""
+    from perdure.storage import is_postgres
+
+    if is_postgres(log_dir):
+        from perdure.storage.pg_log import redact
+
+        return redact(log_dir)
+    return log_dir
 
 
 @main.command()
@@ -493,7 +509,7 @@ def sessions(log_dir: str) -> None:
     finally:
         log.close()
     if not infos:
-        echo(f"no sessions in {log_dir}")
+        echo(f"no sessions in {_where(log_dir)}")
         return
     width = max(7, *(len(i.session_id) for i in infos))
     echo(f"{'SESSION':<{width}}  {'RECORDS':>7}  {'FIRST':>7}  {'LAST':>7}  REV  OPEN", "title")
@@ -521,11 +537,11 @@ def show(session: str, log_dir: str, as_json: bool) -> None:
     log = _open_readonly(log_dir)
     try:
         if log.session_info(session) is None:
-            _fail(f"no session {session!r} in {log_dir} (see: perdure sessions)", 2)
+            _fail(f"no session {session!r} in {_where(log_dir)} (see: perdure sessions)", 2)
         records = log.read_session(session)
         system = log.read_system()
     except CorruptRecord as exc:
-        _fail(f"{exc} (run: perdure check --log {log_dir})")
+        _fail(f"{exc} (run: perdure check --log {_where(log_dir)})")
     finally:
         log.close()
     summary = summarize(SessionState.fold(session, records))
@@ -551,10 +567,8 @@ def show(session: str, log_dir: str, as_json: bool) -> None:
 def check(log_dir: str, settled: bool) -> None:
     """Verify every record's checksum and the design's invariants (read-only)."""
     from perdure.check import check_log, last_seq
-    from perdure.storage import is_postgres
 
-    if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
-        _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
+    _open_readonly(log_dir).close()  # a clear message if there is no log
     total = last_seq(log_dir)
     with click.progressbar(
         length=total, label="checking records", file=sys.stderr, hidden=not sys.stderr.isatty()

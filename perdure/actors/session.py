@@ -295,10 +295,12 @@ class SessionActor:
         except LogError as exc:
             if isinstance(exc, LogFenced | CommitUnknown):
                 raise  # fenced: stop; unknown: restart from the log (fold + recover)
+            self._pending.remove(reply)
             reply.fail(exc)
             return
-        finally:
-            self._pending.remove(reply)
+        # Only an answered reply leaves ``_pending``: if the commit crashed the actor,
+        # the supervisor's ``fail_pending`` tells this caller (SessionRestarting).
+        self._pending.remove(reply)
         if committed and not answer.seq:
             answer = evolve(answer, seq=committed[0].seq)
         reply.set(answer)

@@ -35,6 +35,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from perdure.errors import Refused
 from perdure.inspect import summarize
+from perdure.server.errors import ApiError
 from perdure.server.protocols import ag_ui, ai_sdk
 from perdure.server.protocols.parts import Follower, Part, parse_approval_id
 from perdure.storage.bus import EventStreamLagged
@@ -101,8 +102,10 @@ class ProtocolStream(Response):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
                 nursery.start_soon(_until_set, self.api.closing, nursery.cancel_scope)
-                nursery.start_soon(_heartbeats, self.api.heartbeat, write)
-                await write(f"retry: {self.api.retry_ms}\n\n".encode() + _frames(self.head, None))
+                nursery.start_soon(_heartbeats, self.api.streams.heartbeat, write)
+                await write(
+                    f"retry: {self.api.streams.retry_ms}\n\n".encode() + _frames(self.head, None)
+                )
                 await self._pump(write)
                 nursery.cancel_scope.cancel()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -270,8 +273,6 @@ class ChatRoutes:
         )
 
     async def chat(self, session_id: str, data: dict[str, Any]) -> Response:
-        from perdure.server.app import ApiError
-
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
             raise ApiError(400, "invalid_field", "'messages' must be a non-empty list", "messages")
@@ -301,8 +302,6 @@ class ChatRoutes:
         )
 
     async def _chat_approvals(self, session_id: str, message: dict[str, Any]) -> Response:
-        from perdure.server.app import ApiError
-
         submission_id = str(message.get("id", "")).removeprefix("msg_")
         answered: list[tuple[str, int, bool, str, str]] = []
         for part in message.get("parts") or []:
@@ -347,8 +346,6 @@ class ChatRoutes:
     # -- AG-UI -------------------------------------------------------------------------
 
     async def ag_ui_run(self, session_id: str, data: dict[str, Any]) -> Response:
-        from perdure.server.app import ApiError
-
         try:
             from ag_ui.core import RunAgentInput
             from pydantic import ValidationError
@@ -393,8 +390,6 @@ class ChatRoutes:
     async def _ag_ui_resume(
         self, session_id: str, run_id: str, entries: list[Any], encoder: ag_ui.AgUiEncoder
     ) -> Response:
-        from perdure.server.app import ApiError
-
         cut = 0
         call_ids = []
         for entry in entries:

@@ -46,8 +46,8 @@ class TokenRejected(Exception):
 
 
 @frozen
-class Grant:
-    """What a verified scoped token allows."""
+class Claim:
+    """What a verified scoped token says: its session, scope and expiry."""
 
     session_id: str
     scope: Scope
@@ -88,8 +88,8 @@ class TokenSigner:
         payload = _b64(json.dumps(body, separators=(",", ":")).encode())
         return f"{PREFIX}{payload}.{self._sign(payload)}", expires_at
 
-    def verify(self, token: str, now: float) -> Grant:
-        """The grant of a genuine, unexpired token; ``TokenRejected`` otherwise."""
+    def verify(self, token: str, now: float) -> Claim:
+        """The claim of a genuine, unexpired token; ``TokenRejected`` otherwise."""
         if not is_scoped(token):
             raise TokenRejected("not a scoped token")
         payload, sep, signature = token[len(PREFIX) :].partition(".")
@@ -99,12 +99,12 @@ class TokenSigner:
             raise TokenRejected("the token's signature is wrong (forged, or the key was rotated)")
         try:
             body = json.loads(_unb64(payload))
-            grant = Grant(str(body["s"]), SCOPES[body["c"]], int(body["e"]))
+            claim = Claim(str(body["s"]), SCOPES[body["c"]], int(body["e"]))
         except (ValueError, KeyError, TypeError, binascii.Error):
             raise TokenRejected("the token's payload is malformed") from None
-        if now >= grant.expires_at:
+        if now >= claim.expires_at:
             raise TokenRejected("the token has expired")
-        return grant
+        return claim
 
 
 def resolve_token_key(
@@ -145,7 +145,7 @@ def resolve_token_key(
     return text.encode(), f"{path} (generated)"
 
 
-def route_allowed(grant: Grant, method: str, path: str) -> bool:
+def route_allowed(claim: Claim, method: str, path: str) -> bool:
     """Whether a scoped token opens ``method path``: the page, ``/v1/whoami``, and its
     own session's routes (reading with any scope; the rest with ``write``). Minting
     tokens, listing or creating sessions and the operator's routes need the admin
@@ -155,8 +155,8 @@ def route_allowed(grant: Grant, method: str, path: str) -> bool:
     if path == "/v1/whoami":
         return True
     parts = path.split("/")
-    if len(parts) < 4 or parts[:3] != ["", "v1", "sessions"] or parts[3] != grant.session_id:
+    if len(parts) < 4 or parts[:3] != ["", "v1", "sessions"] or parts[3] != claim.session_id:
         return False
     if len(parts) >= 5 and parts[4] == "tokens":
         return False
-    return grant.allows(grant.session_id, write=method not in ("GET", "HEAD"))
+    return claim.allows(claim.session_id, write=method not in ("GET", "HEAD"))

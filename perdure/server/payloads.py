@@ -1,0 +1,364 @@
+"""The daemon's JSON, both ways: request bodies in, answers out, through one converter.
+
+Every request body is an attrs class structured by ``converter`` (strict: a string
+field takes only a string, a flag only ``true``/``false``; unknown keys are
+ignored, ``null`` counts as absent); a bad body raises an ``ApiError`` naming the
+field. Every answer is an attrs class unstructured by the same converter, so a
+route says *what* it answers and this module says *how* it looks on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final, TypeVar
+
+import cattrs
+from attrs import Attribute, field, frozen
+from cattrs.errors import ClassValidationError
+from starlette.requests import Request
+
+from perdure.providers.base import Message as ModelMessage
+from perdure.providers.base import (
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from perdure.server.errors import ApiError
+from perdure.storage import SessionInfo, check_session_id
+from perdure.storage.records import ResolutionAction
+
+MAX_BODY: Final = 1 << 20
+DRAIN_FACTOR: Final = 16
+MAX_REQUEST_ID: Final = 200
+ACTIONS: Final[dict[str, ResolutionAction]] = {"retry": "retry", "skip": "skip", "fail": "fail"}
+
+T = TypeVar("T")
+
+
+class FieldError(ValueError):
+    """A field that is present but not acceptable (raised by the validators below)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+
+# -- validators ----------------------------------------------------------------------------
+
+
+def _nonempty(instance: object, attribute: Attribute[str], value: str) -> None:
+    if not value.strip():
+        raise FieldError(attribute.name, f"the field {attribute.name!r} must be a non-empty string")
+
+
+def _request_id(instance: object, attribute: Attribute[str], value: str) -> None:
+    _nonempty(instance, attribute, value)
+    if len(value) > MAX_REQUEST_ID:
+        raise FieldError(
+            attribute.name,
+            f"the field {attribute.name!r} must be at most {MAX_REQUEST_ID} characters",
+        )
+
+
+def _session_id(instance: object, attribute: Attribute[str | None], value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        check_session_id(value)
+    except ValueError as exc:
+        why = f"the field {attribute.name!r} is invalid: {exc}"
+        raise FieldError(attribute.name, why) from None
+
+
+def _action(instance: object, attribute: Attribute[str], value: str) -> None:
+    if value not in ACTIONS:
+        raise FieldError(attribute.name, "the field 'action' must be retry, skip or fail")
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class CreateSessionBody:
+    session_id: str | None = field(default=None, validator=_session_id)
+    system: str | None = None
+
+
+@frozen(kw_only=True)
+class CommandBody:
+    """A command with nothing but its request id (cancel, pause, resume, compensate)."""
+
+    request_id: str = field(validator=_request_id)
+
+
+@frozen(kw_only=True)
+class MessageBody:
+    text: str = field(validator=_nonempty)
+    request_id: str = field(validator=_request_id)
+
+
+@frozen(kw_only=True)
+class ApprovalBody:
+    approved: bool
+    request_id: str = field(validator=_request_id)
+    note: str = ""
+
+
+@frozen(kw_only=True)
+class ResolutionBody:
+    action: str = field(validator=_action)
+    request_id: str = field(validator=_request_id)
+    result: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.action == "retry" and self.result is not None:
+            raise FieldError("result", "the field 'result' goes with skip or fail, not with retry")
+
+    @property
+    def resolution(self) -> ResolutionAction:
+        return ACTIONS[self.action]
+
+
+# -- answers -------------------------------------------------------------------------------
+
+
+@frozen
+class SessionCreatedAnswer:
+    session_id: str
+    created: bool
+
+
+@frozen
+class SessionListing:
+    session_id: str
+    first_seq: int
+    last_seq: int
+    records: int
+    goal_rev: int
+    open_submissions: int
+    active: bool
+
+    @classmethod
+    def of(cls, info: SessionInfo) -> SessionListing:
+        return cls(
+            info.session_id,
+            info.first_seq,
+            info.last_seq,
+            info.records,
+            info.goal_rev,
+            info.open_submissions,
+            info.open_submissions > 0,
+        )
+
+
+@frozen
+class SessionList:
+    sessions: list[SessionListing]
+
+
+@frozen
+class MessageAccepted:
+    submission_id: str
+    seq: int
+    duplicate: bool
+
+
+@frozen(kw_only=True)
+class Recorded:
+    """The answer to a command: ``seq`` is None when nothing had to be recorded."""
+
+    seq: int | None
+    recorded: bool
+    duplicate: bool
+
+
+@frozen(kw_only=True)
+class CancelAnswer(Recorded):
+    run_id: str | None
+
+
+@frozen(kw_only=True)
+class ApprovalAnswer(Recorded):
+    call_id: str
+    approved: bool
+
+
+@frozen(kw_only=True)
+class RevisionAnswer(Recorded):
+    goal_rev: int
+
+
+@frozen(kw_only=True)
+class PauseAnswer(Recorded):
+    paused: bool
+
+
+@frozen(kw_only=True)
+class CompensationAnswer(Recorded):
+    call_id: str
+    compensation_id: str
+
+
+@frozen(kw_only=True)
+class ResolutionAnswer(Recorded):
+    call_id: str
+    action: str
+
+
+@frozen
+class StatsAnswer:
+    appends: int
+    transactions: int
+    records: int
+    largest_transaction: int
+    resident_sessions: int
+    evictions: int
+
+
+# -- the converter -------------------------------------------------------------------------
+
+
+def _strict(kind: type[T], what: str) -> Any:
+    def structure(value: Any, _: type) -> T:
+        # bool is an int in Python: a flag field must not take 1, a string not take 5.
+        if type(value) is not kind:
+            raise TypeError(what)
+        return value
+
+    return structure
+
+
+converter: Final = cattrs.Converter(omit_if_default=False)
+converter.register_structure_hook(str, _strict(str, "must be a string"))
+converter.register_structure_hook(bool, _strict(bool, "must be true or false"))
+
+
+def parse(data: dict[str, Any], kind: type[T]) -> T:
+    """Structure a request body into ``kind``, or raise the ``ApiError`` naming the field."""
+    present = {k: v for k, v in data.items() if v is not None}
+    try:
+        return converter.structure(present, kind)
+    except FieldError as exc:
+        raise ApiError(400, "invalid_field", exc.message, exc.name) from None
+    except ClassValidationError as group:
+        noted, unnoted = group.group_exceptions()
+        for inner, note in noted:
+            name = note.name
+            if isinstance(inner, KeyError):
+                raise ApiError(
+                    400, "missing_field", f"the field {name!r} is required", name
+                ) from None
+            raise ApiError(400, "invalid_field", f"the field {name!r} {inner}", name) from None
+        for other in unnoted:
+            # A validator (run by the class's __init__) refused a well-typed value.
+            if isinstance(other, FieldError):
+                raise ApiError(400, "invalid_field", other.message, other.name) from None
+        raise ApiError(400, "invalid_json", str(group)) from None
+
+
+def answer(value: Any) -> dict[str, Any]:
+    """An answer class as its JSON object."""
+    data: dict[str, Any] = converter.unstructure(value)
+    return data
+
+
+# -- reading a request ---------------------------------------------------------------------
+
+
+async def read_json(request: Request, max_body: int) -> dict[str, Any]:
+    """The body as a JSON object, or an ``ApiError`` (400 malformed, 413 too large).
+
+    An oversized body is still read (and dropped) up to ``DRAIN_FACTOR`` times the
+    limit, so the client, which is still sending, gets the 413 instead of a reset
+    connection; beyond that the connection is closed after the answer.
+    """
+    too_large = ApiError(413, "too_large", f"the body exceeds the limit of {max_body} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise ApiError(400, "invalid_header", "Content-Length is not a number") from None
+        if size > max_body * DRAIN_FACTOR:
+            raise too_large
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_body * DRAIN_FACTOR:
+            raise too_large
+        if total <= max_body:
+            chunks.append(chunk)
+    if total > max_body:
+        raise too_large
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "the body must be a JSON object")
+    return data
+
+
+async def read_body(request: Request, kind: type[T], max_body: int) -> T:
+    """Read and structure a request body in one step."""
+    return parse(await read_json(request, max_body), kind)
+
+
+def path_session(request: Request) -> str:
+    """The session id of the path; an id that cannot exist is simply not found."""
+    sid: str = request.path_params["session_id"]
+    try:
+        return check_session_id(sid)
+    except ValueError:
+        raise ApiError(404, "not_found", f"no session {sid!r} in this log") from None
+
+
+def stream_start(request: Request) -> int:
+    """Where a stream resumes: ``Last-Event-ID`` (a reconnect) wins over ``?after=``."""
+    for name, raw in (
+        ("Last-Event-ID", request.headers.get("last-event-id")),
+        ("after", request.query_params.get("after")),
+    ):
+        if raw is None or raw == "":
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ApiError(
+                400, "invalid_field", f"{name} must be a sequence number", name
+            ) from None
+        if value < 0:
+            raise ApiError(400, "invalid_field", f"{name} must not be negative", name)
+        return value
+    return 0
+
+
+def message_json(message: ModelMessage) -> dict[str, Any]:
+    """A transcript message as the API shows it: opaque signatures and ciphertext left out."""
+    blocks: list[dict[str, Any]] = []
+    for b in message.content:
+        if isinstance(b, TextBlock):
+            blocks.append({"type": "text", "text": b.text})
+        elif isinstance(b, ToolUseBlock):
+            blocks.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.input})
+        elif isinstance(b, ThinkingBlock):
+            blocks.append({"type": "thinking", "thinking": b.thinking})  # signature: opaque
+        elif isinstance(b, RedactedThinkingBlock):
+            blocks.append({"type": "redacted_thinking"})  # encrypted: nothing to show
+        elif isinstance(b, ToolResultBlock):
+            blocks.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": b.tool_use_id,
+                    "content": b.content,
+                    "is_error": b.is_error,
+                }
+            )
+    return {"role": message.role, "content": blocks}
