@@ -29,15 +29,15 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final
 
-import trio
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from perdure.errors import Refused
 from perdure.inspect import summarize
 from perdure.server.errors import ApiError
 from perdure.server.protocols import ag_ui, ai_sdk
 from perdure.server.protocols.parts import Follower, Part, parse_approval_id
+from perdure.server.streams import serve_sse
 from perdure.storage.bus import EventStreamLagged
 
 if TYPE_CHECKING:
@@ -85,32 +85,9 @@ class ProtocolStream(Response):
         self.live = live
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache, no-transform"),
-            (b"x-accel-buffering", b"no"),
-            *((k.encode(), v.encode()) for k, v in self.extra_headers.items()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        lock = trio.Lock()
-
-        async def write(chunk: bytes) -> None:
-            async with lock:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                nursery.start_soon(_until_set, self.api.closing, nursery.cancel_scope)
-                nursery.start_soon(_heartbeats, self.api.streams.heartbeat, write)
-                await write(
-                    f"retry: {self.api.streams.retry_ms}\n\n".encode() + _frames(self.head, None)
-                )
-                await self._pump(write)
-                nursery.cancel_scope.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass  # the client went away mid-write
+        opening = f"retry: {self.api.streams.retry_ms}\n\n".encode() + _frames(self.head, None)
+        headers = [(k.encode(), v.encode()) for k, v in self.extra_headers.items()]
+        await serve_sse(send, receive, self.api.streams, opening, self._pump, headers)
 
     async def _pump(self, write: Callable[[bytes], Awaitable[None]]) -> None:
         events = self.api.rt.events(
@@ -154,25 +131,6 @@ def _frames(chunks: list[Chunk], seq: int | None) -> bytes:
         head = f"id: {seq}\n" if seq is not None and i == len(chunks) - 1 else ""
         out.append(f"{head}data: {data}\n\n")
     return "".join(out).encode()
-
-
-async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
-
-
-async def _until_set(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
-
-
-async def _heartbeats(period: float, write: Callable[[bytes], Awaitable[None]]) -> None:
-    while True:
-        await trio.sleep(period)
-        await write(b": keepalive\n\n")
 
 
 # -- the session's stream in another encoding ---------------------------------------------
