@@ -135,6 +135,13 @@ def demo(keep: bool) -> None:
     help="Read the API token from this file (else PERDURE_TOKEN, else a generated one "
     "stored in the log directory).",
 )
+@click.option(
+    "--token-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The key that signs scoped session tokens (else PERDURE_TOKEN_KEY, else "
+    "token.key generated in the log directory); replacing it revokes them all.",
+)
 @click.option("--takeover", is_flag=True, help="Take the log from a stuck owner (fences it).")
 @click.option(
     "--heartbeat",
@@ -166,6 +173,7 @@ def serve(
     tool_specs: tuple[str, ...],
     workspace: Path | None,
     token_file: Path | None,
+    token_key_file: Path | None,
     takeover: bool,
     heartbeat: float,
     durability: str,
@@ -177,10 +185,12 @@ def serve(
     from perdure._setup import SetupError
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
+    from perdure.server.tokens import resolve_token_key
     from perdure.storage import LogBusy, LogError
 
     try:
         token, source, show = resolve_token(log_dir, token_file, os.environ, host)
+        token_key, _ = resolve_token_key(log_dir, token_key_file, os.environ, token)
         check_port(host, port)
     except SetupError as exc:
         _fail(str(exc), 2)
@@ -194,6 +204,7 @@ def serve(
         provider=prov,
         tools=tools,
         token=token,
+        token_key=token_key,
         host=host,
         port=port,
         workspace=workspace,

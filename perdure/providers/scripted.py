@@ -19,7 +19,7 @@ import cattrs
 import trio
 from attrs import field, frozen
 
-from perdure.providers.base import Emit, ModelReply, ModelRequest, ProviderError
+from perdure.providers.base import Emit, ModelReply, ModelRequest, ProviderError, ThinkingBlock
 from perdure.storage.records import ToolCall, Usage
 
 
@@ -32,6 +32,7 @@ class ToolUse:
 @frozen(kw_only=True)
 class Reply:
     text: str = ""
+    thinking: str = ""  # reasoning streamed (thinking_delta) before the text, then kept
     tool_uses: list[ToolUse] = field(factory=list)
     stop_reason: str | None = None
     fail_attempts: int = 0  # attempts 1..n raise a retryable error
@@ -93,6 +94,9 @@ class ScriptedProvider:
             )
         if reply.error is not None:
             raise ProviderError(reply.error, retryable=False, status=400)
+        for start in range(0, len(reply.thinking), 16):
+            emit("thinking_delta", {"index": 0, "thinking": reply.thinking[start : start + 16]})
+            await trio.lowlevel.checkpoint()
         for start in range(0, len(reply.text), 16):
             emit("text_delta", {"text": reply.text[start : start + 16]})
             await trio.lowlevel.checkpoint()
@@ -101,9 +105,11 @@ class ScriptedProvider:
             for j, use in enumerate(reply.tool_uses)
         )
         stop = reply.stop_reason or ("tool_use" if calls else "end_turn")
+        thinking = (ThinkingBlock(reply.thinking, "scripted"),) if reply.thinking else ()
         return ModelReply(
             text=reply.text,
             tool_calls=calls,
+            thinking=thinking,
             stop_reason=stop,
             usage=reply.usage,
             provider=self.name,

@@ -7,7 +7,8 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
 
 =====  =====================================================================
 400    malformed JSON, a missing or invalid field (``field`` names it)
-401    no or wrong token
+401    no or wrong token; a scoped token that is forged or expired
+403    a scoped session token on a route it does not open (``perdure.server.tokens``)
 404    unknown session, tool call or route
 409    ``conflict`` (request id reused with another body), ``invalid_state``, or
        ``not_owner`` (another node leases the session; ``owner`` names it)
@@ -19,13 +20,16 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
        lost); ``/healthz`` while stopping
 =====  =====================================================================
 
-The pieces: ``auth`` decides who may call, ``payloads`` parses bodies and shapes
-answers, ``errors`` turns exceptions into the error shape, ``streams`` pumps the
-event streams. A route here only reads its input, calls the runtime, and answers.
+The pieces: ``auth`` decides who may call (``tokens``: scoped session tokens),
+``payloads`` parses bodies and shapes answers, ``errors`` turns exceptions into the
+error shape, ``streams`` pumps the event streams, ``frontends`` speaks the AI SDK's
+and AG-UI's protocols from the same streams. A route here only reads its input,
+calls the runtime, and answers.
 """
 
 from __future__ import annotations
 
+import time
 from importlib import resources
 from typing import Any, Final
 
@@ -39,7 +43,15 @@ from starlette.types import ASGIApp
 from perdure import Done, __version__
 from perdure._runtime import Runtime
 from perdure.inspect import summarize
-from perdure.server.auth import COOKIE, Authenticator, AuthMiddleware, cookie_value, grant_of
+from perdure.server import frontends, tokens
+from perdure.server.auth import (
+    COOKIE,
+    SCOPED_COOKIE,
+    Authenticator,
+    AuthMiddleware,
+    cookie_value,
+    grant_of,
+)
 from perdure.server.errors import HANDLERS, ApiError
 from perdure.server.payloads import (
     MAX_BODY,
@@ -61,10 +73,12 @@ from perdure.server.payloads import (
     message_json,
     path_session,
     read_body,
+    read_json,
     session_list,
     stream_start,
 )
 from perdure.server.streams import EventStreamResponse, FrameCache, Streams
+from perdure.server.tokens import TokenSigner
 
 _STATIC: Final = {
     "app.js": "text/javascript; charset=utf-8",
@@ -88,12 +102,15 @@ class Api:
         heartbeat: float = 15.0,
         max_body: int = MAX_BODY,
         retry_ms: int = 1000,
+        signer: TokenSigner | None = None,
     ) -> None:
         self.rt = rt
         self.token = token
         self.closing = closing
         self.max_body = max_body
         self.streams = Streams(rt, FrameCache(), closing, heartbeat, retry_ms)
+        self.auth = Authenticator(token, signer)
+        self.chats = frontends.ChatRoutes(self)
         static = resources.files("perdure.server") / "static"
         self.static = {name: (static / name).read_bytes() for name in _STATIC}
         self.index = (static / "index.html").read_bytes()
@@ -121,12 +138,26 @@ class Api:
         )
 
     async def page(self, request: Request) -> Response:
-        if grant_of(request).via == "query":
+        grant = grant_of(request)
+        if grant.via == "query":
             # Trade the token in the URL for a cookie, and drop it from the address bar.
+            # One page, one credential: the other kind's cookie is cleared.
             response: Response = RedirectResponse("/", status_code=303)
-            response.set_cookie(
-                COOKIE, cookie_value(self.token), httponly=True, samesite="strict", path="/"
-            )
+            if grant.claim is None or grant.token is None:
+                response.set_cookie(
+                    COOKIE, cookie_value(self.token), httponly=True, samesite="strict", path="/"
+                )
+                response.delete_cookie(SCOPED_COOKIE, path="/")
+            else:
+                response.set_cookie(
+                    SCOPED_COOKIE,
+                    grant.token,
+                    max_age=max(1, grant.claim.expires_at - int(time.time())),
+                    httponly=True,
+                    samesite="strict",
+                    path="/",
+                )
+                response.delete_cookie(COOKIE, path="/")
             return response
         return Response(
             self.index,
@@ -135,6 +166,39 @@ class Api:
                 "Content-Security-Policy": "default-src 'self'; connect-src 'self'",
                 "Cache-Control": "no-store",
             },
+        )
+
+    async def whoami(self, request: Request) -> Response:
+        """What the caller's credential opens (the page adapts to a scoped token)."""
+        claim = grant_of(request).claim
+        if claim is None:
+            return JSONResponse({"scope": "admin", "session_id": None, "expires_at": None})
+        return JSONResponse(
+            {"scope": claim.scope, "session_id": claim.session_id, "expires_at": claim.expires_at}
+        )
+
+    async def mint_token(self, request: Request) -> Response:
+        """``POST /v1/sessions/{id}/tokens {scope, ttl_s}``: a token for that session only."""
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        given = data.get("scope")
+        scope = tokens.SCOPES.get(given) if isinstance(given, str) else None
+        if scope is None:
+            raise ApiError(400, "invalid_field", "the field 'scope' must be read or write", "scope")
+        ttl = data.get("ttl_s", 3600)
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= tokens.MAX_TTL:
+            raise ApiError(
+                400,
+                "invalid_field",
+                f"the field 'ttl_s' must be a whole number of seconds from 1 to {tokens.MAX_TTL}",
+                "ttl_s",
+            )
+        if await self.rt.session_info(sid) is None:
+            raise ApiError(404, "not_found", f"no session {sid!r} in this log")
+        token, expires_at = self.auth.signer.mint(sid, scope, ttl, time.time())
+        return JSONResponse(
+            {"token": token, "expires_at": expires_at, "session_id": sid, "scope": scope},
+            status_code=201,
         )
 
     async def static_file(self, request: Request) -> Response:
@@ -233,9 +297,36 @@ class Api:
         sid = path_session(request)
         after = stream_start(request)
         live = request.query_params.get("live", "1") not in ("0", "false", "no")
+        fmt = request.query_params.get("format", "perdure")
+        if fmt not in ("perdure", *frontends.FORMATS):
+            raise ApiError(
+                400, "invalid_field", "format must be perdure, ai-sdk or ag-ui", "format"
+            )
         if await self.rt.session_info(sid) is None:
             raise ApiError(404, "not_found", f"no session {sid!r} in this log")
+        if fmt != "perdure":
+            return frontends.session_stream(self, sid, fmt, after, live)
         return EventStreamResponse(self.streams, sid, after, live)
+
+    # -- frontend protocols (perdure.server.frontends) ---------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        return await self.chats.chat(sid, data)
+
+    async def chat_stream(self, request: Request) -> Response:
+        sid = path_session(request)
+        if request.path_params["chat_id"] != sid:
+            raise ApiError(404, "not_found", "the chat id must be the session id of the URL")
+        if await self.rt.session_info(sid) is None:
+            return Response(status_code=204)
+        return await self.chats.chat_resume(sid)
+
+    async def ag_ui(self, request: Request) -> Response:
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        return await self.chats.ag_ui_run(sid, data)
 
 
 def _recorded(done: Done) -> dict[str, Any]:
@@ -250,15 +341,23 @@ def create_app(
     closing: trio.Event,
     heartbeat: float = 15.0,
     max_body: int = MAX_BODY,
+    token_key: bytes | None = None,
 ) -> ASGIApp:
-    """The ASGI application: routes, JSON errors, and the auth middleware around them."""
-    api = Api(rt, token=token, closing=closing, heartbeat=heartbeat, max_body=max_body)
+    """The ASGI application: routes, JSON errors, and the auth middleware around them.
+
+    ``token_key`` signs scoped session tokens (``perdure.server.tokens``).
+    """
+    signer = TokenSigner(token_key) if token_key is not None else None
+    api = Api(
+        rt, token=token, closing=closing, heartbeat=heartbeat, max_body=max_body, signer=signer
+    )
     s = "/v1/sessions/{session_id}"
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/", api.page, methods=["GET"]),
         Route("/static/{name}", api.static_file, methods=["GET"]),
         Route("/v1/stats", api.stats, methods=["GET"]),
+        Route("/v1/whoami", api.whoami, methods=["GET"]),
         Route("/v1/sessions", api.list_sessions, methods=["GET"]),
         Route("/v1/sessions", api.create_session, methods=["POST"]),
         Route(s, api.get_session, methods=["GET"]),
@@ -272,6 +371,10 @@ def create_app(
         Route(s + "/resume", api.resume, methods=["POST"]),
         Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
         Route(s + "/calls/{call_id}/resolution", api.resolve, methods=["POST"]),
+        Route(s + "/tokens", api.mint_token, methods=["POST"]),
+        Route(s + "/chat", api.chat, methods=["POST"]),
+        Route(s + "/chat/{chat_id}/stream", api.chat_stream, methods=["GET"]),
+        Route(s + "/ag-ui", api.ag_ui, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers=dict(HANDLERS))
-    return AuthMiddleware(app, Authenticator(token), api.login)
+    return AuthMiddleware(app, api.auth, api.login)

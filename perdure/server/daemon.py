@@ -51,6 +51,7 @@ class ServeOptions:
     provider: Provider
     tools: list[Tool]
     token: str
+    token_key: bytes | None = None  # signs scoped session tokens (perdure.server.tokens)
     host: str = "127.0.0.1"
     port: int = 8765
     workspace: Path | None = None
@@ -199,7 +200,14 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
             "restart" if recovered else "plain",
         )
         # create_app reads the page's static files: off the trio loop, like all file I/O.
-        build = partial(create_app, rt, token=opts.token, closing=closing, heartbeat=opts.heartbeat)
+        build = partial(
+            create_app,
+            rt,
+            token=opts.token,
+            closing=closing,
+            heartbeat=opts.heartbeat,
+            token_key=opts.token_key,
+        )
         app = cast(ASGIFramework, await trio.to_thread.run_sync(build))
         config = Config()
         config.bind = [_bind(opts.host, opts.port)]

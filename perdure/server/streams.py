@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -90,29 +90,8 @@ class EventStreamResponse(Response):
         self.live = live
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache, no-transform"),
-            (b"x-accel-buffering", b"no"),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        lock = trio.Lock()
-
-        async def write(chunk: bytes) -> None:
-            async with lock:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._until_disconnect, receive, nursery.cancel_scope)
-                nursery.start_soon(self._until_closing, nursery.cancel_scope)
-                nursery.start_soon(self._heartbeats, write)
-                await write(f"retry: {self.streams.retry_ms}\n: after {self.after}\n\n".encode())
-                await self._pump(write)
-                nursery.cancel_scope.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass  # the client went away mid-write; nothing to tell it
+        opening = f"retry: {self.streams.retry_ms}\n: after {self.after}\n\n".encode()
+        await serve_sse(send, receive, self.streams, opening, self._pump)
 
     async def _pump(self, write: Callable[[bytes], Awaitable[None]]) -> None:
         """Forward the session's events; frames that pile up while a write is in
@@ -145,18 +124,61 @@ class EventStreamResponse(Response):
                         break
                 await write(b"".join(batch))
 
-    async def _until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
-        while True:
-            message: Message = await receive()
-            if message["type"] == "http.disconnect":
-                scope.cancel()
-                return
 
-    async def _until_closing(self, scope: trio.CancelScope) -> None:
-        await self.streams.closing.wait()
-        scope.cancel()
+Write = Callable[[bytes], Awaitable[None]]
 
-    async def _heartbeats(self, write: Callable[[bytes], Awaitable[None]]) -> None:
-        while True:
-            await trio.sleep(self.streams.heartbeat)
-            await write(b": keepalive\n\n")
+
+async def serve_sse(
+    send: Send,
+    receive: Receive,
+    streams: Streams,
+    opening: bytes,
+    pump: Callable[[Write], Awaitable[None]],
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """One ``text/event-stream`` response: ``opening``, then whatever ``pump`` writes,
+    with a keep-alive comment every ``heartbeat`` seconds; it ends when the pump
+    returns, the client goes away, or the daemon stops (every SSE route uses it)."""
+    start = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": start})
+    lock = trio.Lock()
+
+    async def write(chunk: bytes) -> None:
+        async with lock:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(_until_set, streams.closing, nursery.cancel_scope)
+            nursery.start_soon(_heartbeats, streams.heartbeat, write)
+            await write(opening)
+            await pump(write)
+            nursery.cancel_scope.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        pass  # the client went away mid-write; nothing to tell it
+
+
+async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _until_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _heartbeats(period: float, write: Write) -> None:
+    while True:
+        await trio.sleep(period)
+        await write(b": keepalive\n\n")

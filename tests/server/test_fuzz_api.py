@@ -29,8 +29,25 @@ ROUTES = [
     "/v1/sessions/{sid}/pause",
     "/v1/sessions/{sid}/resume",
     "/v1/sessions/{sid}/compensations/{call}",
+    "/v1/sessions/{sid}/tokens",
+    "/v1/sessions/{sid}/chat",
+    "/v1/sessions/{sid}/ag-ui",
 ]
-FIELDS = ["text", "request_id", "approved", "note", "session_id", "system"]
+FIELDS = [
+    "text",
+    "request_id",
+    "approved",
+    "note",
+    "session_id",
+    "system",
+    "scope",
+    "ttl_s",
+    "id",
+    "messages",
+    "threadId",
+    "runId",
+    "resume",
+]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

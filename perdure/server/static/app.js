@@ -1,7 +1,11 @@
-// perdure's web page: sessions, a live transcript per session, approvals, and calls
-// that wait for a person (retry, skip or fail them).
+// perdure's web page: sessions, a live transcript per session (with the model's
+// reasoning as it streams, and tokens and cost per turn and per run), approvals,
+// calls that wait for a person (retry, skip or fail them), and calls whose outcome
+// is unknown (look, compensate, or tell the agent).
 // Plain JS, no build step. Auth rides on the HttpOnly cookie set by GET /?token=...,
-// which fetch() and EventSource send by themselves (same origin).
+// which fetch() and EventSource send by themselves (same origin). The token may be
+// the admin token or a scoped one (GET /v1/whoami says which): a scoped page shows
+// only its session, and a read-only one offers no buttons.
 //
 // The transcript is fed by the session's Server-Sent Events: every committed record
 // carries `id: seq`, so when the daemon restarts, EventSource reconnects by itself
@@ -15,9 +19,9 @@ const RECORD_TYPES = [
   "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "ToolRetryPending", "ToolAwaitingHuman",
   "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
   "CancelRequested", "GoalRevised", "SessionPaused", "SessionResumed", "RecoveryDecision",
-  "SessionParked", "LogOpened",
+  "SessionParked", "LogOpened", "CompensationRequested", "CompensationFinished",
 ];
-const EPHEMERAL_TYPES = ["model_call", "text_delta", "tool_progress"];
+const EPHEMERAL_TYPES = ["model_call", "thinking_delta", "text_delta", "tool_progress"];
 const PHASE_LABEL = {
   created: "created", awaiting_approval: "awaiting approval", approved: "approved",
   denied: "denied", executing: "executing", completed: "completed",
@@ -27,6 +31,7 @@ const PHASE_LABEL = {
 const WAITING_PHASES = ["awaiting_approval", "awaiting_human"]; // phases with buttons
 
 const $ = (sel) => document.querySelector(sel);
+const who = { scope: "admin", session_id: null, expires_at: null }; // GET /v1/whoami
 const view = {
   sid: null,         // the session shown
   source: null,      // its EventSource
@@ -77,6 +82,7 @@ function setConn(state, text) {
 // -- the session list ----------------------------------------------------------------
 
 async function loadSessions() {
+  if (who.scope !== "admin") return; // a scoped token sees its own session only
   try {
     const data = await api("GET", "/v1/sessions");
     const list = $("#sessions");
@@ -176,7 +182,10 @@ function assistant(generationId) {
   if (!li) {
     li = el("li", "assistant");
     li.dataset.generation = generationId;
-    li.append(el("div", "text"), el("div", "retry"), el("div", "calls"));
+    const reasoning = el("details", "reasoning");
+    reasoning.hidden = true;
+    reasoning.append(el("summary", "", "reasoning"), el("div", "thinking"));
+    li.append(reasoning, el("div", "text"), el("div", "retry"), el("div", "calls"), el("div", "usage"));
     view.gens.set(generationId, add(li));
   }
   return li;
@@ -294,6 +303,17 @@ function onRecord(type, r, seq) {
     case "GenerationCompleted": {
       const li = assistant(r.generation_id);
       li.classList.remove("streaming");
+      const thought = (r.thinking || [])
+        .map((b) => (b.type === "redacted_thinking" ? "(redacted reasoning)" : b.thinking))
+        .join("\n\n");
+      if (thought) {
+        const reasoning = li.querySelector(".reasoning");
+        reasoning.hidden = false;
+        reasoning.querySelector(".thinking").textContent = thought;
+      }
+      const u = r.usage;
+      li.querySelector(".usage").textContent =
+        `${u.input_tokens} in / ${u.output_tokens} out tokens` + (r.model ? ` · ${r.model}` : "");
       li.querySelector(".text").textContent = r.text || (r.tool_calls.length ? "" : "(empty reply)");
       li.querySelector(".retry").textContent = "";
       const calls = li.querySelector(".calls");
@@ -315,6 +335,7 @@ function onRecord(type, r, seq) {
         r.approved ? "approved by a human" : "denied by a human");
       break;
     case "ToolExecuting":
+      if (view.calls.has(r.call_id)) view.calls.get(r.call_id).dataset.key = r.idempotency_key;
       setPhase(r.call_id, "executing",
         `policy ${r.replay}${r.attempt > 1 ? `, attempt ${r.attempt}` : ""}`);
       break;
@@ -354,9 +375,26 @@ function onRecord(type, r, seq) {
     case "ToolOutcomeUnknown": {
       setPhase(r.call_id, "outcome_unknown", r.reason);
       const card = view.calls.get(r.call_id);
-      if (card) card.querySelector(".output").textContent = r.output;
+      if (card) {
+        card.querySelector(".output").textContent = r.output;
+        unknownOutcome(card, r.call_id);
+      }
       break;
     }
+    case "CompensationRequested": {
+      const card = view.calls.get(r.call_id);
+      if (card) {
+        card.querySelector(".note").textContent =
+          `compensation ${r.compensation_id} requested${r.automatic ? " (automatic)" : ""}`;
+        const next = card.querySelector(".next");
+        if (next) next.remove();
+      }
+      note("event", `compensating ${r.call_id} with ${r.compensation_id}`);
+      break;
+    }
+    case "CompensationFinished":
+      note("event", `compensation ${r.compensation_id} finished`);
+      break;
     case "ToolCancelled":
       setPhase(r.call_id, "cancelled", r.reason);
       break;
@@ -397,11 +435,56 @@ function onRecord(type, r, seq) {
   }
 }
 
+// A call that may or may not have taken effect: say so loudly, and what can be done.
+function unknownOutcome(card, callId) {
+  card.classList.add("unknown");
+  if (card.querySelector(".next")) return;
+  const name = card.querySelector(".head strong").textContent;
+  const next = el("div", "next");
+  next.append(el("strong", "", "Outcome unknown: it may or may not have happened."));
+  const list = el("ul");
+  const key = card.dataset.key ? ` (its idempotency key: ${card.dataset.key})` : "";
+  list.append(el("li", "", `Look: check the system ${name} acts on for its effect${key}.`));
+  list.append(el("li", "", "Compensate: run the tool's undo, if it has one."));
+  list.append(el("li", "", "Tell the agent what you found, so it carries on from the truth."));
+  next.append(list);
+  const actions = el("div", "actions");
+  const compensate = el("button", "compensate", "Compensate");
+  compensate.type = "button";
+  compensate.addEventListener("click", async () => {
+    compensate.disabled = true;
+    try {
+      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/compensations/${encodeURIComponent(callId)}`,
+        { request_id: requestId() });
+    } catch (e) {
+      alert(e.message);
+      compensate.disabled = false;
+    }
+  });
+  const tell = el("button", "tell", "Tell the agent…");
+  tell.type = "button";
+  tell.addEventListener("click", () => {
+    $("#text").value = `About ${name} [${callId}], whose outcome was unknown: I checked, and `;
+    $("#text").focus();
+  });
+  actions.append(compensate, tell);
+  next.append(actions);
+  card.append(next);
+}
+
 function onEphemeral(type, data) {
   if (type === "model_call") {
     const li = assistant(data.generation_id);
     li.classList.add("streaming");
     li.querySelector(".text").textContent = ""; // a new attempt starts from scratch
+    li.querySelector(".reasoning .thinking").textContent = "";
+  } else if (type === "thinking_delta") {
+    const li = assistant(data.generation_id);
+    if (!li.classList.contains("streaming")) return;
+    const reasoning = li.querySelector(".reasoning");
+    reasoning.hidden = false;
+    reasoning.open = true;
+    reasoning.querySelector(".thinking").textContent += data.thinking;
   } else if (type === "text_delta") {
     const li = assistant(data.generation_id);
     if (!li.classList.contains("streaming")) return; // the committed reply is already shown
@@ -450,6 +533,21 @@ async function refreshSummary() {
   box.append(spend);
   for (const u of s.unconfirmed) {
     box.append(el("div", "unconfirmed", `unconfirmed: ${u.tool} [${u.call_id}]: ${u.why}`));
+  }
+  if (s.runs.length) {
+    const table = el("table", "runs");
+    const head = el("tr");
+    for (const h of ["run", "status", "tokens in", "tokens out", "cost"]) head.append(el("th", "", h));
+    table.append(head);
+    for (const run of s.runs) {
+      const row = el("tr");
+      row.dataset.run = run.run_id;
+      row.append(el("td", "", run.run_id), el("td", "", run.status),
+        el("td", "", String(run.usage.input_tokens)), el("td", "", String(run.usage.output_tokens)),
+        el("td", "", `$${run.cost.usd.toFixed(4)}`));
+      table.append(row);
+    }
+    box.append(table);
   }
 }
 
@@ -508,7 +606,26 @@ for (const action of ["pause", "resume", "cancel"]) {
   });
 }
 
-loadSessions();
-setInterval(loadSessions, 3000);
-setInterval(() => { if (view.sid) refreshSummary(); }, 5000);
-if (location.hash.length > 1) openSession(decodeURIComponent(location.hash.slice(1)));
+async function start() {
+  try {
+    Object.assign(who, await api("GET", "/v1/whoami"));
+  } catch (e) {
+    // keep the admin default: the routes themselves will say what is refused
+  }
+  document.body.dataset.scope = who.scope;
+  if (who.scope !== "admin") {
+    const until = new Date(who.expires_at * 1000).toLocaleString();
+    $("#scope").textContent =
+      `${who.scope === "read" ? "read-only" : "read & write"} access to ${who.session_id}, until ${until}`;
+    $("#scope").hidden = false;
+    setConn("live", "connected");
+    openSession(who.session_id);
+  } else {
+    loadSessions();
+    setInterval(loadSessions, 3000);
+    if (location.hash.length > 1) openSession(decodeURIComponent(location.hash.slice(1)));
+  }
+  setInterval(() => { if (view.sid) refreshSummary(); }, 5000);
+}
+
+start();
