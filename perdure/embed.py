@@ -104,16 +104,16 @@ class _Portal:
 
         async def task() -> None:
             with scope:
-                result = await outcome.acapture(fn)
-                self.settle(future, result)
-                return
-            self.settle(future, outcome.Error(RuntimeClosed("the call was cancelled")))
+                # Everything is captured, trio.Cancelled too (the runtime stopping, or
+                # our caller gone): ``settle`` turns it into RuntimeClosed.
+                self.settle(future, await outcome.acapture(fn))
 
         self.to_trio(self.nursery.start_soon, task)
         try:
             return await future
         except asyncio.CancelledError:
-            self.to_trio(scope.cancel)
+            with suppress(RuntimeClosed):
+                self.to_trio(scope.cancel)
             raise
 
 
@@ -139,24 +139,28 @@ class EventStream(AsyncIterator[Event]):
         self._closed = False
 
     async def _pump(self) -> None:
+        waiting: list[asyncio.Future[Event]] = []
         try:
             with self._scope:
-                async with aclosing(self._open()) as stream, self._requests_out:  # type: ignore[type-var]
+                async with aclosing(self._open()) as stream:  # type: ignore[type-var]
                     async for request in self._requests_out:
                         if request is None:
                             return
+                        waiting.append(request)
                         result = await outcome.acapture(stream.__anext__)
                         if isinstance(result, outcome.Error) and isinstance(
                             result.error, trio.Cancelled
                         ):
                             raise result.error
-                        self._portal.settle(request, result)
+                        self._portal.settle(waiting.pop(), result)
                         if isinstance(result, outcome.Error):
                             return
-            # Cancelled (closed, or the runtime stops): tell whoever still waits.
-            for request in _drain(self._requests_out):
-                self._portal.settle(request, outcome.Error(StopAsyncIteration()))
         finally:
+            # Closed, or the runtime stops: whoever still waits sees the stream end
+            # (as a daemon's stream ends when it stops).
+            for request in waiting + _drain(self._requests_out):
+                self._portal.settle(request, outcome.Error(StopAsyncIteration()))
+            self._requests_out.close()
             self._portal.settle(self._finished, outcome.Value(None))
 
     def __aiter__(self) -> EventStream:

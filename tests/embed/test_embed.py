@@ -170,3 +170,36 @@ def test_a_runtime_that_cannot_open_raises_in_asyncio(tmp_path: Path) -> None:
                 raise AssertionError("not reached")
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_what_is_pending_when_the_runtime_closes_ends_cleanly(mode: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with perdure.embed.open_runtime(
+            tmp_path / "log",
+            mode=mode,
+            provider=provider(APPROVAL_SCRIPT),
+            tools=ledger_tools.ALL_TOOLS,
+            workspace=tmp_path,
+        ) as rt:
+            await rt.create_session("a")
+            await rt.submit("a", "deploy it", request_id="r1")
+            await awaiting_approval(rt, "a")
+            info = await rt.session_info("a")
+            assert info is not None
+            stream = rt.events("a", after=info.last_seq)
+            waiting_event = asyncio.create_task(stream.__anext__())
+            waiting_idle = asyncio.create_task(rt.wait_idle("a"))  # never: it awaits a person
+            await asyncio.sleep(0.05)
+            assert not waiting_event.done() and not waiting_idle.done()
+        # Leaving the block stops the runtime: the stream ends, the call is told why.
+        with pytest.raises(StopAsyncIteration):
+            await waiting_event
+        with pytest.raises(perdure.embed.RuntimeClosed):
+            await waiting_idle
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        with pytest.raises(perdure.embed.RuntimeClosed):
+            await rt.sessions()
+
+    asyncio.run(main())
