@@ -90,3 +90,13 @@ def approval_daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
     daemon = Daemon(tmp_path_factory.mktemp("client"), APPROVAL_SCRIPT).start()
     yield daemon
     daemon.close()
+
+
+@pytest.fixture(scope="module")
+def people_daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.client.tools import SCRIPT
+
+    root = tmp_path_factory.mktemp("client-people")
+    daemon = Daemon(root, SCRIPT, tools="tests.client.tools:TOOLS").start()
+    yield daemon
+    daemon.close()

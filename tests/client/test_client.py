@@ -138,3 +138,49 @@ def test_a_wrong_token_is_unauthorized_and_not_retried(
         assert (await client.health()).status == "ok"  # /healthz needs no token
 
     run(flavor, approval_daemon, scenario, token="not-the-token")
+
+
+async def until_state(client: Any, session_id: str, done: Any) -> Any:
+    """Follow the events until ``done(state)`` holds after a committed record."""
+    state = await client.state(session_id)
+    if done(state):
+        return state
+    async with aclosing(client.events(session_id, after=state.last_seq)) as stream:
+        async for event in stream:
+            if isinstance(event, RecordEvent):
+                state = await client.state(session_id)
+                if done(state):
+                    return state
+    raise AssertionError("the stream ended first")
+
+
+def test_resolve_a_call_that_needs_a_person_and_compensate_a_completed_one(
+    flavor: str, people_daemon: Daemon
+) -> None:
+    async def scenario(client: Any) -> None:
+        sid = f"{flavor}-p"
+        await client.create_session(sid)
+        await client.submit(sid, "refund the customer")
+        state = await until_state(client, sid, lambda s: s.awaiting_resolution)
+        [waiting] = state.awaiting_resolution
+        assert waiting.tool == "charge_card" and "declined" in (waiting.reason or "")
+        assert state.status == "awaiting_human"
+        resolved = await client.resolve(sid, waiting.call_id, action="retry", request_id="res")
+        assert resolved.ref == waiting.call_id and resolved.seq > 0
+        outcome = await client.wait_idle(sid)
+        assert outcome is not None and outcome.status == "completed"
+
+        ticket = next(t for t in state.summary["tasks"] if t["tool"] == "open_ticket")
+        undo = await client.compensate(sid, ticket["call_id"], request_id="undo")
+        assert undo.ref and undo.seq > 0
+        assert (await client.compensate(sid, ticket["call_id"], request_id="undo")).duplicate
+        # The compensation (close_ticket) needs an approval of its own.
+        state = await until_state(client, sid, lambda s: s.pending_approvals)
+        [closing] = state.pending_approvals
+        assert closing.call_id == undo.ref  # listed under the tool it undoes
+        await client.approve(sid, closing.call_id)
+        state = await until_state(client, sid, lambda s: s.status == "idle")
+        task = next(t for t in state.summary["tasks"] if t["call_id"] == undo.ref)
+        assert task["phase"] == "completed"
+
+    run(flavor, people_daemon, scenario)
