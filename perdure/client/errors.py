@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from perdure.errors import PerdureError, RefusalCode, Refused, SessionRestarting
+from perdure.errors import (
+    NotOwnerRefused,
+    PerdureError,
+    RefusalCode,
+    Refused,
+    SessionParkedError,
+    SessionRestarting,
+)
 from perdure.storage.backend import LogUnavailable as _LogUnavailable
 from perdure.storage.codec import CorruptRecord as _CorruptRecord
 
@@ -69,16 +76,23 @@ class InvalidState(_Refusal):
     """409 ``invalid_state``: the session is not in a state that takes this command."""
 
 
-class NotOwner(_Refusal):
+class NotOwner(_Refusal, NotOwnerRefused):
     """409 ``not_owner``: another node holds the session's lease (a shared log)."""
+
+    owner: str | None = None
 
 
 class Busy(_Refusal):
     """409 ``busy``: the session cannot take the command now."""
 
 
-class Parked(_Refusal):
+class Parked(_Refusal, SessionParkedError):
     """423: the session is parked (its actor kept crashing); it takes no more commands."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        _Refusal.__init__(self, status, code, message, field)
+        self.session_id = ""
+        self.reason = message
 
 
 class Restarting(DaemonError, SessionRestarting):
