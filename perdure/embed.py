@@ -425,7 +425,8 @@ async def open_runtime(
                 else:
                     done.set_result(None)
 
-        loop.call_soon_threadsafe(settle)
+        with suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            loop.call_soon_threadsafe(settle)
 
     if mode == "thread":
 
@@ -453,8 +454,23 @@ async def open_runtime(
     finally:
         with suppress(RuntimeClosed):
             portal.to_trio(stop.set)
-        # Shielded: the runtime commits what running tools return before the log closes.
-        await asyncio.shield(done)
+        # Waited for even if we are cancelled meanwhile: the runtime commits what
+        # running tools return, and closes the log, before the loop may go away.
+        await _wait_through_cancellation(done)
+
+
+async def _wait_through_cancellation(future: asyncio.Future[None]) -> None:
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(future)
+            break
+        except asyncio.CancelledError:
+            if future.done():
+                break
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _stop_when_ready(

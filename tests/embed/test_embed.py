@@ -203,3 +203,45 @@ def test_what_is_pending_when_the_runtime_closes_ends_cleanly(mode: str, tmp_pat
             await rt.sessions()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_host_task_cancelled_mid_run_still_closes_the_runtime_in_order(
+    mode: str, tmp_path: Path, workspace: Path
+) -> None:
+    async def host(executing: asyncio.Event) -> None:
+        async with perdure.embed.open_runtime(
+            tmp_path / "log",
+            mode=mode,
+            provider=provider(WORK_SCRIPT),
+            tools=ledger_tools.ALL_TOOLS,
+            workspace=workspace,
+        ) as rt:
+            await rt.create_session("s1")
+            await rt.submit("s1", "do the work", request_id="task-1")
+            stream = rt.events("s1")
+            async for event in stream:
+                if event.kind == "ToolExecuting":
+                    executing.set()
+            raise AssertionError("a live stream does not end by itself")
+
+    async def main() -> None:
+        executing = asyncio.Event()
+        task = asyncio.create_task(host(executing))
+        await executing.wait()
+        task.cancel()  # e.g. the server's lifespan cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The log was closed in order: a new runtime opens it at once and finishes the run.
+        async with perdure.embed.open_runtime(
+            tmp_path / "log",
+            mode=mode,
+            provider=provider(WORK_SCRIPT),
+            tools=ledger_tools.ALL_TOOLS,
+            workspace=workspace,
+        ) as rt:
+            outcome = await rt.wait_idle("s1")
+            assert outcome is not None and outcome.status == "completed"
+        assert check(tmp_path / "log", workspace).ok
+
+    asyncio.run(main())
