@@ -23,9 +23,10 @@ holds nothing up but its own stream.
 
 Limits:
 
-* Tools stay trio code (``async def`` run on the runtime's trio loop). A tool that
-  calls blocking or asyncio-only code does it in a worker thread with
-  ``trio.to_thread.run_sync`` (a plain sync function fits there as it is).
+* Tools stay trio code (``async def`` run on the runtime's trio loop). A tool calls
+  blocking code (a plain sync function) in a worker thread with
+  ``trio.to_thread.run_sync``, and the application's asyncio code (its database
+  pool, its HTTP client) with ``run_in_asyncio``, on the host's loop.
 * One runtime per process and per log: leave the ``async with`` before the asyncio
   loop closes (an ASGI app's lifespan does it); on the way out, running tools get
   ``shutdown_grace`` seconds to finish and their results are committed first.
@@ -37,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -61,6 +62,40 @@ Mode = Literal["thread", "guest"]
 
 class RuntimeClosed(RuntimeError):
     """The embedded runtime stopped while the call or the stream was pending."""
+
+
+# The host's asyncio loop, for trio code running in the embedded runtime (its tools).
+_HOST_LOOP: trio.lowlevel.RunVar[asyncio.AbstractEventLoop] = trio.lowlevel.RunVar(
+    "perdure_embed_host_loop"
+)
+
+
+async def run_in_asyncio(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    """From trio code in an embedded runtime (a tool): ``await fn(*args)`` on the host's
+    asyncio loop, e.g. with the application's asyncio database pool or HTTP client.
+
+    Cancelling the trio side (the tool is cancelled or times out) cancels the asyncio
+    task. Outside ``perdure.embed.open_runtime`` it raises ``RuntimeError``.
+    """
+    try:
+        loop = _HOST_LOOP.get()
+    except LookupError:
+        raise RuntimeError("run_in_asyncio works inside perdure.embed.open_runtime only") from None
+    future = asyncio.run_coroutine_threadsafe(fn(*args), loop)
+    token = trio.lowlevel.current_trio_token()
+    finished = trio.Event()
+
+    def wake(_: object) -> None:
+        with suppress(trio.RunFinishedError):
+            token.run_sync_soon(finished.set)
+
+    future.add_done_callback(wake)
+    try:
+        await finished.wait()
+    except trio.Cancelled:
+        future.cancel()
+        raise
+    return future.result()
 
 
 class _Portal:
@@ -403,6 +438,7 @@ async def open_runtime(
     done: asyncio.Future[None] = loop.create_future()
 
     async def trio_main() -> None:
+        _HOST_LOOP.set(loop)
         async with open_trio_runtime(log, **options) as runtime, trio.open_nursery() as nursery:
             stop = trio.Event()
             portal = _Portal(loop, trio.lowlevel.current_trio_token(), nursery)

@@ -8,16 +8,18 @@ asyncio loop.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import perdure
 import perdure.embed
 from perdure.providers.base import TextBlock
 from perdure.providers.scripted import Reply, ScriptedProvider, _converter
-from perdure.storage.records import LogOpened
+from perdure.storage.records import LogOpened, ToolCompleted
 from tests.server.conftest import APPROVAL_SCRIPT, WORK_SCRIPT
 from tests.support import ledger_tools
 from tests.support.checker import check
@@ -245,3 +247,43 @@ def test_a_host_task_cancelled_mid_run_still_closes_the_runtime_in_order(
         assert check(tmp_path / "log", workspace).ok
 
     asyncio.run(main())
+
+
+async def on_the_host(x: int) -> dict[str, int]:
+    await asyncio.sleep(0)
+    return {"loop": id(asyncio.get_running_loop()), "double": 2 * x}
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE)
+async def ask_host(ctx: perdure.ToolContext, x: int) -> str:
+    """A trio tool that uses the host application's asyncio code."""
+    return json.dumps(await perdure.embed.run_in_asyncio(on_the_host, x))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tool_awaits_asyncio_code_on_the_host_loop(mode: str, tmp_path: Path) -> None:
+    script = [
+        {"text": "Asking the host.", "tool_uses": [{"name": "ask_host", "input": {"x": 21}}]},
+        {"text": "Done."},
+    ]
+
+    async def main() -> None:
+        async with perdure.embed.open_runtime(
+            tmp_path / "log", mode=mode, provider=provider(script), tools=[ask_host]
+        ) as rt:
+            await rt.create_session("s1")
+            await rt.submit("s1", "go")
+            outcome = await rt.wait_idle("s1")
+            assert outcome is not None and outcome.status == "completed"
+            state = await rt.load_state("s1")
+            [task] = state.tasks.values()
+            assert isinstance(task.result, ToolCompleted)
+            found = json.loads(task.result.output)
+            assert found == {"loop": id(asyncio.get_running_loop()), "double": 42}
+
+    asyncio.run(main())
+
+
+def test_run_in_asyncio_outside_an_embedded_runtime_says_so() -> None:
+    with pytest.raises(RuntimeError, match=r"inside perdure\.embed\.open_runtime"):
+        trio.run(perdure.embed.run_in_asyncio, on_the_host, 1)
