@@ -155,7 +155,8 @@ class AsyncPerdureClient:
 
         Reconnects by itself (``Last-Event-ID``) when the connection breaks or the
         daemon restarts, with no gap and no duplicate among the records. With
-        ``live=False`` it ends after the records committed so far.
+        ``live=False`` it ends after the records committed so far. Close it when you
+        stop early: ``async with contextlib.aclosing(client.events(sid)) as events:``.
         """
         follower = m.Follower(session_id, after, live)
         attempts = m.Attempts(self.retry)
