@@ -1,5 +1,6 @@
 """The clients through a SIGKILLed daemon: a submit retried with its request id lands
-once, and an event stream resumes across the restart with no gap and no duplicate.
+once, and an event stream resumes across the restart (after a crash or a graceful
+stop) with no gap and no duplicate.
 
 Each test runs for the sync client and the async client under asyncio and trio.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import pytest
 
 from perdure.client import EphemeralEvent, RecordEvent, is_final
 from tests.client.conftest import run
@@ -63,8 +65,9 @@ def test_a_submit_whose_answer_is_lost_in_a_crash_is_retried_and_lands_once(
     assert daemon.stop() == 0
 
 
-def test_an_event_stream_resumes_across_a_daemon_sigkill_without_gap_or_duplicate(
-    flavor: str, make_daemon: Callable[..., Daemon]
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_an_event_stream_resumes_across_a_daemon_restart_without_gap_or_duplicate(
+    flavor: str, how: str, make_daemon: Callable[..., Daemon]
 ) -> None:
     daemon = make_daemon(WORK_SCRIPT).start()
     seen: list[RecordEvent] = []
@@ -81,9 +84,11 @@ def test_an_event_stream_resumes_across_a_daemon_sigkill_without_gap_or_duplicat
                 seen.append(event)
                 slow = event.type == "ToolExecuting" and event.record["tool_name"] == "slow_lookup"
                 if slow and daemon.starts == 1:
-                    # SIGKILL mid-tool, and bring the daemon back while the iterator is
-                    # reconnecting on its own.
-                    await anyio.to_thread.run_sync(daemon.kill)
+                    # SIGKILL (a crash: the connection breaks) or SIGTERM (the daemon
+                    # ends the stream) mid-tool, and bring the daemon back while the
+                    # iterator is reconnecting on its own.
+                    stop = daemon.kill if how == "SIGKILL" else daemon.stop
+                    await anyio.to_thread.run_sync(stop)
                     tg.start_soon(anyio.to_thread.run_sync, daemon.restart)
                 if is_final(event):
                     break
@@ -100,5 +105,5 @@ def test_an_event_stream_resumes_across_a_daemon_sigkill_without_gap_or_duplicat
     assert seqs == [s for s in expected if s <= seqs[-1]]  # no gap, no duplicate, in order
     types = [e.type for e in seen]
     assert "LogOpened" in types[types.index("ToolExecuting") :]  # the restart, in its place
-    assert any(e.type == "RecoveryDecision" for e in seen)
+    assert any(e.type == "RecoveryDecision" for e in seen)  # the interrupted run resumed
     assert all(e.session_id == "s1" for e in deltas)
