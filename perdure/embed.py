@@ -116,6 +116,24 @@ class _Portal:
         except trio.RunFinishedError:
             raise RuntimeClosed("the embedded runtime has stopped") from None
 
+    def spawn(self, fn: Callable[[], Awaitable[object]], on_closed: Callable[[], None]) -> None:
+        """Start ``fn`` as a task of the runtime's nursery; ``on_closed()`` if it is too late.
+
+        Nothing may raise out of a ``run_sync_soon`` callback (it would crash the trio
+        run), so a nursery already closed (the runtime stopping) is reported this way.
+        """
+
+        def start() -> None:
+            try:
+                self.nursery.start_soon(fn)
+            except RuntimeError:  # closed to new arrivals: the runtime is stopping
+                on_closed()
+
+        try:
+            self.to_trio(start)
+        except RuntimeClosed:
+            on_closed()
+
     def settle(self, future: asyncio.Future[T], result: outcome.Outcome[T]) -> None:
         """Hand a trio task's outcome to an asyncio future (called from the trio side)."""
 
@@ -144,7 +162,8 @@ class _Portal:
                 # our caller gone): ``settle`` turns it into RuntimeClosed.
                 self.settle(future, await outcome.acapture(fn))
 
-        self.to_trio(self.nursery.start_soon, task)
+        closed = outcome.Error(RuntimeClosed("the embedded runtime has stopped"))
+        self.spawn(task, lambda: self.settle(future, closed))
         try:
             return await future
         except asyncio.CancelledError:
@@ -206,11 +225,22 @@ class EventStream(AsyncIterator[Event]):
         if self._closed:
             raise StopAsyncIteration
         if self._inflight is None:
+            inflight = self._inflight = self._portal.loop.create_future()
+            ended = outcome.Error(StopAsyncIteration())
             if not self._started:
                 self._started = True
-                self._portal.to_trio(self._portal.nursery.start_soon, self._pump)
-            self._inflight = self._portal.loop.create_future()
-            self._portal.to_trio(self._requests_in.send_nowait, self._inflight)
+                self._portal.spawn(self._pump, lambda: self._portal.settle(inflight, ended))
+
+            def request() -> None:
+                try:
+                    self._requests_in.send_nowait(inflight)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._portal.settle(inflight, ended)  # the stream's task has ended
+
+            try:
+                self._portal.to_trio(request)
+            except RuntimeClosed:
+                self._portal.settle(inflight, ended)
         # Shielded: a cancelled __anext__ leaves the request in flight for the next one.
         try:
             event = await asyncio.shield(self._inflight)

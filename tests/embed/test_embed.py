@@ -203,6 +203,8 @@ def test_what_is_pending_when_the_runtime_closes_ends_cleanly(mode: str, tmp_pat
             await stream.__anext__()
         with pytest.raises(perdure.embed.RuntimeClosed):
             await rt.sessions()
+        with pytest.raises(StopAsyncIteration):
+            await rt.events("a").__anext__()
 
     asyncio.run(main())
 
