@@ -42,6 +42,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import outcome
@@ -293,22 +294,42 @@ class AsyncioRuntime:
         """``await fn(*args)`` on the runtime's trio loop (a trio function); its result."""
         return await self._portal.call(partial(fn, *args))
 
-    # -- what is known once it opened -----------------------------------------------
+    # -- what is fixed once it opened: properties, as on Runtime ----------------------
 
     @property
     def location(self) -> str:
         return self.trio_runtime.location
 
     @property
+    def log_path(self) -> Path:
+        return self.trio_runtime.log_path
+
+    @property
+    def node_id(self) -> str:
+        return self.trio_runtime.node_id
+
+    @property
+    def epoch(self) -> int:
+        return self.trio_runtime.epoch
+
+    @property
     def recovered_sessions(self) -> list[str]:
         """Sessions that had unfinished work when the runtime started (and it runs)."""
         return self.trio_runtime.recovered_sessions
+
+    # -- what changes while it runs: read on the trio thread, hence awaited here -----
 
     async def stats(self) -> JournalStats:
         return await self.run(_sync(self.trio_runtime.stats))
 
     async def resident_sessions(self) -> list[str]:
         return await self.run(_sync(lambda: self.trio_runtime.resident_sessions))
+
+    async def taken_over_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.taken_over_sessions))
+
+    async def evictions(self) -> int:
+        return await self.run(_sync(lambda: self.trio_runtime.evictions))
 
     # -- the methods of Runtime ------------------------------------------------------
 

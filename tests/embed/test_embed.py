@@ -91,6 +91,8 @@ def test_the_whole_api_from_asyncio(mode: str, tmp_path: Path, workspace: Path) 
             assert len(await rt.restarts()) == 1
             assert isinstance((await rt.restarts())[0].record, LogOpened)
             assert (await rt.stats()).appends > 0 and await rt.resident_sessions() == [sid]
+            assert await rt.evictions() == 0 and await rt.taken_over_sessions() == []
+            assert rt.log_path == tmp_path / "log" and rt.epoch == 1 and rt.node_id
 
             assert (await rt.pause(sid)).seq > 0
             assert await rt.state(sid, lambda s: s.paused)
