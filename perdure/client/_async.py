@@ -171,17 +171,21 @@ class AsyncPerdureClient:
                     headers={**self._auth, **follower.headers()},
                     timeout=timeout,
                 ) as resp:
-                    follower.opened(
-                        resp.status_code, None if resp.is_success else await resp.aread()
-                    )
-                    attempts.reset()
-                    async for line in resp.aiter_lines():
-                        event = follower.line(line)
-                        if event is not None:
-                            yield event
-                if not live:
-                    return
-                error = m.unreachable(ConnectionError("the daemon ended the stream"))
+                    try:
+                        follower.opened(
+                            resp.status_code, None if resp.is_success else await resp.aread()
+                        )
+                    except DaemonError as exc:
+                        error = exc  # retried if retryable (a 503 while it restarts)
+                    else:
+                        attempts.reset()
+                        async for line in resp.aiter_lines():
+                            event = follower.line(line)
+                            if event is not None:
+                                yield event
+                        if not live:
+                            return
+                        error = m.unreachable(ConnectionError("the daemon ended the stream"))
             except httpx.TransportError as exc:
                 error = m.unreachable(exc)
             await anyio.sleep(attempts.after(error))

@@ -161,15 +161,19 @@ class PerdureClient:
                     headers={**self._auth, **follower.headers()},
                     timeout=timeout,
                 ) as resp:
-                    follower.opened(resp.status_code, None if resp.is_success else resp.read())
-                    attempts.reset()
-                    for line in resp.iter_lines():
-                        event = follower.line(line)
-                        if event is not None:
-                            yield event
-                if not live:
-                    return
-                error = m.unreachable(ConnectionError("the daemon ended the stream"))
+                    try:
+                        follower.opened(resp.status_code, None if resp.is_success else resp.read())
+                    except DaemonError as exc:
+                        error = exc  # retried if retryable (a 503 while it restarts)
+                    else:
+                        attempts.reset()
+                        for line in resp.iter_lines():
+                            event = follower.line(line)
+                            if event is not None:
+                                yield event
+                        if not live:
+                            return
+                        error = m.unreachable(ConnectionError("the daemon ended the stream"))
             except httpx.TransportError as exc:
                 error = m.unreachable(exc)
             time.sleep(attempts.after(error))
