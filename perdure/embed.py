@@ -53,7 +53,7 @@ from perdure._runtime import open_runtime as open_trio_runtime
 from perdure.actors.protocol import Accepted, Done
 from perdure.actors.state import SessionState
 from perdure.providers.base import Message
-from perdure.storage.backend import SessionInfo
+from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
 from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished

@@ -25,7 +25,7 @@ from perdure.errors import (
     SessionParkedError,
     SessionRestarting,
 )
-from perdure.storage.backend import LogUnavailable as _LogUnavailable
+from perdure.storage import LogUnavailable as _LogUnavailable
 from perdure.storage.codec import CorruptRecord as _CorruptRecord
 
 
