@@ -61,6 +61,7 @@ FULL: dict[str, Any] = {
     "memory_k": 10,
     "stream": [(1, 100, 50), (100, 1, 10)],  # (sessions, subscribers per session, K)
     "sse": (100, 20),  # SSE clients of one session on the daemon, K
+    "embed_calls": 5000,  # calls through perdure.embed (asyncio) and on trio directly
     "timeout": 1800,
 }
 
@@ -82,6 +83,7 @@ QUICK: dict[str, Any] = {
     "memory_k": 3,
     "stream": [(1, 10, 10)],
     "sse": (10, 5),
+    "embed_calls": 200,
     "timeout": 120,
 }
 
@@ -417,6 +419,10 @@ class Suite:
             )
         return out
 
+    def embedding(self) -> dict[str, Any]:
+        log(f"embedding in asyncio (perdure.embed): {self.cfg['embed_calls']} calls per way")
+        return self.run("embed_call.py", self.path("embed"), self.cfg["embed_calls"])
+
 
 def _pg_summary(pg: dict[str, Any]) -> list[str]:
     if "skipped" in pg:
@@ -732,6 +738,16 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             f"session(s), {r['subscribers']} subscribers, {r['deliveries']} deliveries: "
             f"p50 {_fmt(r['p50_ms'], 3)} ms, p99 {_fmt(r['p99_ms'], 3)} ms"
         )
+    em = results.get("embedding")
+    if em:
+        for kind, what in (("state", "an actor query"), ("session_info", "a log read")):
+            lines.append(
+                f"- one call from asyncio through `perdure.embed` ({what}, `{kind}`): "
+                f"{_fmt(em['thread_us'][kind], 0)} us with trio in a thread "
+                f"({_fmt(em['thread_ratio'][kind])}x trio directly, "
+                f"{_fmt(em['trio_us'][kind], 0)} us), {_fmt(em['guest_us'][kind], 0)} us "
+                f"as a guest run ({_fmt(em['guest_ratio'][kind])}x)"
+            )
     lines.append("")
     lines.append("### PostgreSQL backend (same machine, same run)")
     lines.append("")
@@ -790,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
             ("recovery", suite.recovery),
             ("memory", suite.memory),
             ("streaming", suite.streaming),
+            ("embedding", suite.embedding),
             ("postgres", lambda: suite.postgres(args.quick)),
         ]
         for name, step in steps:

@@ -1,14 +1,15 @@
-"""A client of ``perdure serve`` that lives through a daemon crash.
+"""A client of ``perdure serve`` that lives through a daemon crash (``perdure.client``).
 
     python examples/daemon_client.py
 
 It starts ``perdure serve`` (a scripted model, so no API key is needed, and the
-two tools below), starts a task over HTTP, follows the session's event stream,
-SIGKILLs the daemon while a tool is running, starts it again on the same log and
-port, reconnects with ``Last-Event-ID``, and prints the final answer. The
-restarted daemon finishes the run by itself: the client sends no new request
-(re-sending the first one with the same ``request_id`` just returns the same
-answer). Everything lives in a temporary directory that is removed at the end.
+two tools below), starts a task with ``PerdureClient``, follows the session's
+event stream, SIGKILLs the daemon while a tool is running and starts it again on
+the same log and port. The client's event iterator reconnects by itself with
+``Last-Event-ID`` (no gap, no duplicate), and the restarted daemon finishes the
+run by itself: the client sends no new request (re-sending the first one with
+the same ``request_id`` just returns the same answer). Everything lives in a
+temporary directory that is removed at the end.
 
 The file is also the tools module the daemon loads (``--tools daemon_client:TOOLS``).
 """
@@ -24,14 +25,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import trio
 
 import perdure
+from perdure import Accepted
+from perdure.client import EphemeralEvent, PerdureClient, is_final
 
 HERE = Path(__file__).resolve().parent
 TASK = "Check the forecast for Paris and send the team a short report."
@@ -139,100 +139,65 @@ class Daemon:
         return self.proc.wait(30)
 
 
-# -- a tiny Server-Sent Events reader ---------------------------------------------------------
-
-
-def events(
-    api: httpx.Client, session_id: str, last_id: int
-) -> Iterator[tuple[int | None, str, Any]]:
-    """(id, event type, data) from the session's stream, resuming after ``last_id``."""
-    headers = {"Last-Event-ID": str(last_id)} if last_id else {}
-    url = f"/v1/sessions/{session_id}/events"
-    with api.stream("GET", url, headers=headers, timeout=httpx.Timeout(30, read=60)) as resp:
-        resp.raise_for_status()
-        ident, kind, data = None, "message", []
-        for line in resp.iter_lines():
-            if not line:
-                if data:
-                    yield ident, kind, json.loads("\n".join(data))
-                ident, kind, data = None, "message", []
-            elif line.startswith("id:"):
-                ident = int(line[3:])
-            elif line.startswith("event:"):
-                kind = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].strip())
-
-
 # -- the client ---------------------------------------------------------------------------------
 
 
 def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="perdure-daemon-client-"))
     daemon = Daemon(root, token=secrets.token_urlsafe(24))
+    restarting: threading.Thread | None = None
     try:
         print("1) start perdure serve")
         daemon.start()
-        api = httpx.Client(
-            base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=30
-        )
-        sid = api.post("/v1/sessions", json={"session_id": "weather"}).json()["session_id"]
-        first = api.post(
-            f"/v1/sessions/{sid}/messages", json={"text": TASK, "request_id": "weather-1"}
-        ).json()
-        print(f"2) task accepted (durably) as {first['submission_id']}, record {first['seq']}")
+        with PerdureClient(daemon.url, daemon.token) as client:
+            sid = client.create_session("weather").session_id
+            first = client.submit(sid, TASK, request_id="weather-1")
+            print(f"2) task accepted (durably) as {first.submission_id}, record {first.seq}")
 
-        last_id, killed, final = 0, False, None
-        streamed: set[str] = set()  # model turns whose text arrived as live deltas
-        while final is None:
-            try:
-                for ident, kind, data in events(api, sid, last_id):
-                    if ident is not None:
-                        last_id = ident
-                    if kind == "text_delta":
-                        streamed.add(data["data"]["generation_id"])
-                        print(data["data"]["text"], end="", flush=True)
-                        continue
-                    record = data.get("record", {})
-                    if kind == "GenerationCompleted":
-                        # Deltas are live only; a turn finished before we listened is
-                        # printed from its committed record.
-                        seen = record["generation_id"] in streamed
-                        print("" if seen else record["text"])
-                    elif kind == "ToolExecuting":
-                        print(f"   tool {record['tool_name']} is executing")
-                        if record["tool_name"] == "fetch_forecast" and not killed:
-                            print("3) SIGKILL the daemon while the tool runs")
-                            daemon.kill()
-                            killed = True
-                    elif kind == "ToolCompleted":
-                        print(f"   tool result: {record['output']}")
-                    elif kind == "LogOpened":
-                        print(f"   -- the runtime restarted (epoch {record['epoch']}) --")
-                    elif kind == "RecoveryDecision":
-                        print(f"   recovery: found {record['found']} -> {record['action']}")
-                    elif kind == "RunFinished" and record["status"] != "interrupted":
-                        final = record
-                        break
-            except httpx.TransportError:
-                if not killed:
-                    raise
-                print(f"4) the stream broke at record {last_id}; restart the daemon")
-                daemon.start()
-                print(f"5) reconnect with Last-Event-ID: {last_id} (no new request is sent)")
+            final = None
+            streamed: set[str] = set()  # model turns whose text arrived as live deltas
+            # The iterator reconnects by itself (Last-Event-ID) when the daemon goes away.
+            for event in client.events(sid):
+                if isinstance(event, EphemeralEvent):
+                    if event.type == "text_delta":
+                        streamed.add(event.data["generation_id"])
+                        print(event.data["text"], end="", flush=True)
+                    continue
+                record = event.record
+                if event.type == "GenerationCompleted":
+                    # Deltas are live only; a turn finished before we listened (or while
+                    # the daemon was down) is printed from its committed record.
+                    print("" if record["generation_id"] in streamed else record["text"])
+                elif event.type == "ToolExecuting":
+                    print(f"   tool {record['tool_name']} is executing")
+                    if record["tool_name"] == "fetch_forecast" and restarting is None:
+                        print(f"3) SIGKILL the daemon while the tool runs (at record {event.seq})")
+                        daemon.kill()
+                        print("4) restart it; the client reconnects with Last-Event-ID by itself")
+                        restarting = threading.Thread(target=daemon.start)
+                        restarting.start()
+                elif event.type == "ToolCompleted":
+                    print(f"   tool result: {record['output']}")
+                elif event.type == "LogOpened":
+                    print(f"   -- the runtime restarted (epoch {record['epoch']}) --")
+                elif event.type == "RecoveryDecision":
+                    print(f"   recovery: found {record['found']} -> {record['action']}")
+                elif is_final(event):
+                    final = record
+                    break
+            assert final is not None
 
-        again = api.post(
-            f"/v1/sessions/{sid}/messages", json={"text": TASK, "request_id": "weather-1"}
-        ).json()
-        assert again == {**first, "duplicate": True}, again
-        print("6) re-sending the task with the same request_id returns the same answer")
+            again = client.submit(sid, TASK, request_id="weather-1")
+            assert again == Accepted(first.submission_id, first.seq, duplicate=True), again
+            print("5) re-sending the task with the same request_id returns the same answer")
         outbox = (root / "workspace" / "outbox.txt").read_text().splitlines()
         print(f"   the report was sent {len(outbox)} time(s)")
         print(f"final answer ({final['status']}): {final['final_text']}")
-        api.close()
         print(f"daemon stopped with exit code {daemon.stop()}")
         return 0 if final["status"] == "completed" and len(outbox) == 1 else 1
     finally:
+        if restarting is not None:
+            restarting.join()
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.kill()
         shutil.rmtree(root, ignore_errors=True)

@@ -98,3 +98,14 @@ def test_quick_peers(quick: tuple[dict[str, Any], Path, str]) -> None:
         for sessions, k in cfg["concurrency"]:
             assert _positive(results["concurrency"][f"{peer}_{sessions}x{k}"]["turns_per_s"])
     assert results["versions"]["peers"]["langgraph"] and results["versions"]["peers"]["dbos"]
+
+
+def test_quick_results_measure_the_asyncio_embedding(
+    quick: tuple[dict[str, Any], Path, str],
+) -> None:
+    results, _, stdout = quick
+    em = results["embedding"]
+    for way in ("trio", "thread", "guest"):
+        assert all(_positive(em[f"{way}_us"][kind]) for kind in ("state", "session_info"))
+    assert _positive(em["thread_ratio"]["state"]) and _positive(em["guest_ratio"]["state"])
+    assert "through `perdure.embed`" in stdout

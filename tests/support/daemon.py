@@ -56,6 +56,7 @@ class Daemon:
         self.tools = tools
         self.heartbeat = heartbeat
         self.extra_args = extra_args
+        self.fault: str | None = None  # PERDURE_FAULT for the next start only
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
         self.url = ""
@@ -93,6 +94,8 @@ class Daemon:
         env = dict(os.environ)
         env.pop("PERDURE_FAULT", None)
         env.pop("PERDURE_TOKEN", None)
+        if self.fault:
+            env["PERDURE_FAULT"], self.fault = self.fault, None
         env["PYTHONPATH"] = str(ROOT)
         self.proc = subprocess.Popen(
             self.command(self.port),

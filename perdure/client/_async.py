@@ -1,0 +1,208 @@
+"""``AsyncPerdureClient``: the daemon's API for async code, under asyncio or trio.
+
+The same calls as ``PerdureClient`` (``perdure.client._model``); httpx and anyio
+make it run on either event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import anyio
+import httpx
+
+from perdure.actors.protocol import Accepted, Done
+from perdure.client import _model as m
+from perdure.client.errors import DaemonError
+
+T = TypeVar("T")
+
+
+class AsyncPerdureClient:
+    """A client of ``perdure serve``. Use it as an async context manager, or ``aclose()`` it.
+
+    ``url`` is the daemon's address and ``token`` its bearer token. ``retry`` says
+    how long a request is re-sent (with the same request id) while the daemon is
+    unreachable or answers a retryable error; ``timeout`` is per attempt.
+    ``stream_timeout`` is how long an event stream may stay silent before it is
+    reconnected (the daemon sends a heartbeat well within it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        retry: m.Retry | None = None,
+        timeout: float = 30.0,
+        stream_timeout: float = 60.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.retry = retry if retry is not None else m.Retry()
+        self.stream_timeout = stream_timeout
+        self._http = http if http is not None else httpx.AsyncClient(timeout=timeout)
+        self._base = url.rstrip("/")
+        self._auth = {"Authorization": f"Bearer {token}"}
+
+    async def __aenter__(self) -> AsyncPerdureClient:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: m.Call[T]) -> T:
+        attempts = m.Attempts(self.retry)
+        while True:
+            error: DaemonError
+            try:
+                resp = await self._http.request(
+                    call.method, self._base + call.path, json=call.body, headers=self._auth
+                )
+            except httpx.TransportError as exc:
+                error = m.unreachable(exc)
+            else:
+                try:
+                    return call.answer(resp.status_code, resp.content)
+                except DaemonError as exc:
+                    error = exc
+            await anyio.sleep(attempts.after(error))
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def health(self) -> m.Health:
+        return await self._send(m.health())
+
+    async def stats(self) -> m.Stats:
+        return await self._send(m.stats())
+
+    async def sessions(self) -> list[m.SessionInfo]:
+        return await self._send(m.sessions())
+
+    async def state(self, session_id: str) -> m.SessionState:
+        return await self._send(m.state(session_id))
+
+    async def transcript(self, session_id: str) -> list[m.TranscriptMessage]:
+        return await self._send(m.transcript(session_id))
+
+    # -- commands (each carries a request id; a retry re-sends the same one) -----------
+
+    async def create_session(
+        self, session_id: str | None = None, *, system: str | None = None
+    ) -> m.SessionCreated:
+        return await self._send(m.create_session(session_id, system))
+
+    async def submit(
+        self, session_id: str, text: str, *, request_id: str | None = None
+    ) -> Accepted:
+        return await self._send(m.submit(session_id, text, request_id))
+
+    async def cancel(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self._send(m.cancel(session_id, request_id))
+
+    async def approve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        approved: bool = True,
+        request_id: str | None = None,
+        note: str = "",
+    ) -> Done:
+        return await self._send(m.approve(session_id, call_id, approved, request_id, note))
+
+    async def revise(self, session_id: str, text: str, *, request_id: str | None = None) -> Done:
+        return await self._send(m.revise(session_id, text, request_id))
+
+    async def pause(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self._send(m.pause(session_id, request_id))
+
+    async def resume(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self._send(m.resume(session_id, request_id))
+
+    async def compensate(
+        self, session_id: str, call_id: str, *, request_id: str | None = None
+    ) -> Done:
+        return await self._send(m.compensate(session_id, call_id, request_id))
+
+    async def resolve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        action: Literal["retry", "skip", "fail"],
+        result: Any = None,
+        request_id: str | None = None,
+    ) -> Done:
+        return await self._send(m.resolve(session_id, call_id, action, result, request_id))
+
+    # -- events --------------------------------------------------------------------------
+
+    async def events(
+        self, session_id: str, *, after: int = 0, live: bool = True
+    ) -> AsyncGenerator[m.StreamEvent, None]:
+        """The session's events after seq ``after``: the log's records, then live ones.
+
+        Reconnects by itself (``Last-Event-ID``) when the connection breaks or the
+        daemon restarts, with no gap and no duplicate among the records. With
+        ``live=False`` it ends after the records committed so far. Close it when you
+        stop early: ``async with contextlib.aclosing(client.events(sid)) as events:``.
+        """
+        follower = m.Follower(session_id, after, live)
+        attempts = m.Attempts(self.retry)
+        timeout = httpx.Timeout(self.stream_timeout, connect=10.0)
+        while True:
+            error: DaemonError
+            try:
+                async with self._http.stream(
+                    "GET",
+                    self._base + follower.path,
+                    params=follower.params(),
+                    headers={**self._auth, **follower.headers()},
+                    timeout=timeout,
+                ) as resp:
+                    try:
+                        follower.opened(
+                            resp.status_code, None if resp.is_success else await resp.aread()
+                        )
+                    except DaemonError as exc:
+                        error = exc  # retried if retryable (a 503 while it restarts)
+                    else:
+                        attempts.reset()
+                        async for line in resp.aiter_lines():
+                            event = follower.line(line)
+                            if event is not None:
+                                yield event
+                        if not live:
+                            return
+                        error = m.unreachable(ConnectionError("the daemon ended the stream"))
+            except httpx.TransportError as exc:
+                error = m.unreachable(exc)
+            await anyio.sleep(attempts.after(error))
+
+    async def wait_idle(self, session_id: str) -> m.Run | None:
+        """Wait until no run is in progress and no input is queued; the last run's outcome.
+
+        Reads the state, and while the session is busy follows its events from that
+        point: each finished run is a moment to read the state again.
+        """
+        current = await self.state(session_id)
+        if current.idle:
+            return current.last_run
+        async with aclosing(self.events(session_id, after=current.last_seq)) as stream:
+            async for event in stream:
+                if m.is_final(event):
+                    current = await self.state(session_id)
+                    if current.idle:
+                        return current.last_run
+        raise AssertionError("unreachable: a live event stream does not end")

@@ -1,0 +1,572 @@
+"""The runtime inside an asyncio application (FastAPI, aiohttp, Django async).
+
+    async with perdure.embed.open_runtime(".perdure", provider=..., tools=[...]) as rt:
+        sid = await rt.create_session()
+        await rt.submit(sid, "hello")
+        async for event in rt.events(sid):
+            ...
+
+``open_runtime`` takes the same arguments as ``perdure.open_runtime`` and yields an
+``AsyncioRuntime`` with the same methods as ``perdure.Runtime``, whose awaits are
+asyncio awaits. perdure itself stays on trio: it runs in a dedicated thread
+(``mode="thread"``, the default) or as a guest of the asyncio loop on its thread
+(``mode="guest"``, ``trio.lowlevel.start_guest_run``). ``bench/embed_call.py``
+measures both; the thread is the default because the runtime then keeps its own
+pace (commits, heartbeats, leases) even while asyncio code blocks its loop, and
+a call costs no more than through the guest run (a few hundred microseconds of
+hops between the loops, next to milliseconds for a durable commit).
+
+Each call is a trio task in the runtime's nursery; its result or exception comes
+back to the asyncio caller through ``loop.call_soon_threadsafe``. Cancelling the
+asyncio await cancels the trio task. ``events`` is an async iterator fed by one
+trio task per stream, one event per ``__anext__``: a consumer that stops reading
+holds nothing up but its own stream.
+
+Limits:
+
+* Tools stay trio code (``async def`` run on the runtime's trio loop). A tool calls
+  blocking code (a plain sync function) in a worker thread with
+  ``trio.to_thread.run_sync``, and the application's asyncio code (its database
+  pool, its HTTP client) with ``run_in_asyncio``, on the host's loop.
+* One runtime per process and per log: leave the ``async with`` before the asyncio
+  loop closes (an ASGI app's lifespan does it); on the way out, running tools get
+  ``shutdown_grace`` seconds to finish and their results are committed first.
+* ``state(fn)`` runs ``fn`` in the runtime's trio thread: keep it read-only and quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import aclosing, asynccontextmanager, suppress
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import outcome
+import trio
+
+from perdure._runtime import Runtime
+from perdure._runtime import open_runtime as open_trio_runtime
+from perdure.actors.protocol import Accepted, Done
+from perdure.actors.state import SessionState
+from perdure.providers.base import Message
+from perdure.storage import SessionInfo
+from perdure.storage.bus import Event
+from perdure.storage.journal import JournalStats
+from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+
+T = TypeVar("T")
+Mode = Literal["thread", "guest"]
+
+
+class RuntimeClosed(RuntimeError):
+    """The embedded runtime stopped while the call or the stream was pending."""
+
+
+# The host's asyncio loop, for trio code running in the embedded runtime (its tools).
+_HOST_LOOP: trio.lowlevel.RunVar[asyncio.AbstractEventLoop] = trio.lowlevel.RunVar(
+    "perdure_embed_host_loop"
+)
+
+
+async def run_in_asyncio(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    """From trio code in an embedded runtime (a tool): ``await fn(*args)`` on the host's
+    asyncio loop, e.g. with the application's asyncio database pool or HTTP client.
+
+    Cancelling the trio side (the tool is cancelled or times out) cancels the asyncio
+    task. Outside ``perdure.embed.open_runtime`` it raises ``RuntimeError``.
+    """
+    try:
+        loop = _HOST_LOOP.get()
+    except LookupError:
+        raise RuntimeError("run_in_asyncio works inside perdure.embed.open_runtime only") from None
+    future = asyncio.run_coroutine_threadsafe(fn(*args), loop)
+    token = trio.lowlevel.current_trio_token()
+    finished = trio.Event()
+
+    def wake(_: object) -> None:
+        with suppress(trio.RunFinishedError):
+            token.run_sync_soon(finished.set)
+
+    future.add_done_callback(wake)
+    try:
+        await finished.wait()
+    except trio.Cancelled:
+        future.cancel()
+        raise
+    return future.result()
+
+
+class _Portal:
+    """Runs trio functions in the runtime's nursery for asyncio callers."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery
+    ) -> None:
+        self.loop = loop
+        self.token = token
+        self.nursery = nursery
+
+    def to_trio(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run a sync function on the trio thread soon (thread-safe)."""
+        try:
+            self.token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            raise RuntimeClosed("the embedded runtime has stopped") from None
+
+    def spawn(self, fn: Callable[[], Awaitable[object]], on_closed: Callable[[], None]) -> None:
+        """Start ``fn`` as a task of the runtime's nursery; ``on_closed()`` if it is too late.
+
+        Nothing may raise out of a ``run_sync_soon`` callback (it would crash the trio
+        run), so a nursery already closed (the runtime stopping) is reported this way.
+        """
+
+        def start() -> None:
+            try:
+                self.nursery.start_soon(fn)
+            except RuntimeError:  # closed to new arrivals: the runtime is stopping
+                on_closed()
+
+        try:
+            self.to_trio(start)
+        except RuntimeClosed:
+            on_closed()
+
+    def settle(self, future: asyncio.Future[T], result: outcome.Outcome[T]) -> None:
+        """Hand a trio task's outcome to an asyncio future (called from the trio side)."""
+
+        def settle() -> None:
+            if future.done():
+                return
+            if isinstance(result, outcome.Error):
+                error = result.error
+                if isinstance(error, trio.Cancelled):
+                    error = RuntimeClosed("the embedded runtime stopped during the call")
+                future.set_exception(error)
+            else:
+                future.set_result(result.unwrap())
+
+        with suppress(RuntimeError):  # the asyncio loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(settle)
+
+    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``await fn()`` as a trio task; its result here. Cancelling us cancels it."""
+        future: asyncio.Future[T] = self.loop.create_future()
+        scope = trio.CancelScope()
+
+        async def task() -> None:
+            with scope:
+                # Everything is captured, trio.Cancelled too (the runtime stopping, or
+                # our caller gone): ``settle`` turns it into RuntimeClosed.
+                self.settle(future, await outcome.acapture(fn))
+
+        closed = outcome.Error(RuntimeClosed("the embedded runtime has stopped"))
+        self.spawn(task, lambda: self.settle(future, closed))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with suppress(RuntimeClosed):
+                self.to_trio(scope.cancel)
+            raise
+
+
+class EventStream(AsyncIterator[Event]):
+    """A session's events (``Runtime.events``) for an asyncio consumer.
+
+    One trio task reads the runtime's stream and hands one event per ``__anext__``
+    across. A cancelled ``__anext__`` loses nothing: the next one receives the event
+    that was on its way. Close it (``aclose``, or ``async with aclosing(...)``) when
+    done with a live stream.
+    """
+
+    def __init__(self, portal: _Portal, open_stream: Callable[[], AsyncIterator[Event]]) -> None:
+        self._portal = portal
+        self._open = open_stream
+        self._requests_in, self._requests_out = trio.open_memory_channel[
+            asyncio.Future[Event] | None
+        ](math.inf)
+        self._scope = trio.CancelScope()
+        self._started = False
+        self._finished: asyncio.Future[None] = portal.loop.create_future()
+        self._inflight: asyncio.Future[Event] | None = None
+        self._closed = False
+
+    async def _pump(self) -> None:
+        waiting: list[asyncio.Future[Event]] = []
+        try:
+            with self._scope:
+                async with aclosing(self._open()) as stream:  # type: ignore[type-var]
+                    async for request in self._requests_out:
+                        if request is None:
+                            return
+                        waiting.append(request)
+                        result = await outcome.acapture(stream.__anext__)
+                        if isinstance(result, outcome.Error) and isinstance(
+                            result.error, trio.Cancelled
+                        ):
+                            raise result.error
+                        self._portal.settle(waiting.pop(), result)
+                        if isinstance(result, outcome.Error):
+                            return
+        finally:
+            # Closed, or the runtime stops: whoever still waits sees the stream end
+            # (as a daemon's stream ends when it stops).
+            for request in waiting + _drain(self._requests_out):
+                self._portal.settle(request, outcome.Error(StopAsyncIteration()))
+            self._requests_out.close()
+            self._portal.settle(self._finished, outcome.Value(None))
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._inflight is None:
+            inflight = self._inflight = self._portal.loop.create_future()
+            ended = outcome.Error(StopAsyncIteration())
+            if not self._started:
+                self._started = True
+                self._portal.spawn(self._pump, lambda: self._portal.settle(inflight, ended))
+
+            def request() -> None:
+                try:
+                    self._requests_in.send_nowait(inflight)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._portal.settle(inflight, ended)  # the stream's task has ended
+
+            try:
+                self._portal.to_trio(request)
+            except RuntimeClosed:
+                self._portal.settle(inflight, ended)
+        # Shielded: a cancelled __anext__ leaves the request in flight for the next one.
+        try:
+            event = await asyncio.shield(self._inflight)
+        except StopAsyncIteration:
+            self._closed = True
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self._closed = True
+            raise
+        self._inflight = None
+        return event
+
+    async def aclose(self) -> None:
+        """Stop the stream's trio task and close the runtime's generator."""
+        self._closed = True
+        if not self._started:
+            return
+        try:
+            self._portal.to_trio(self._scope.cancel)
+        except RuntimeClosed:
+            return
+        await self._finished
+
+
+def _drain(channel: trio.MemoryReceiveChannel[asyncio.Future[Event] | None]) -> list[Any]:
+    found: list[asyncio.Future[Event]] = []
+    while True:
+        try:
+            item = channel.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return found
+        if item is not None:
+            found.append(item)
+
+
+class AsyncioRuntime:
+    """``perdure.Runtime`` for asyncio code: the same methods, awaited on asyncio.
+
+    ``trio_runtime`` is the runtime itself, to be used from trio code only (e.g.
+    inside ``run``).
+    """
+
+    def __init__(self, portal: _Portal, runtime: Runtime, mode: Mode) -> None:
+        self._portal = portal
+        self.trio_runtime = runtime
+        self.mode: Mode = mode
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` on the runtime's trio loop (a trio function); its result."""
+        return await self._portal.call(partial(fn, *args))
+
+    # -- what is fixed once it opened: properties, as on Runtime ----------------------
+
+    @property
+    def location(self) -> str:
+        return self.trio_runtime.location
+
+    @property
+    def log_path(self) -> Path:
+        return self.trio_runtime.log_path
+
+    @property
+    def node_id(self) -> str:
+        return self.trio_runtime.node_id
+
+    @property
+    def epoch(self) -> int:
+        return self.trio_runtime.epoch
+
+    @property
+    def recovered_sessions(self) -> list[str]:
+        """Sessions that had unfinished work when the runtime started (and it runs)."""
+        return self.trio_runtime.recovered_sessions
+
+    # -- what changes while it runs: read on the trio thread, hence awaited here -----
+
+    async def stats(self) -> JournalStats:
+        return await self.run(_sync(self.trio_runtime.stats))
+
+    async def resident_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.resident_sessions))
+
+    async def taken_over_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.taken_over_sessions))
+
+    async def evictions(self) -> int:
+        return await self.run(_sync(lambda: self.trio_runtime.evictions))
+
+    # -- the methods of Runtime ------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        system: str | None = None,
+        budget: Budget | None = None,
+    ) -> str:
+        return await self.run(
+            partial(self.trio_runtime.create_session, session_id, system=system, budget=budget)
+        )
+
+    async def ensure_session(
+        self, session_id: str, *, system: str | None = None, budget: Budget | None = None
+    ) -> bool:
+        return await self.run(
+            partial(self.trio_runtime.ensure_session, session_id, system=system, budget=budget)
+        )
+
+    async def sessions(self) -> list[SessionInfo]:
+        return await self.run(self.trio_runtime.sessions)
+
+    async def session_info(self, session_id: str) -> SessionInfo | None:
+        return await self.run(self.trio_runtime.session_info, session_id)
+
+    async def restarts(self) -> list[Committed]:
+        return await self.run(self.trio_runtime.restarts)
+
+    async def submit(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> Accepted:
+        return await self.run(
+            partial(
+                self.trio_runtime.submit, session_id, text, request_id=request_id, budget=budget
+            )
+        )
+
+    async def cancel(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self.run(partial(self.trio_runtime.cancel, session_id, request_id=request_id))
+
+    async def approve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        approved: bool = True,
+        request_id: str | None = None,
+        note: str = "",
+    ) -> Done:
+        return await self.run(
+            partial(
+                self.trio_runtime.approve,
+                session_id,
+                call_id,
+                approved=approved,
+                request_id=request_id,
+                note=note,
+            )
+        )
+
+    async def revise(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> Done:
+        return await self.run(
+            partial(
+                self.trio_runtime.revise, session_id, text, request_id=request_id, budget=budget
+            )
+        )
+
+    async def pause(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self.run(partial(self.trio_runtime.pause, session_id, request_id=request_id))
+
+    async def resume(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self.run(partial(self.trio_runtime.resume, session_id, request_id=request_id))
+
+    async def compensate(
+        self, session_id: str, call_id: str, *, request_id: str | None = None
+    ) -> Done:
+        return await self.run(
+            partial(self.trio_runtime.compensate, session_id, call_id, request_id=request_id)
+        )
+
+    async def resolve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        action: ResolutionAction,
+        result: Any = None,
+        request_id: str | None = None,
+    ) -> Done:
+        return await self.run(
+            partial(
+                self.trio_runtime.resolve,
+                session_id,
+                call_id,
+                action=action,
+                result=result,
+                request_id=request_id,
+            )
+        )
+
+    async def wait_idle(self, session_id: str) -> RunFinished | None:
+        return await self.run(self.trio_runtime.wait_idle, session_id)
+
+    async def state(self, session_id: str, fn: Callable[[SessionState], T]) -> T:
+        """``fn`` on the live state, inside the session's actor (on the trio thread)."""
+        return await self.run(self.trio_runtime.state, session_id, fn)
+
+    async def load_state(self, session_id: str) -> SessionState:
+        return await self.run(self.trio_runtime.load_state, session_id)
+
+    async def transcript(self, session_id: str) -> list[Message]:
+        return await self.run(self.trio_runtime.transcript, session_id)
+
+    def events(
+        self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False
+    ) -> EventStream:
+        """``Runtime.events`` as an asyncio async iterator (see ``EventStream``)."""
+        rt = self.trio_runtime
+        return EventStream(
+            self._portal, lambda: rt.events(session_id, after=after, live=live, restarts=restarts)
+        )
+
+
+def _sync(fn: Callable[[], T]) -> Callable[[], Awaitable[T]]:
+    async def call() -> T:
+        return fn()
+
+    return call
+
+
+@asynccontextmanager
+async def open_runtime(
+    log: Any = ".perdure", *, mode: Mode = "thread", **options: Any
+) -> AsyncIterator[AsyncioRuntime]:
+    """``perdure.open_runtime`` for asyncio code; the same arguments, plus ``mode``.
+
+    Recovery happens before it yields, as with trio. On exit, running tools get
+    ``shutdown_grace`` seconds and the log is closed before it returns.
+    """
+    if mode not in ("thread", "guest"):
+        raise ValueError(f"mode must be 'thread' or 'guest', not {mode!r}")
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[tuple[_Portal, Runtime, trio.Event]] = loop.create_future()
+    done: asyncio.Future[None] = loop.create_future()
+
+    async def trio_main() -> None:
+        _HOST_LOOP.set(loop)
+        async with open_trio_runtime(log, **options) as runtime, trio.open_nursery() as nursery:
+            stop = trio.Event()
+            portal = _Portal(loop, trio.lowlevel.current_trio_token(), nursery)
+            portal.settle(ready, outcome.Value((portal, runtime, stop)))
+            await stop.wait()
+            # Calls and streams still pending end with RuntimeClosed / StopAsyncIteration.
+            nursery.cancel_scope.cancel()
+
+    def finished(result: outcome.Outcome[None]) -> None:
+        # Called on the trio side when trio_main has returned (or raised).
+        def settle() -> None:
+            error = result.error if isinstance(result, outcome.Error) else None
+            if not ready.done():
+                # It failed to open: the error is the caller's, raised by the ``async with``.
+                ready.set_exception(error or RuntimeClosed("the runtime stopped at start"))
+                error = None
+            if not done.done():
+                if error is not None:
+                    done.set_exception(error)
+                else:
+                    done.set_result(None)
+
+        with suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            loop.call_soon_threadsafe(settle)
+
+    if mode == "thread":
+
+        def in_thread() -> None:
+            finished(outcome.capture(trio.run, trio_main))
+
+        threading.Thread(target=in_thread, name="perdure-trio", daemon=True).start()
+    else:
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=loop.call_soon,
+            done_callback=finished,
+            host_uses_signal_set_wakeup_fd=True,
+        )
+
+    try:
+        portal, runtime, stop = await asyncio.shield(ready)
+    except asyncio.CancelledError:
+        # Cancelled while it starts: stop it as soon as it is up, then wait for it.
+        await _stop_when_ready(ready, done)
+        raise
+    try:
+        yield AsyncioRuntime(portal, runtime, mode)
+    finally:
+        with suppress(RuntimeClosed):
+            portal.to_trio(stop.set)
+        # Waited for even if we are cancelled meanwhile: the runtime commits what
+        # running tools return, and closes the log, before the loop may go away.
+        await _wait_through_cancellation(done)
+
+
+async def _wait_through_cancellation(future: asyncio.Future[None]) -> None:
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(future)
+            break
+        except asyncio.CancelledError:
+            if future.done():
+                break
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _stop_when_ready(
+    ready: asyncio.Future[tuple[_Portal, Runtime, trio.Event]], done: asyncio.Future[None]
+) -> None:
+    try:
+        portal, _, stop = await ready
+    except BaseException:
+        return
+    portal.to_trio(stop.set)
+    await done
