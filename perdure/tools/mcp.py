@@ -34,11 +34,13 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from os import PathLike
 from typing import Any, Literal, TextIO
 
 import httpx2
@@ -71,7 +73,7 @@ _OVERRIDE_KEYS = frozenset({"replay", "requires_approval", "timeout", "reconcile
 
 
 class McpStartError(Exception):
-    """An MCP server could not be connected or listed when the runtime started."""
+    """An MCP server could not be connected or listed at start, or its tools' names collide."""
 
 
 def _check_server_name(instance: Any, attribute: Any, value: Any) -> None:
@@ -173,6 +175,93 @@ class McpServer:
             raise ValueError(f"MCP server {name!r}: url must be http(s)://..., not {url!r}")
         headers = dict(headers) if headers is not None else None
         return cls(name=name, transport="http", url=url, headers=headers, **options)
+
+
+# -- configuration files ---------------------------------------------------------------
+
+
+class McpConfigError(ValueError):
+    """An ``--mcp-config`` file that cannot be used; the message names the place."""
+
+
+_CONFIG_KEYS = frozenset(
+    {"command", "args", "env", "cwd", "url", "headers", "type", "trustAnnotations", "tools"}
+)
+_TOOL_KEYS = {"replay": "replay", "requiresApproval": "requires_approval", "timeout": "timeout"}
+
+
+def load_config(path: str | PathLike[str]) -> list[McpServer]:
+    """The servers of a ``{"mcpServers": {name: {...}}}`` file (the desktop agents' shape).
+
+    A server is ``{"command", "args", "env", "cwd"}`` (stdio) or ``{"url", "headers"}``
+    (streamable HTTP); perdure's keys sit beside them: ``trustAnnotations`` (bool) and
+    ``tools: {tool: {replay, requiresApproval, timeout}}`` (overrides).
+    """
+    where = str(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise McpConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise McpConfigError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("mcpServers"), dict):
+        raise McpConfigError(f'{where}: expected {{"mcpServers": {{name: {{...}}}}}}')
+    return [_server_of(where, name, spec) for name, spec in data["mcpServers"].items()]
+
+
+def _server_of(where: str, name: str, spec: Any) -> McpServer:
+    at = f"{where}: mcpServers.{name}"
+    if not isinstance(spec, dict):
+        raise McpConfigError(f"{at}: expected an object, not {spec!r}")
+    unknown = set(spec) - _CONFIG_KEYS
+    if unknown:
+        raise McpConfigError(f"{at}: unknown key(s) {sorted(unknown)}")
+    trust = spec.get("trustAnnotations", False)
+    if not isinstance(trust, bool):
+        raise McpConfigError(f"{at}.trustAnnotations: expected true or false, not {trust!r}")
+    overrides: dict[str, dict[str, Any]] = {}
+    tools = spec.get("tools", {})
+    if not isinstance(tools, dict):
+        raise McpConfigError(f"{at}.tools: expected an object of tool names")
+    for tool, options in tools.items():
+        if not isinstance(options, dict) or set(options) - set(_TOOL_KEYS):
+            raise McpConfigError(f"{at}.tools.{tool}: expected an object with {sorted(_TOOL_KEYS)}")
+        overrides[tool] = {_TOOL_KEYS[k]: v for k, v in options.items()}
+    try:
+        if "command" in spec:
+            if "url" in spec:
+                raise ValueError("give either command (stdio) or url (HTTP), not both")
+            args, env = spec.get("args", []), spec.get("env")
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise ValueError("args must be a list of strings")
+            if env is not None and not _str_map(env):
+                raise ValueError("env must map names to strings")
+            return McpServer.stdio(
+                name,
+                str(spec["command"]),
+                args,
+                env=env,
+                cwd=spec.get("cwd"),
+                trust_annotations=trust,
+                overrides=overrides,
+            )
+        if "url" in spec:
+            headers = spec.get("headers")
+            if headers is not None and not _str_map(headers):
+                raise ValueError("headers must map names to strings")
+            return McpServer.http(
+                name, str(spec["url"]), headers, trust_annotations=trust, overrides=overrides
+            )
+        raise ValueError("needs command (stdio) or url (streamable HTTP)")
+    except (TypeError, ValueError) as exc:
+        raise McpConfigError(f"{at}: {exc}") from None
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
 
 
 # -- policy ---------------------------------------------------------------------------
@@ -388,7 +477,7 @@ class McpConnection:
             )
             from mcp.client.stdio import stdio_client
 
-            transport = stdio_client(params, errlog=s.errlog or sys.stderr)
+            transport = stdio_client(params, errlog=s.errlog or _stderr())
             async with Client(transport, cache=None) as client:
                 yield client
         else:
@@ -502,6 +591,18 @@ class McpConnection:
             ) from exc
 
 
+def _stderr() -> TextIO:
+    """Where a stdio server's stderr goes: ours, if it is a real file (not under a capture)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return open(os.devnull, "w")  # lives as long as the process
+
+
 # -- tools --------------------------------------------------------------------------------
 
 
@@ -605,7 +706,7 @@ def merge(native: Iterable[Tool], mcp_tools: Mapping[str, list[Tool]]) -> list[T
         for t in tools:
             here = f"the tool {t.name!r} of MCP server {server!r}"
             if t.name in origin:
-                raise ValueError(f"tool name collision: {here} and {origin[t.name]}")
+                raise McpStartError(f"tool name collision: {here} and {origin[t.name]}")
             origin[t.name] = here
             out.append(t)
     return out
@@ -651,6 +752,7 @@ async def connect(
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
+    "McpConfigError",
     "McpConnection",
     "McpHub",
     "McpServer",
@@ -659,6 +761,7 @@ __all__ = [
     "Policy",
     "connect",
     "describe_tools",
+    "load_config",
     "merge",
     "policy_for",
     "render_call_result",

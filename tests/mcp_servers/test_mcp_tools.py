@@ -260,7 +260,7 @@ async def test_a_name_collision_is_an_error_naming_both(tmp_path: Path) -> None:
     async def mine(city: str) -> str:
         return city
 
-    with pytest.raises(ValueError, match="collision") as caught:
+    with pytest.raises(McpStartError, match="collision") as caught:
         async with perdure.open_runtime(
             tmp_path / "log",
             provider=script(),
