@@ -428,6 +428,10 @@ def _same_json(text: str, value: Any) -> bool:
         return False
 
 
+def _first_line(exc: BaseException) -> str:
+    return _describe(exc).splitlines()[0][:300]
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _describe(exc.exceptions[0])
@@ -452,6 +456,7 @@ class McpConnection:
         self.connects = 0  # successful connections so far (a reconnect adds one)
         self.last_error = ""
         self._broken = trio.Event()
+        self._garbled: str | None = None  # what the server wrote that was not MCP, if any
         self._changed = trio.Event()  # set (and replaced) on every connect and disconnect
         self._rng = random.Random(seed)
 
@@ -478,13 +483,17 @@ class McpConnection:
             from mcp.client.stdio import stdio_client
 
             transport = stdio_client(params, errlog=s.errlog or _stderr())
-            async with Client(transport, cache=None) as client:
+            async with Client(transport, cache=None, message_handler=self._on_message) as client:
                 yield client
         else:
             timeout = httpx2.Timeout(s.connect_timeout, read=None)
             async with (
                 httpx2.AsyncClient(headers=dict(s.headers or {}), timeout=timeout) as http,
-                Client(streamable_http_client(s.url, http_client=http), cache=None) as client,
+                Client(
+                    streamable_http_client(s.url, http_client=http),
+                    cache=None,
+                    message_handler=self._on_message,
+                ) as client,
             ):
                 yield client
 
@@ -512,6 +521,7 @@ class McpConnection:
                         self.listed = await self._list(client)
                         hs.deadline = math.inf
                         self._broken = trio.Event()
+                        self._garbled = None
                         self.client = client
                         self.connects += 1
                         self._flip()
@@ -542,7 +552,9 @@ class McpConnection:
 
     def _failed(self, exc: BaseException, started: bool) -> None:
         if isinstance(exc, trio.TooSlowError):
-            self.last_error = f"no answer within {self.server.connect_timeout:g}s"
+            self.last_error = f"no answer within {self.server.connect_timeout:g}s" + (
+                f"; it {self._garbled}" if self._garbled else ""
+            )
         else:
             self.last_error = _describe(exc)
         if not started:
@@ -574,21 +586,32 @@ class McpConnection:
                 "perdure is reconnecting. The call was not sent; try again later."
             )
         meta: dict[str, Any] = {IDEMPOTENCY_META_KEY: ctx.idempotency_key}
+        garbled = self._garbled
         try:
             return await client.call_tool(name, args, meta=meta)  # type: ignore[arg-type]
         except MCPError as exc:
-            if exc.code == mt.CONNECTION_CLOSED:
-                self.last_error = "the connection closed"
-                self._broken.set()
-                raise _Lost(f"the connection to MCP server {self.server.name!r} closed") from exc
-            raise
-        except Exception as exc:  # a reply the SDK could not read: the connection is suspect
-            self.last_error = _describe(exc)
+            if exc.code != mt.CONNECTION_CLOSED:
+                raise
+            if self._garbled is not garbled and self._garbled is not None:
+                # The connection was dropped because the server wrote garbage meanwhile.
+                raise _Lost(f"MCP server {self.server.name!r} {self._garbled}") from exc
+            self.last_error = "the connection closed"
             self._broken.set()
-            raise _Lost(
-                f"MCP server {self.server.name!r} sent a reply that could not be read "
-                f"({_describe(exc)})"
-            ) from exc
+            raise _Lost(f"the connection to MCP server {self.server.name!r} closed") from exc
+        except Exception as exc:  # a reply the SDK could not read: the connection is suspect
+            self.last_error = f"sent a reply that could not be read ({_first_line(exc)})"
+            self._broken.set()
+            raise _Lost(f"MCP server {self.server.name!r} {self.last_error}") from exc
+
+    async def _on_message(self, message: Any) -> None:
+        """A server notification (ignored), or something on the wire that is not MCP."""
+        if isinstance(message, Exception):
+            # The stream is out of step: whatever is in flight may never be answered.
+            # Drop the connection (its calls fail by their policy) and start again.
+            self._garbled = f"sent something that is not MCP ({_first_line(message)})"
+            self.last_error = self._garbled
+            log.error("MCP server %r %s; reconnecting", self.server.name, self._garbled)
+            self._broken.set()
 
 
 def _stderr() -> TextIO:

@@ -140,6 +140,24 @@ def big(n: int, ctx: Context) -> str:
     return "x" * n
 
 
+@shop.tool(annotations=ToolAnnotations(destructive_hint=False))
+async def garble(mode: str, ctx: Context) -> str:
+    """Write garbage on the protocol stream instead of an answer (a broken server)."""
+    from mcp.server import stdio as wire
+
+    _note("garble", ctx, mode=mode)
+    fd = wire._claims[1].private_fd  # the real stdout: the SDK keeps tools off it
+    assert fd is not None
+    if mode == "line":
+        os.write(fd, b"this is not JSON-RPC\n")
+    else:  # a response to this very request, of the wrong shape
+        request_id = ctx.request_id
+        bad = {"jsonrpc": "2.0", "id": request_id, "result": {"content": "not a list"}}
+        os.write(fd, (json.dumps(bad) + "\n").encode())
+    await anyio.sleep(3600)
+    return "unreachable"
+
+
 if os.environ.get("SHOP_BROKEN_SCHEMA") == "1":
 
     @shop.tool(annotations=ToolAnnotations(read_only_hint=True))

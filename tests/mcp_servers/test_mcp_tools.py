@@ -296,9 +296,10 @@ async def test_a_program_that_is_not_an_mcp_server_fails_the_start_clearly(
         ["-c", "import time; print('hello, not json', flush=True); time.sleep(60)"],
         connect_timeout=3,
     )
-    with pytest.raises(McpStartError, match=r"MCP server 'junk' \(.*\) could not be started"):
+    with pytest.raises(McpStartError, match=r"MCP server 'junk' \(.*\) could not be started") as e:
         async with perdure.open_runtime(tmp_path / "log", provider=script(), mcp_servers=[server]):
             pass
+    assert "no answer within 3s; it sent something that is not MCP" in str(e.value)
     assert not (tmp_path / "log").exists()  # nothing was opened for it
 
 
@@ -399,6 +400,43 @@ async def test_a_server_killed_mid_call_gives_unknown_for_never_and_error_for_sa
     assert got[first_call(1, 5)] == ("D: sunny", False)
     assert state.last_outcome is not None and state.last_outcome.status == "completed"
     assert len({e["pid"] for e in read_ledger(ledger)}) == 3
+
+
+async def test_garbage_from_a_server_is_a_clear_error_and_it_is_restarted(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger"
+    hub: list[Any] = []
+
+    @tool
+    async def await_shop(connects: int) -> str:
+        """Wait until the shop server has been connected this many times."""
+        await hub[0].connections["shop"].wait_connects(connects)
+        return "back"
+
+    provider = script(
+        [("shop__garble", {"mode": "line"})],  # a line that is not JSON-RPC at all
+        [("await_shop", {"connects": 2})],
+        [("shop__garble", {"mode": "shape"})],  # an answer of the wrong shape
+        [("await_shop", {"connects": 3})],
+        [("shop__lookup", {"city": "E"})],
+    )
+    server = stdio_shop(ledger, trust_annotations=True, backoff_initial=0.2)
+    async with perdure.open_runtime(
+        tmp_path / "log", provider=provider, tools=[await_shop], mcp_servers=[server]
+    ) as rt:
+        hub.append(rt.mcp)
+        state = await run_turns(rt)
+    got = results(state)
+    line, shape = state.tasks[first_call(1, 1)], state.tasks[first_call(1, 3)]
+    # garble is NEVER (not read-only, not idempotent): its effect is unknown, said plainly
+    assert (line.phase, shape.phase) == ("outcome_unknown", "outcome_unknown")
+    assert "MCP server 'shop' sent something that is not MCP" in got[first_call(1, 1)][0]
+    assert "the call of 'garble' may have taken effect" in got[first_call(1, 1)][0]
+    assert "MCP server 'shop' sent a reply that could not be read" in got[first_call(1, 3)][0]
+    assert "ValidationError" in got[first_call(1, 3)][0]
+    assert got[first_call(1, 5)] == ("E: sunny", False)
+    assert state.last_outcome is not None and state.last_outcome.status == "completed"
 
 
 async def test_a_timeout_sends_cancelled_to_the_server(tmp_path: Path) -> None:
