@@ -45,7 +45,7 @@ async def main(args: argparse.Namespace) -> None:
         "shop",
         sys.executable,
         [str(SERVER)],
-        env={"SHOP_LEDGER": str(work / "ledger")},
+        env={"SHOP_LEDGER": str(work / "ledger"), "SHOP_VARIANT": args.variant or ""},
         trust_annotations=True,
     )
     extra: dict[str, Any] = {}
@@ -98,5 +98,6 @@ if __name__ == "__main__":
     parser.add_argument("--phase-of", help="report this call's phase right after recovery")
     parser.add_argument("--await-approval", help="wait until this call awaits approval, hang")
     parser.add_argument("--approve", help="approve this call once it awaits approval")
+    parser.add_argument("--variant", help="SHOP_VARIANT of the server (changed, gone)")
     trio.run(main, parser.parse_args())
     sys.exit(0)

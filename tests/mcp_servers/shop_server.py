@@ -16,8 +16,9 @@ Tools, one per row of the policy table (annotations as the spec spells them):
 and tools to misbehave with: ``slow`` (read-only, sleeps; a cancellation is noted in
 the ledger), ``hold`` (not read-only: notes its start, then waits to be killed),
 ``fail`` (an ``isError`` result), ``media`` (image + structured content), ``big``
-(a long result). ``SHOP_BROKEN_SCHEMA=1`` adds ``broken``, whose input schema is not
-valid JSON Schema.
+(a long result), ``garble`` (writes garbage on the protocol stream).
+``SHOP_BROKEN_SCHEMA=1`` adds ``broken``, whose input schema is not valid JSON Schema;
+``SHOP_VARIANT=changed`` changes ``lookup``'s description, ``SHOP_VARIANT=gone`` removes it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ def _note(tool: str, ctx: Context, **data: Any) -> None:
         os.fsync(f.fileno())
 
 
-@shop.tool(annotations=ToolAnnotations(read_only_hint=True))
+lookup_hints = ToolAnnotations(read_only_hint=True)
+
+
+@shop.tool(annotations=lookup_hints)
 def lookup(city: str, ctx: Context) -> str:
     """The weather in a city."""
     _note("lookup", ctx, city=city)
@@ -170,6 +174,16 @@ if os.environ.get("SHOP_BROKEN_SCHEMA") == "1":
         "type": "object",
         "properties": {"x": {"type": 12}},
     }
+
+
+# A newer version of the server: lookup's definition changed, or lookup is gone.
+if os.environ.get("SHOP_VARIANT") == "changed":
+    shop.remove_tool("lookup")
+    shop.add_tool(
+        lookup, description="The weather in a city, now in Celsius.", annotations=lookup_hints
+    )
+elif os.environ.get("SHOP_VARIANT") == "gone":
+    shop.remove_tool("lookup")
 
 
 if __name__ == "__main__":

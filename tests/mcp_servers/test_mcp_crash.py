@@ -185,5 +185,28 @@ def test_killed_while_the_server_works_on_a_never_call(tmp_path: Path) -> None:
                 os.kill(entry["pid"], signal.SIGKILL)
 
 
+@pytest.mark.parametrize("variant", ["changed", "gone"])
+def test_a_tool_that_changed_or_vanished_meanwhile_is_named_in_the_decision(
+    tmp_path: Path, variant: str
+) -> None:
+    child = Child(tmp_path, [("shop__lookup", {"city": "Oslo"})])
+    code, _, stderr = child.run(fault="tool.after:shop__lookup")
+    assert code == -signal.SIGKILL, stderr
+    code, summary, stderr = child.run("--variant", variant)
+    assert code == 0 and summary is not None, stderr
+    (decision,) = [d for d in summary["decisions"] if d["subject"] == FIRST]
+    task = summary["tasks"][FIRST]
+    if variant == "changed":  # still read-only, and the arguments still fit: re-run
+        assert decision["action"].startswith("re-run with the same idempotency key")
+        assert "the tool's definition changed since the call was dispatched" in decision["reason"]
+        assert "the recorded arguments still fit it" in decision["reason"]
+        assert (task["phase"], task["output"]) == ("completed", "Oslo: sunny")
+    else:
+        assert decision["action"] == "report outcome unknown"
+        assert decision["reason"] == "its tool is no longer registered"
+        assert task["phase"] == "outcome_unknown"
+    child.check()
+
+
 def _actions(summary: dict[str, Any]) -> list[str]:
     return [d["action"] for d in summary["decisions"] if d["subject"] == FIRST]
