@@ -712,6 +712,9 @@ def _make_tool(conn: McpConnection, spec: mt.Tool, name: str, policy: Policy) ->
         timeout=policy.timeout,
         fn=call,
         reconcile=policy.reconcile,
+        # As for @tool: a read-only call may be stopped by a cancel or a revision (the
+        # server is sent notifications/cancelled); others are left to finish.
+        cancellable=replay is ReplayPolicy.SAFE,
         check_args=_validator(spec.input_schema),
         policy_reason=f"MCP {server}/{mcp_name}: {policy.reason}",
         definition_hash=definition_hash(spec, policy),

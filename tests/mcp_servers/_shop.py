@@ -62,6 +62,31 @@ def http_shop_process(ledger: Path, port: int | None = None) -> Iterator[tuple[s
         proc.wait()
 
 
+class HttpShop:
+    """The shop over streamable HTTP in a subprocess that a test may kill and start again."""
+
+    def __init__(self, ledger: Path) -> None:
+        self.ledger = ledger
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "SHOP_LEDGER": str(self.ledger)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER), "http", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_listening(self.port, self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
 def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

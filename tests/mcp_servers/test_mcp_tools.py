@@ -27,6 +27,7 @@ from perdure.tools.mcp import (
     tool_name,
 )
 from tests.mcp_servers._shop import (
+    HttpShop,
     first_call,
     http_shop_process,
     read_ledger,
@@ -104,27 +105,116 @@ def test_names_fit_every_provider() -> None:
 # -- listing and calling ---------------------------------------------------------------------
 
 
-async def test_tools_are_listed_with_their_policies(tmp_path: Path) -> None:
-    trusted = stdio_shop(tmp_path / "ledger", trust_annotations=True)
-    untrusted = McpServer.stdio(
-        "other", sys.executable, list(trusted.args), env=dict(trusted.env or {})
-    )
-    async with perdure.open_runtime(
-        tmp_path / "log", provider=script(), mcp_servers=[trusted, untrusted]
-    ) as rt:
-        tools = rt.tools
-        table = {n: (t.replay, t.requires_approval) for n, t in tools.items()}
-    assert table["shop__lookup"] == (ReplayPolicy.SAFE, False)
-    assert table["shop__book"] == (ReplayPolicy.KEYED, False)
-    assert table["shop__delete"] == (ReplayPolicy.NEVER, True)
-    assert table["shop__append"] == (ReplayPolicy.NEVER, False)
-    assert table["shop__plain"] == (ReplayPolicy.NEVER, True)
+def _table(tools: dict[str, Any], prefix: str) -> dict[str, tuple[ReplayPolicy, Any]]:
+    return {
+        n.removeprefix(prefix): (t.replay, t.requires_approval)
+        for n, t in tools.items()
+        if n.startswith(prefix)
+    }
+
+
+TRUSTED_TABLE = {
+    "lookup": (ReplayPolicy.SAFE, False),  # readOnlyHint
+    "book": (ReplayPolicy.KEYED, False),  # idempotentHint, not destructive
+    "delete": (ReplayPolicy.NEVER, True),  # destructive by default, not idempotent
+    "append": (ReplayPolicy.NEVER, False),  # not destructive, not idempotent
+    "plain": (ReplayPolicy.NEVER, True),  # no annotations: the spec's defaults
+}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_tools_are_listed_with_their_policies(tmp_path: Path, transport: str) -> None:
+    ledger = tmp_path / "ledger"
+    overrides = {"delete": {"requires_approval": False}, "lookup": {"replay": "never"}}
+    with http_shop_process(ledger) as (url, _pid):
+        if transport == "stdio":
+            trusted = stdio_shop(ledger, trust_annotations=True)
+            untrusted = McpServer.stdio(
+                "other", sys.executable, list(trusted.args), env=dict(trusted.env or {})
+            )
+            overridden = McpServer.stdio(
+                "over", trusted.command, list(trusted.args), env=trusted.env,
+                trust_annotations=True, overrides=overrides,
+            )  # fmt: skip
+        else:
+            trusted = McpServer.http("shop", url, trust_annotations=True)
+            untrusted = McpServer.http("other", url)
+            overridden = McpServer.http("over", url, trust_annotations=True, overrides=overrides)
+        async with perdure.open_runtime(
+            tmp_path / "log", provider=script(), mcp_servers=[trusted, untrusted, overridden]
+        ) as rt:
+            tools = rt.tools
+    shop = _table(tools, "shop__")
+    assert {name: shop[name] for name in TRUSTED_TABLE} == TRUSTED_TABLE
     # the same server, untrusted: every hint ignored
-    others = {n: v for n, v in table.items() if n.startswith("other__")}
-    assert len(others) == len([n for n in table if n.startswith("shop__")]) >= 10
+    others = _table(tools, "other__")
+    assert set(others) == set(shop) and len(others) >= 10
     assert set(others.values()) == {(ReplayPolicy.NEVER, False)}
+    # overrides win over trusted annotations
+    over = _table(tools, "over__")
+    assert over["delete"] == (ReplayPolicy.NEVER, False)
+    assert over["lookup"] == (ReplayPolicy.NEVER, False)
+    assert over["book"] == TRUSTED_TABLE["book"]
     assert tools["shop__lookup"].description == "The weather in a city."
     assert tools["shop__lookup"].input_schema["required"] == ["city"]
+
+
+async def test_an_http_server_that_goes_away_is_reconnected(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    shop = HttpShop(ledger)
+    hub: list[Any] = []
+
+    @tool
+    async def bounce_shop() -> str:
+        """Kill the shop server, start it again, wait until perdure reconnected."""
+        conn = hub[0].connections["shop"]
+        shop.kill()
+        while conn.up:  # noqa: ASYNC110 (the probe notices)
+            await trio.sleep(0.02)
+        await trio.to_thread.run_sync(shop.start)
+        await conn.wait_connects(2)
+        return "bounced"
+
+    provider = script(
+        [("shop__lookup", {"city": "F"})],
+        [("bounce_shop", {})],
+        [("shop__book", {"room": "3"})],
+    )
+    shop.start()
+    try:
+        server = McpServer.http(
+            "shop", shop.url, trust_annotations=True, probe_interval=0.2, backoff_initial=0.2
+        )
+        async with perdure.open_runtime(
+            tmp_path / "log", provider=provider, tools=[bounce_shop], mcp_servers=[server]
+        ) as rt:
+            hub.append(rt.mcp)
+            state = await run_turns(rt)
+    finally:
+        shop.kill()
+    got = results(state)
+    assert got[first_call(1, 1)] == ("F: sunny", False)
+    assert got[first_call(1, 2)] == ("bounced", False)
+    assert got[first_call(1, 3)][0].startswith("booked 3 (booking B")
+    assert len({e["pid"] for e in read_ledger(ledger)}) == 2
+
+
+async def test_a_cancelled_run_sends_cancelled_to_the_server(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    provider = script([("shop__slow", {"seconds": 60})])
+    server = stdio_shop(ledger, trust_annotations=True)  # slow is read-only: cancellable
+    log = tmp_path / "log"
+    async with perdure.open_runtime(log, provider=provider, mcp_servers=[server]) as rt:
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        await wait_ledger(ledger, "slow.start")
+        await rt.cancel("s")
+        with trio.fail_after(30):
+            await rt.wait_idle("s")
+        await wait_ledger(ledger, "slow.cancelled")
+        state = await rt.load_state("s")
+    assert state.tasks[first_call()].phase == "cancelled"
+    assert state.last_outcome is not None and state.last_outcome.status == "cancelled"
 
 
 async def test_calls_carry_the_key_and_record_the_policy_and_why(tmp_path: Path) -> None:
