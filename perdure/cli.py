@@ -213,6 +213,8 @@ def serve(
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     names = ", ".join(t.name for t in tools) or "none"
+    if servers:
+        names += "; MCP servers: " + ", ".join(f"{s.name} ({s.transport})" for s in servers)
     _say(f"perdure serve: token from {source}; tools: {names}", "plain")
     opts = ServeOptions(
         log=log_dir,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from perdure.cli import main
 from perdure.tools.contract import ReplayPolicy
 from perdure.tools.mcp import McpConfigError, load_config
-from tests.mcp_servers._shop import SERVER
+from tests.mcp_servers._shop import SERVER, read_ledger
 
 
 def _write(tmp_path: Path, data: Any) -> Path:
@@ -114,3 +114,41 @@ def test_perdure_tools_says_which_server_did_not_start(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tools", "--mcp-config", str(path)])
     assert result.exit_code == 1
     assert "MCP server 'gone'" in result.output and "could not be started" in result.output
+
+
+def _shop_config(tmp_path: Path) -> Path:
+    env = {"SHOP_LEDGER": str(tmp_path / "ledger")}
+    server = {"command": sys.executable, "args": [str(SERVER)], "env": env}
+    return _write(tmp_path, {"mcpServers": {"shop": {**server, "trustAnnotations": True}}})
+
+
+def test_perdure_run_with_an_mcp_config(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            {
+                "replies": [
+                    {"tool_uses": [{"name": "shop__lookup", "input": {"city": "Kyiv"}}]},
+                    {"text": "it is sunny"},
+                ]
+            }
+        )
+    )
+    (tmp_path / "ws").mkdir()
+    args = ["run", "weather?", "--provider", f"scripted:{script}", "--log", str(tmp_path / "log")]
+    args += ["--workspace", str(tmp_path / "ws"), "--mcp-config", str(_shop_config(tmp_path))]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "shop__lookup" in result.output and "it is sunny" in result.output
+    assert [e["city"] for e in read_ledger(tmp_path / "ledger")] == ["Kyiv"]
+
+
+def test_perdure_run_refuses_a_bad_config_before_anything(tmp_path: Path) -> None:
+    bad = _write(tmp_path, {"mcpServers": {"shop": {"args": []}}})
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"replies": [{"text": "hi"}]}))
+    args = ["run", "x", "--provider", f"scripted:{script}", "--log", str(tmp_path / "log")]
+    result = CliRunner().invoke(main, [*args, "--mcp-config", str(bad)])
+    assert result.exit_code == 2
+    assert "mcpServers.shop: needs command" in result.output
+    assert not (tmp_path / "log").exists()
