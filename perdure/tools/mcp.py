@@ -135,13 +135,18 @@ class McpServer:
     headers: Mapping[str, str] | None = None
     trust_annotations: bool = False
     overrides: Mapping[str, Mapping[str, Any]] = field(factory=dict, validator=_check_overrides)
-    timeout: float | None = 300.0  # per call, unless overridden; None: no limit
+    timeout: float | None = field(default=300.0)  # per call, unless overridden; None: none
     connect_timeout: float = field(default=30.0, validator=_positive)
     max_result_chars: int = field(default=100_000, validator=_positive)
     backoff_initial: float = field(default=0.5, validator=_positive)
     backoff_max: float = field(default=30.0, validator=_positive)
     probe_interval: float = field(default=5.0, validator=_positive)
     errlog: TextIO | None = None  # where a stdio server's stderr goes (default: ours)
+
+    @timeout.validator
+    def _check_timeout(self, attribute: Any, value: Any) -> None:
+        if value is not None:
+            _positive(self, attribute, value)
 
     @classmethod
     def stdio(

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 import perdure
+from perdure import Reconciled, ToolContext
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.tools.mcp import McpServer
 
@@ -36,6 +37,19 @@ async def _phase(rt: perdure.Runtime, call_id: str) -> str | None:
     return await rt.state(SESSION, get)
 
 
+async def _in_the_ledger(ctx: ToolContext, line: str) -> Reconciled:
+    """Did the shop append ``line`` for this call? Its ledger has the request's key."""
+    path = WORK / "ledger"
+    entries = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    for entry in entries:
+        if entry["tool"] == "append" and entry["key"] == ctx.idempotency_key:
+            return Reconciled.applied(f"appended {entry['line']} (found in the shop's ledger)")
+    return Reconciled.not_applied()
+
+
+WORK = Path(".")
+
+
 async def main(args: argparse.Namespace) -> None:
     work: Path = args.workdir
     plan = json.loads((work / "plan.json").read_text())
@@ -47,6 +61,7 @@ async def main(args: argparse.Namespace) -> None:
         [str(SERVER)],
         env={"SHOP_LEDGER": str(work / "ledger"), "SHOP_VARIANT": args.variant or ""},
         trust_annotations=True,
+        overrides={"append": {"reconcile": _in_the_ledger}} if args.reconcile else {},
     )
     extra: dict[str, Any] = {}
     async with perdure.open_runtime(work / "log", provider=provider, mcp_servers=[shop]) as rt:
@@ -99,5 +114,8 @@ if __name__ == "__main__":
     parser.add_argument("--await-approval", help="wait until this call awaits approval, hang")
     parser.add_argument("--approve", help="approve this call once it awaits approval")
     parser.add_argument("--variant", help="SHOP_VARIANT of the server (changed, gone)")
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--reconcile", action="store_true", help="append gets a reconcile")
+    ns = parser.parse_args()
+    WORK = ns.workdir
+    trio.run(main, ns)
     sys.exit(0)

@@ -150,6 +150,26 @@ def test_a_call_that_is_neither_is_reported_unknown_and_never_run_again(
     assert len(child.ledger("append")) == (0 if point == "tool.before" else 1)
 
 
+@pytest.mark.parametrize("point", ["tool.before", "tool.after"])
+def test_a_never_call_with_a_reconcile_override_is_reconciled(tmp_path: Path, point: str) -> None:
+    child = Child(tmp_path, [("shop__append", {"line": "x"})])
+    code, _, stderr = child.run("--reconcile", fault=f"{point}:shop__append")
+    assert code == -signal.SIGKILL, stderr
+    code, summary, stderr = child.run("--reconcile")
+    assert code == 0 and summary is not None, stderr
+    task = summary["tasks"][FIRST]
+    assert "ask the tool's reconcile()" in _actions(summary)
+    assert "override: reconcile" in task["policy_reason"]
+    (entry,) = child.ledger("append")  # exactly one effect either way
+    assert task["phase"] == "completed"
+    if point == "tool.after":  # it had happened: the real result, no second call
+        assert task["output"] == "appended x (found in the shop's ledger)"
+    else:  # it had not: run once more, with the same key
+        assert task["output"] == "appended x"
+        assert entry["key"] == task["key"]
+    child.check()
+
+
 def test_a_destructive_call_waiting_for_approval_still_waits_after_a_restart(
     tmp_path: Path,
 ) -> None:
