@@ -433,6 +433,10 @@ def _same_json(text: str, value: Any) -> bool:
         return False
 
 
+def _shape(tool: mt.Tool) -> str:
+    return json.dumps(tool.model_dump(mode="json", by_alias=True), sort_keys=True)
+
+
 def _first_line(exc: BaseException) -> str:
     return _describe(exc).splitlines()[0][:300]
 
@@ -523,7 +527,11 @@ class McpConnection:
             with trio.CancelScope(deadline=trio.current_time() + self.server.connect_timeout) as hs:
                 try:
                     async with self._open() as client:
-                        self.listed = await self._list(client)
+                        listed = await self._list(client)
+                        if started:
+                            self._relisted(listed)
+                        else:
+                            self.listed = listed
                         hs.deadline = math.inf
                         self._broken = trio.Event()
                         self._garbled = None
@@ -575,10 +583,25 @@ class McpConnection:
                 await self._broken.wait()
                 return
             try:
-                self.listed = await self._list(client)
+                self._relisted(await self._list(client))
             except Exception as exc:
                 self.last_error = f"probe failed: {_describe(exc)}"
                 return
+
+    def _relisted(self, tools: list[mt.Tool]) -> None:
+        """A later listing: the registry is fixed at start, so a change is only said."""
+        before = {t.name: _shape(t) for t in self.listed}
+        after = {t.name: _shape(t) for t in tools}
+        if before != after:
+            names = before.keys() | after.keys()
+            changed = sorted(n for n in names if before.get(n) != after.get(n))
+            log.warning(
+                "MCP server %r changed its tools since they were listed (%s); perdure keeps "
+                "the tools it registered at start: restart the runtime to take the change",
+                self.server.name,
+                ", ".join(changed),
+            )
+        self.listed = tools
 
     async def call(
         self, name: str, args: dict[str, Any], ctx: ToolContext

@@ -71,8 +71,8 @@ class HttpShop:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        env = {**os.environ, "SHOP_LEDGER": str(self.ledger)}
+    def start(self, variant: str = "") -> None:
+        env = {**os.environ, "SHOP_LEDGER": str(self.ledger), "SHOP_VARIANT": variant}
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER), "http", str(self.port)],
             env=env,

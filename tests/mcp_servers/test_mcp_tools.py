@@ -159,19 +159,21 @@ async def test_tools_are_listed_with_their_policies(tmp_path: Path, transport: s
     assert tools["shop__lookup"].input_schema["required"] == ["city"]
 
 
-async def test_an_http_server_that_goes_away_is_reconnected(tmp_path: Path) -> None:
+async def test_an_http_server_that_goes_away_is_reconnected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     ledger = tmp_path / "ledger"
     shop = HttpShop(ledger)
     hub: list[Any] = []
 
     @tool
     async def bounce_shop() -> str:
-        """Kill the shop server, start it again, wait until perdure reconnected."""
+        """Kill the shop server, start a newer one, wait until perdure reconnected."""
         conn = hub[0].connections["shop"]
         shop.kill()
         while conn.up:  # noqa: ASYNC110 (the probe notices)
             await trio.sleep(0.02)
-        await trio.to_thread.run_sync(shop.start)
+        await trio.to_thread.run_sync(shop.start, "changed")
         await conn.wait_connects(2)
         return "bounced"
 
@@ -197,6 +199,9 @@ async def test_an_http_server_that_goes_away_is_reconnected(tmp_path: Path) -> N
     assert got[first_call(1, 2)] == ("bounced", False)
     assert got[first_call(1, 3)][0].startswith("booked 3 (booking B")
     assert len({e["pid"] for e in read_ledger(ledger)}) == 2
+    # the newer server's lookup differs: said, and the registry stays as it was at start
+    warned = [r.getMessage() for r in caplog.records if "changed its tools" in r.getMessage()]
+    assert warned and "(lookup)" in warned[0]
 
 
 async def test_a_cancelled_run_sends_cancelled_to_the_server(tmp_path: Path) -> None:
