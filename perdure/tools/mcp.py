@@ -51,6 +51,7 @@ from attrs import field, frozen
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from perdure.errors import find_exception
 from perdure.tools.contract import (
     OutcomeUnknown,
     ReconcileFn,
@@ -776,6 +777,19 @@ class McpHub:
         return {name: make_tools(conn) for name, conn in self.connections.items()}
 
 
+async def _start_all(nursery: trio.Nursery, conns: list[McpConnection]) -> None:
+    """Start every connection at once; the first that cannot start fails them all."""
+    try:
+        async with trio.open_nursery() as starting:
+            for conn in conns:
+                starting.start_soon(nursery.start, conn.run)
+    except BaseExceptionGroup as group:
+        failed = find_exception(group, McpStartError)
+        if failed is None:
+            raise
+        raise failed from None
+
+
 @asynccontextmanager
 async def connect(
     servers: Sequence[McpServer], *, seed: int | None = None
@@ -792,8 +806,7 @@ async def connect(
     error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         try:
-            for conn in hub.connections.values():
-                await nursery.start(conn.run)
+            await _start_all(nursery, list(hub.connections.values()))
             yield hub
         except BaseException as exc:
             # Re-raised outside the nursery: the caller sees its own exception (or the

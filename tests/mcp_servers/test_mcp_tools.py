@@ -398,6 +398,23 @@ async def test_a_program_that_is_not_an_mcp_server_fails_the_start_clearly(
     assert not (tmp_path / "log").exists()  # nothing was opened for it
 
 
+async def test_servers_start_together_and_one_that_cannot_stops_the_start(
+    tmp_path: Path,
+) -> None:
+    missing = McpServer.stdio("gone", str(tmp_path / "no-such-program"))
+    shop = stdio_shop(tmp_path / "ledger")
+    with pytest.raises(McpStartError, match=r"MCP server 'gone' .* could not be started"):
+        async with perdure.open_runtime(
+            tmp_path / "log", provider=script(), mcp_servers=[shop, missing]
+        ):
+            pass
+    with pytest.raises(ValueError, match="two MCP servers are named 'shop'"):
+        async with perdure.open_runtime(
+            tmp_path / "log", provider=script(), mcp_servers=[shop, shop]
+        ):
+            pass
+
+
 # -- a server that dies ---------------------------------------------------------------------
 
 
