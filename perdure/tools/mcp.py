@@ -130,10 +130,11 @@ class McpServer:
     transport: Literal["stdio", "http"]
     command: str = ""
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] | None = None
+    # Often secrets (API keys, bearer tokens): kept out of repr, logs and errors.
+    env: Mapping[str, str] | None = field(default=None, repr=False)
     cwd: str | None = None
     url: str = ""
-    headers: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | None = field(default=None, repr=False)
     trust_annotations: bool = False
     overrides: Mapping[str, Mapping[str, Any]] = field(factory=dict, validator=_check_overrides)
     timeout: float | None = field(default=300.0)  # per call, unless overridden; None: none

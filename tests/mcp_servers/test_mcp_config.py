@@ -53,6 +53,7 @@ def test_both_transports_and_perdure_keys_are_read(tmp_path: Path) -> None:
         {"Authorization": "Bearer x"},
     )
     assert tickets.trust_annotations is True
+    assert "Bearer" not in repr(tickets) and "'A'" not in repr(files)  # secrets stay out
     assert tickets.overrides == {
         "close": {"replay": "keyed", "requires_approval": False, "timeout": 9}
     }
