@@ -56,6 +56,8 @@ from perdure.tools.contract import (
     OutcomeUnknown,
     ReconcileFn,
     ReplayPolicy,
+    RetryableError,
+    RetryPolicy,
     Tool,
     ToolContext,
     ToolResult,
@@ -140,6 +142,12 @@ class McpServer:
     timeout: float | None = field(default=300.0)  # per call, unless overridden; None: none
     connect_timeout: float = field(default=30.0, validator=_positive)
     max_result_chars: int = field(default=100_000, validator=_positive)
+    # How SAFE and KEYED calls cut off by a lost connection (or made while the server
+    # is down) are retried, with the same key; None: the model reads the error (a KEYED
+    # call cut off is then an unknown outcome). Timeouts are not retried.
+    retry: RetryPolicy | None = field(
+        factory=lambda: RetryPolicy(max_attempts=3, initial=1.0, retry_timeouts=False)
+    )
     backoff_initial: float = field(default=0.5, validator=_positive)
     backoff_max: float = field(default=30.0, validator=_positive)
     probe_interval: float = field(default=5.0, validator=_positive)
@@ -715,20 +723,27 @@ def _make_tool(conn: McpConnection, spec: mt.Tool, name: str, policy: Policy) ->
     server, mcp_name, replay = conn.server.name, spec.name, policy.replay
     limit = conn.server.max_result_chars
 
+    retry = conn.server.retry if replay.replayable else None
+
     async def call(ctx: ToolContext, **args: Any) -> ToolResult:
         try:
             result = await conn.call(mcp_name, args, ctx)
         except _Lost as lost:
-            if replay is ReplayPolicy.NEVER:
-                said = f"{lost}; the call of {mcp_name!r} may have taken effect"
-                raise OutcomeUnknown(said) from None
-            return ToolResult(f"{lost} during the call of {mcp_name!r}", is_error=True)
+            said = f"{lost} during the call of {mcp_name!r}"
+            if retry is not None:  # SAFE, or KEYED (the server deduplicates by the key)
+                raise RetryableError(said) from None
+            if replay is ReplayPolicy.SAFE:
+                return ToolResult(said, is_error=True)
+            # The request may have reached the server and taken effect.
+            raise OutcomeUnknown(f"{said}; it may have taken effect") from None
         except MCPError as exc:  # the server answered with a protocol error
             return ToolResult(
                 f"MCP server {server!r} refused the call of {mcp_name!r}: {exc.message}",
                 is_error=True,
             )
-        if isinstance(result, str):
+        if isinstance(result, str):  # the server is down: nothing was sent
+            if retry is not None:
+                raise RetryableError(result)
             return ToolResult(result, is_error=True)
         return render_call_result(result, limit)
 
@@ -745,6 +760,7 @@ def _make_tool(conn: McpConnection, spec: mt.Tool, name: str, policy: Policy) ->
         # As for @tool: a read-only call may be stopped by a cancel or a revision (the
         # server is sent notifications/cancelled); others are left to finish.
         cancellable=replay is ReplayPolicy.SAFE,
+        retry=retry,
         check_args=_validator(spec.input_schema),
         policy_reason=f"MCP {server}/{mcp_name}: {policy.reason}",
         definition_hash=definition_hash(spec, policy),

@@ -114,6 +114,18 @@ async def slow(seconds: float, ctx: Context) -> str:
     return f"waited {seconds}"
 
 
+@shop.tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False))
+async def reserve(table: str, seconds: float, ctx: Context) -> str:
+    """Reserve a table (deduplicated by the request's key), then take a while to confirm."""
+    key = _key(ctx)
+    for entry in _ledger():
+        if entry["tool"] == "reserve" and key is not None and entry["key"] == key:
+            return f"reserved {table} (already)"
+    _note("reserve", ctx, table=table)
+    await anyio.sleep(seconds)
+    return f"reserved {table}"
+
+
 @shop.tool(annotations=ToolAnnotations(destructive_hint=False))
 async def hold(item: str, ctx: Context) -> str:
     """Start an effect, then hang (until this process is killed)."""

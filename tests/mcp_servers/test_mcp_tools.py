@@ -446,7 +446,9 @@ async def test_a_killed_server_is_restarted_and_a_call_meanwhile_is_an_error(
         [("await_shop", {})],
         [("shop__lookup", {"city": "C"})],
     )
-    server = stdio_shop(ledger, trust_annotations=True, backoff_initial=2, probe_interval=0.2)
+    server = stdio_shop(
+        ledger, trust_annotations=True, backoff_initial=2, probe_interval=0.2, retry=None
+    )
     async with perdure.open_runtime(
         tmp_path / "log", provider=provider, tools=[kill_shop, await_shop], mcp_servers=[server]
     ) as rt:
@@ -489,7 +491,7 @@ async def test_a_server_killed_mid_call_gives_unknown_for_never_and_error_for_sa
         [("await_shop", {"connects": 3})],
         [("shop__lookup", {"city": "D"})],
     )
-    server = stdio_shop(ledger, trust_annotations=True, backoff_initial=0.2)
+    server = stdio_shop(ledger, trust_annotations=True, backoff_initial=0.2, retry=None)
     async with perdure.open_runtime(
         tmp_path / "log", provider=provider, tools=[await_shop], mcp_servers=[server]
     ) as rt:
@@ -512,6 +514,45 @@ async def test_a_server_killed_mid_call_gives_unknown_for_never_and_error_for_sa
     assert got[first_call(1, 5)] == ("D: sunny", False)
     assert state.last_outcome is not None and state.last_outcome.status == "completed"
     assert len({e["pid"] for e in read_ledger(ledger)}) == 3
+
+
+async def test_a_keyed_call_cut_off_is_retried_with_the_same_key(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    provider = script([("shop__reserve", {"table": "4", "seconds": 3600})])
+    server = stdio_shop(ledger, trust_annotations=True, backoff_initial=0.2)
+    log = tmp_path / "log"
+    async with perdure.open_runtime(log, provider=provider, mcp_servers=[server]) as rt:
+        assert rt.tools["shop__reserve"].retry is not None  # the default for SAFE and KEYED
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        os.kill((await wait_ledger(ledger, "reserve"))["pid"], signal.SIGKILL)
+        with trio.fail_after(60):
+            await rt.wait_idle("s")
+        state = await rt.load_state("s")
+    task = state.tasks[first_call()]
+    # attempt 2, or 3 if the second found the server still restarting (nothing sent)
+    assert task.phase == "completed" and task.attempt in (2, 3)
+    assert results(state)[first_call()] == ("reserved 4 (already)", False)
+    (entry,) = read_ledger(ledger)  # one effect: the retry carried the same _meta key
+    assert task.executing is not None and entry["key"] == task.executing.idempotency_key
+    assert task.last_error  # what the last failed attempt met
+
+
+async def test_without_retries_a_keyed_call_cut_off_is_unknown(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    provider = script([("shop__reserve", {"table": "4", "seconds": 3600})])
+    server = stdio_shop(ledger, trust_annotations=True, retry=None)
+    log = tmp_path / "log"
+    async with perdure.open_runtime(log, provider=provider, mcp_servers=[server]) as rt:
+        assert rt.tools["shop__reserve"].retry is None
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        os.kill((await wait_ledger(ledger, "reserve"))["pid"], signal.SIGKILL)
+        with trio.fail_after(60):
+            await rt.wait_idle("s")
+        state = await rt.load_state("s")
+    assert state.tasks[first_call()].phase == "outcome_unknown"
+    assert "it may have taken effect" in results(state)[first_call()][0]
 
 
 async def test_garbage_from_a_server_is_a_clear_error_and_it_is_restarted(
@@ -544,7 +585,7 @@ async def test_garbage_from_a_server_is_a_clear_error_and_it_is_restarted(
     # garble is NEVER (not read-only, not idempotent): its effect is unknown, said plainly
     assert (line.phase, shape.phase) == ("outcome_unknown", "outcome_unknown")
     assert "MCP server 'shop' sent something that is not MCP" in got[first_call(1, 1)][0]
-    assert "the call of 'garble' may have taken effect" in got[first_call(1, 1)][0]
+    assert "during the call of 'garble'; it may have taken effect" in got[first_call(1, 1)][0]
     assert "MCP server 'shop' sent a reply that could not be read" in got[first_call(1, 3)][0]
     assert "ValidationError" in got[first_call(1, 3)][0]
     assert got[first_call(1, 5)] == ("E: sunny", False)
