@@ -4,9 +4,9 @@
 ``open_runtime(..., mcp_servers=[...])`` connects each one (with the official ``mcp``
 SDK, an extra: ``pip install 'perdure[mcp]'``) before recovery runs, lists its tools
 and registers each as a perdure ``Tool`` named ``<server>__<tool>``. The runtime owns
-the connections: a server that dies or disconnects is reconnected with back-off, and
-a call made while it is down is an ``is_error`` result that says so; the session goes
-on.
+the connections: a server that dies, disconnects or writes something that is not
+MCP is reconnected with back-off, and a call made while it is down is retried (SAFE,
+KEYED) or an ``is_error`` result that says so; the session goes on.
 
 What a crash does to a call follows from the replay policy each tool gets:
 
@@ -22,7 +22,8 @@ What a crash does to a call follows from the replay policy each tool gets:
 
 The reason for each tool's policy is recorded in every ``ToolExecuting`` of its calls.
 A connection lost in the middle of a call of a NEVER tool is an unknown outcome
-(``OutcomeUnknown``): the request may have taken effect.
+(``OutcomeUnknown``): the request may have taken effect; a SAFE or KEYED call is
+retried with the same key (``RetryableError``, by the server's ``retry`` policy).
 
 This module is an edge: it depends on the tool contract, never on the actors. The
 ``mcp`` SDK is imported here only, and this module only when servers are configured.
