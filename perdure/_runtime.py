@@ -435,76 +435,69 @@ async def open_runtime(
         raise ValueError(
             f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
         )
-    native = registry(tools)
-    async with _mcp_connections(mcp_servers, seed) as hub:
-        if hub is None:
-            by_name = native
+    by_name = registry(tools)
+    opened = partial(
+        open_log,
+        log,
+        durability=durability,
+        takeover=takeover,
+        map_size=map_size,
+        clock=clock,
+        node_id=node_id,
+        lease_ttl=lease_ttl,
+    )
+    if isinstance(log, str | PathLike) and log != MEMORY:
+        the_log = await trio.to_thread.run_sync(opened)
+    else:  # in memory (":memory:", or a MemoryLog the caller keeps): nothing blocks
+        the_log = opened()
+    root = None if workspace is None else await trio.Path(workspace).resolve()
+    try:
+        async with _mcp_connections(mcp_servers, seed) as hub, open_journal(the_log) as journal:
+            ctx = ActorContext(
+                journal=journal,
+                provider=provider,
+                tools=by_name if hub is None else _with_mcp(by_name, hub),
+                workspace=Path(root) if root is not None else None,
+                clock=clock,
+                rng=random.Random(seed),
+                resume_budget=resume_budget,
+                max_turns=max_turns,
+                max_model_attempts=max_model_attempts,
+                retry_base=retry_base,
+                retry_cap=retry_cap,
+                idle_timeout=idle_timeout,
+                forget_settled=durability == "full",
+                budget=budget,
+                prices=dict(DEFAULT_PRICES if prices is None else prices),
+            )
+            supervisor = Supervisor(ctx)
+            body_error: BaseException | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(supervisor.run)
+                    try:
+                        yield Runtime(supervisor, journal, ctx, hub)
+                    except BaseException as exc:
+                        # Re-raised below, outside the nursery, so the caller sees its own
+                        # exception rather than an ExceptionGroup.
+                        body_error = exc
+                    else:
+                        with trio.CancelScope(shield=True) as grace:
+                            grace.deadline = trio.current_time() + shutdown_grace
+                            await supervisor.drain()
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                fenced = find_exception(group, LogFenced)
+                if fenced is not None:
+                    raise fenced from None
+                raise
+            if body_error is not None:
+                raise body_error
+    finally:
+        if the_log.inline:
+            the_log.close()
         else:
-            from perdure.tools.mcp import merge
-
-            by_name = registry(merge(native.values(), hub.tools()))
-        opened = partial(
-            open_log,
-            log,
-            durability=durability,
-            takeover=takeover,
-            map_size=map_size,
-            clock=clock,
-            node_id=node_id,
-            lease_ttl=lease_ttl,
-        )
-        if isinstance(log, str | PathLike) and log != MEMORY:
-            the_log = await trio.to_thread.run_sync(opened)
-        else:  # in memory (":memory:", or a MemoryLog the caller keeps): nothing blocks
-            the_log = opened()
-        root = None if workspace is None else await trio.Path(workspace).resolve()
-        try:
-            async with open_journal(the_log) as journal:
-                ctx = ActorContext(
-                    journal=journal,
-                    provider=provider,
-                    tools=by_name,
-                    workspace=Path(root) if root is not None else None,
-                    clock=clock,
-                    rng=random.Random(seed),
-                    resume_budget=resume_budget,
-                    max_turns=max_turns,
-                    max_model_attempts=max_model_attempts,
-                    retry_base=retry_base,
-                    retry_cap=retry_cap,
-                    idle_timeout=idle_timeout,
-                    forget_settled=durability == "full",
-                    budget=budget,
-                    prices=dict(DEFAULT_PRICES if prices is None else prices),
-                )
-                supervisor = Supervisor(ctx)
-                body_error: BaseException | None = None
-                try:
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(supervisor.run)
-                        try:
-                            yield Runtime(supervisor, journal, ctx, hub)
-                        except BaseException as exc:
-                            # Re-raised below, outside the nursery, so the caller sees its own
-                            # exception rather than an ExceptionGroup.
-                            body_error = exc
-                        else:
-                            with trio.CancelScope(shield=True) as grace:
-                                grace.deadline = trio.current_time() + shutdown_grace
-                                await supervisor.drain()
-                        nursery.cancel_scope.cancel()
-                except BaseExceptionGroup as group:
-                    fenced = find_exception(group, LogFenced)
-                    if fenced is not None:
-                        raise fenced from None
-                    raise
-                if body_error is not None:
-                    raise body_error
-        finally:
-            if the_log.inline:
-                the_log.close()
-            else:
-                await trio.to_thread.run_sync(the_log.close)
+            await trio.to_thread.run_sync(the_log.close)
 
 
 @asynccontextmanager
@@ -521,3 +514,10 @@ async def _mcp_connections(
         raise ImportError("mcp_servers needs the mcp extra: pip install 'perdure[mcp]'") from exc
     async with connect(list(servers), seed=seed) as hub:
         yield hub
+
+
+def _with_mcp(native: dict[str, Tool], hub: McpHub) -> dict[str, Tool]:
+    """The native tools and the MCP servers' (a name collision is an error naming both)."""
+    from perdure.tools.mcp import merge
+
+    return registry(merge(native.values(), hub.tools()))

@@ -147,7 +147,8 @@ class McpServer:
     # is down) are retried, with the same key; None: the model reads the error (a KEYED
     # call cut off is then an unknown outcome). Timeouts are not retried.
     retry: RetryPolicy | None = field(
-        factory=lambda: RetryPolicy(max_attempts=3, initial=1.0, retry_timeouts=False)
+        # 5 attempts over about 8-15 s: room for a stdio server to be started again
+        factory=lambda: RetryPolicy(max_attempts=5, initial=1.0, retry_timeouts=False)
     )
     backoff_initial: float = field(default=0.5, validator=_positive)
     backoff_max: float = field(default=30.0, validator=_positive)
