@@ -55,14 +55,18 @@ async def main(args: argparse.Namespace) -> None:
     plan = json.loads((work / "plan.json").read_text())
     uses = [ToolUse(name, input) for name, input in plan["uses"]]
     provider = ScriptedProvider([Reply(tool_uses=uses), Reply(text="all done")])
-    shop = McpServer.stdio(
-        "shop",
-        sys.executable,
-        [str(SERVER)],
-        env={"SHOP_LEDGER": str(work / "ledger"), "SHOP_VARIANT": args.variant or ""},
-        trust_annotations=True,
-        overrides={"append": {"reconcile": _in_the_ledger}} if args.reconcile else {},
-    )
+    overrides = {"append": {"reconcile": _in_the_ledger}} if args.reconcile else {}
+    if args.url:  # the shop over streamable HTTP, run by the test
+        shop = McpServer.http("shop", args.url, trust_annotations=True, overrides=overrides)
+    else:
+        shop = McpServer.stdio(
+            "shop",
+            sys.executable,
+            [str(SERVER)],
+            env={"SHOP_LEDGER": str(work / "ledger"), "SHOP_VARIANT": args.variant or ""},
+            trust_annotations=True,
+            overrides=overrides,
+        )
     extra: dict[str, Any] = {}
     async with perdure.open_runtime(work / "log", provider=provider, mcp_servers=[shop]) as rt:
         await rt.create_session(SESSION)
@@ -115,6 +119,7 @@ if __name__ == "__main__":
     parser.add_argument("--approve", help="approve this call once it awaits approval")
     parser.add_argument("--variant", help="SHOP_VARIANT of the server (changed, gone)")
     parser.add_argument("--reconcile", action="store_true", help="append gets a reconcile")
+    parser.add_argument("--url", help="connect to the shop at this streamable HTTP URL")
     ns = parser.parse_args()
     WORK = ns.workdir
     trio.run(main, ns)

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from perdure.check import check_log
-from tests.mcp_servers._shop import read_ledger
+from tests.mcp_servers._shop import http_shop_process, read_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST = "toolu_001_1"
@@ -134,6 +134,27 @@ def test_an_idempotent_call_is_run_again_with_the_same_key_and_one_effect(
         assert task["output"] == f"booked 7 (already, booking {booked['booking']})"
     else:
         assert task["output"] == f"booked 7 (booking {booked['booking']})"
+
+
+@pytest.mark.parametrize(("tool", "replay"), [("book", "keyed"), ("append", "never")])
+def test_over_streamable_http_too(tmp_path: Path, tool: str, replay: str) -> None:
+    args = {"book": {"room": "8"}, "append": {"line": "y"}}[tool]
+    child = Child(tmp_path, [(f"shop__{tool}", args)])
+    with http_shop_process(tmp_path / "ledger") as (url, _pid):
+        code, _, stderr = child.run("--url", url, fault=f"tool.after:shop__{tool}")
+        assert code == -signal.SIGKILL, stderr
+        code, summary, stderr = child.run("--url", url)
+    assert code == 0 and summary is not None, stderr
+    task = summary["tasks"][FIRST]
+    assert task["replay"] == replay
+    (entry,) = child.ledger(tool)  # one effect: re-run with the same key, or not re-run
+    if replay == "keyed":
+        assert (task["phase"], task["attempt"]) == ("completed", 2)
+        assert entry["key"] == task["key"]
+        assert task["output"].startswith("booked 8 (already")
+    else:
+        assert task["phase"] == "outcome_unknown"
+    child.check()
 
 
 @pytest.mark.parametrize("point", ["tool.before", "tool.after"])
