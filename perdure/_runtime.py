@@ -18,12 +18,12 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -42,6 +42,9 @@ from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
 from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
 from perdure.tools.contract import Tool, registry
 
+if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configured
+    from perdure.tools.mcp import McpHub, McpServer
+
 _PAGE = 512
 T = TypeVar("T")
 
@@ -49,10 +52,29 @@ T = TypeVar("T")
 class Runtime:
     """A running perdure runtime. Obtain one with ``open_runtime``."""
 
-    def __init__(self, supervisor: Supervisor, journal: Journal, ctx: ActorContext) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        journal: Journal,
+        ctx: ActorContext,
+        mcp: McpHub | None = None,
+    ) -> None:
         self._sup = supervisor
         self.journal = journal
         self._ctx = ctx
+        self._mcp = mcp
+
+    @property
+    def mcp(self) -> McpHub:
+        """The MCP servers' connections (``open_runtime(..., mcp_servers=...)``)."""
+        if self._mcp is None:
+            raise AttributeError("this runtime was opened without mcp_servers")
+        return self._mcp
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """Every tool the model may call, by name (MCP tools included)."""
+        return dict(self._ctx.tools)
 
     @property
     def log_path(self) -> Path:
@@ -384,6 +406,7 @@ async def open_runtime(
     idle_timeout: float | None = 300.0,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
+    mcp_servers: Sequence[McpServer] = (),
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -403,7 +426,10 @@ async def open_runtime(
     ``None`` keeps every session's actor resident. ``budget`` limits what every
     session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
     model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
-    replaces the built-in price table used for cost.
+    replaces the built-in price table used for cost. ``mcp_servers``
+    (``perdure.tools.mcp.McpServer``, the ``mcp`` extra) are connected and listed before
+    recovery runs; their tools join ``tools`` as ``<server>__<tool>``, and the
+    connections are closed when the runtime exits.
     """
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
@@ -426,11 +452,11 @@ async def open_runtime(
         the_log = opened()
     root = None if workspace is None else await trio.Path(workspace).resolve()
     try:
-        async with open_journal(the_log) as journal:
+        async with _mcp_connections(mcp_servers, seed) as hub, open_journal(the_log) as journal:
             ctx = ActorContext(
                 journal=journal,
                 provider=provider,
-                tools=by_name,
+                tools=by_name if hub is None else _with_mcp(by_name, hub),
                 workspace=Path(root) if root is not None else None,
                 clock=clock,
                 rng=random.Random(seed),
@@ -450,7 +476,7 @@ async def open_runtime(
                 async with trio.open_nursery() as nursery:
                     await nursery.start(supervisor.run)
                     try:
-                        yield Runtime(supervisor, journal, ctx)
+                        yield Runtime(supervisor, journal, ctx, hub)
                     except BaseException as exc:
                         # Re-raised below, outside the nursery, so the caller sees its own
                         # exception rather than an ExceptionGroup.
@@ -472,3 +498,26 @@ async def open_runtime(
             the_log.close()
         else:
             await trio.to_thread.run_sync(the_log.close)
+
+
+@asynccontextmanager
+async def _mcp_connections(
+    servers: Sequence[McpServer], seed: int | None
+) -> AsyncIterator[McpHub | None]:
+    """The MCP servers' connections for the runtime's lifetime (None without servers)."""
+    if not servers:
+        yield None
+        return
+    try:
+        from perdure.tools.mcp import connect
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ImportError("mcp_servers needs the mcp extra: pip install 'perdure[mcp]'") from exc
+    async with connect(list(servers), seed=seed) as hub:
+        yield hub
+
+
+def _with_mcp(native: dict[str, Tool], hub: McpHub) -> dict[str, Tool]:
+    """The native tools and the MCP servers' (a name collision is an error naming both)."""
+    from perdure.tools.mcp import merge
+
+    return registry(merge(native.values(), hub.tools()))

@@ -79,6 +79,28 @@ tools_option = click.option(
 )
 
 
+mcp_config_option = click.option(
+    "--mcp-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help='MCP servers to connect: {"mcpServers": {name: {command, args, env} | {url, headers}}}, '
+    "with perdure's trustAnnotations and tools overrides beside them (needs perdure[mcp]).",
+)
+
+
+def _mcp_servers(path: Path | None) -> list[Any]:
+    if path is None:
+        return []
+    try:
+        from perdure.tools.mcp import McpConfigError, load_config
+    except ImportError:
+        _fail("--mcp-config needs the mcp extra: pip install 'perdure[mcp]'", 2)
+    try:
+        return load_config(path)
+    except McpConfigError as exc:
+        _fail(str(exc), 2)
+
+
 def _split(specs: Iterable[str]) -> list[str]:
     return [part.strip() for spec in specs for part in spec.split(",") if part.strip()]
 
@@ -164,6 +186,7 @@ def demo(keep: bool) -> None:
     type=click.FloatRange(min=0),
     help="Seconds before an idle session's actor leaves memory (0: never).",
 )
+@mcp_config_option
 def serve(
     log_dir: str,
     host: str,
@@ -178,6 +201,7 @@ def serve(
     heartbeat: float,
     durability: str,
     idle_timeout: float,
+    mcp_config: Path | None,
 ) -> None:
     """Serve the HTTP API, event streams and web page; recover interrupted runs first."""
     import trio
@@ -195,9 +219,12 @@ def serve(
     except SetupError as exc:
         _fail(str(exc), 2)
     prov, tools = _setup(provider, model, tool_specs)
+    servers = _mcp_servers(mcp_config)
     if workspace is not None:
         workspace.mkdir(parents=True, exist_ok=True)
     names = ", ".join(t.name for t in tools) or "none"
+    if servers:
+        names += "; MCP servers: " + ", ".join(f"{s.name} ({s.transport})" for s in servers)
     _say(f"perdure serve: token from {source}; tools: {names}", "plain")
     opts = ServeOptions(
         log=log_dir,
@@ -212,6 +239,7 @@ def serve(
         heartbeat=heartbeat,
         durability="fast" if durability == "fast" else "full",
         idle_timeout=idle_timeout or None,
+        mcp_servers=servers,
     )
     try:
         trio.run(lambda: serve_daemon(opts, _say, show_token=show))
@@ -219,6 +247,90 @@ def serve(
         _fail(f"{exc} (perdure serve --takeover takes it over)")
     except LogError as exc:
         _fail(str(exc))
+    except Exception as exc:
+        if servers:
+            _fail_mcp_start(exc)
+        raise
+
+
+def _fail_mcp_start(exc: Exception) -> None:
+    """An MCP server that could not be started, or a name collision: say so and exit."""
+    from perdure.errors import find_exception
+    from perdure.tools.mcp import McpStartError
+
+    found = find_exception(exc, McpStartError)
+    if found is not None:
+        _fail(str(found))
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+@main.command("tools")
+@tools_option
+@mcp_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json: bool) -> None:
+    """List every tool a run gets, with its replay policy, approval, and why.
+
+    MCP servers (--mcp-config) are started and listed, exactly as a run would.
+    """
+    import trio
+
+    from perdure._setup import SetupError, default_tools, load_tools
+
+    try:
+        specs = _split(tool_specs)
+        native = load_tools(specs) if specs else default_tools()
+    except SetupError as exc:
+        _fail(str(exc), 2)
+    rows: list[dict[str, Any]] = [
+        {
+            "name": t.name,
+            "server": None,
+            "replay": t.replay.value,
+            "approval": t.requires_approval if isinstance(t.requires_approval, bool) else "policy",
+            "why": t.policy_reason or "declared with @perdure.tool",
+        }
+        for t in native
+    ]
+    servers = _mcp_servers(mcp_config)
+    if servers:
+        try:
+            rows += trio.run(_mcp_rows, servers)
+        except Exception as exc:
+            _fail_mcp_start(exc)
+            raise
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max((len(str(r["name"])) for r in rows), default=4)
+    for r in rows:
+        approval = {True: "approval", False: "-"}.get(r["approval"], "policy")
+        echo(f"{r['name']:<{width}}  {r['replay'] or '-':<5}  {approval:<8}  {r['why']}")
+
+
+async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
+    from perdure.tools.mcp import connect, describe_tools
+
+    rows: list[dict[str, Any]] = []
+    async with connect(servers) as hub:
+        for name, conn in hub.connections.items():
+            for info in describe_tools(conn.server, conn.listed):
+                policy = info.policy
+                approval = policy.requires_approval if policy is not None else False
+                rows.append(
+                    {
+                        "name": info.name,
+                        "server": name,
+                        "replay": None if info.problem or policy is None else policy.replay.value,
+                        "approval": approval if isinstance(approval, bool) else "policy",
+                        "why": f"left out: {info.problem}"
+                        if info.problem
+                        else f"MCP {name}/{info.mcp_name}: {policy.reason if policy else ''}",
+                    }
+                )
+    return rows
 
 
 # -- run ---------------------------------------------------------------------------------
@@ -245,6 +357,7 @@ def serve(
     "the same command after a crash does not submit the task twice).",
 )
 @click.option("--yes", is_flag=True, help="Approve every tool call that asks for approval.")
+@mcp_config_option
 def run(
     task: str,
     workspace: Path,
@@ -255,6 +368,7 @@ def run(
     session_id: str | None,
     request_id: str | None,
     yes: bool,
+    mcp_config: Path | None,
 ) -> None:
     """Run one task to completion, streaming the model's text and the tool calls."""
     import trio
@@ -262,14 +376,19 @@ def run(
     from perdure.storage import LogError
 
     prov, tools = _setup(provider, model, tool_specs)
+    servers = _mcp_servers(mcp_config)
     try:
         status = trio.run(
-            _run_task, task, workspace, log_dir, prov, tools, session_id, request_id, yes
+            _run_task, task, workspace, log_dir, prov, tools, session_id, request_id, yes, servers
         )
     except LogError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail("interrupted; the run is in the log and resumes the next time it is opened", 130)
+    except Exception as exc:
+        if servers:
+            _fail_mcp_start(exc)
+        raise
     raise SystemExit(0 if status == "completed" else 1)
 
 
@@ -282,6 +401,7 @@ async def _run_task(
     session_id: str | None,
     request_id: str | None,
     yes: bool,
+    mcp_servers: list[Any],
 ) -> str:
     from contextlib import aclosing
 
@@ -289,7 +409,7 @@ async def _run_task(
 
     progress = Progress(enabled=sys.stderr.isatty())
     async with perdure.open_runtime(
-        log_dir, provider=provider, tools=tools, workspace=workspace
+        log_dir, provider=provider, tools=tools, workspace=workspace, mcp_servers=mcp_servers
     ) as rt:
         sid = await rt.create_session(session_id)
         rid = request_id or "run-" + hashlib.sha256(f"{sid}\x00{task}".encode()).hexdigest()[:24]

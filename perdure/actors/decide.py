@@ -461,6 +461,7 @@ def _execute(
         tool_hash=tool.definition_hash,
         attempt=attempt,
         at=env.now,
+        policy_reason=tool.policy_reason,
     )
     beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
     return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))

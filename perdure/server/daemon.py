@@ -22,10 +22,10 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import hypercorn.trio
 import trio
@@ -61,6 +61,7 @@ class ServeOptions:
     graceful_timeout: float = 5.0
     shutdown_grace: float = 10.0
     idle_timeout: float | None = 300.0
+    mcp_servers: Sequence[Any] = ()  # perdure.tools.mcp.McpServer (the mcp extra)
 
 
 def is_loopback(host: str) -> bool:
@@ -186,6 +187,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         durability=opts.durability,
         shutdown_grace=opts.shutdown_grace,
         idle_timeout=opts.idle_timeout,
+        mcp_servers=opts.mcp_servers,
     ) as rt:
         recovered = rt.recovered_sessions
         say(

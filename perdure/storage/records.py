@@ -287,6 +287,7 @@ class ToolExecuting:
     tool_hash: str  # hash of the tool's definition when dispatched
     attempt: int = 1
     at: float
+    policy_reason: str = ""  # why the tool has this policy (e.g. an MCP tool's annotations)
 
 
 @frozen(kw_only=True)

@@ -270,6 +270,10 @@ class Tool:
     takes_context: bool = True
     param_types: dict[str, Any] = field(factory=dict)
     definition_hash: str = ""
+    # A validator of the tool's own (e.g. full JSON Schema for an MCP tool): problems, or [].
+    check_args: Callable[[dict[str, Any]], list[str]] | None = None
+    # Why the tool has its replay policy (recorded in every ToolExecuting of its calls).
+    policy_reason: str = ""
 
     def __attrs_post_init__(self) -> None:
         # Here rather than in @tool, so that attrs.evolve(a_tool, retry=...) is held to it too.
@@ -281,6 +285,8 @@ class Tool:
         """Problems with arguments from the model (empty when they are valid)."""
         if not isinstance(args, dict):
             return [f"the arguments must be a JSON object, got {type(args).__name__}"]
+        if self.check_args is not None:
+            return self.check_args(args)
         return validate(self.input_schema, args)
 
     def needs_approval(self, args: dict[str, Any]) -> bool:
