@@ -7,7 +7,7 @@ work that was pending.
 """
 
 from perdure._runtime import Runtime, open_runtime
-from perdure.actors.protocol import Accepted, Done
+from perdure.actors.protocol import Accepted, Done, Forked
 from perdure.budget import Budget, Price
 from perdure.errors import (
     NotOwnerRefused,
@@ -53,6 +53,7 @@ __all__ = [
     "Done",
     "Event",
     "EventStreamLagged",
+    "Forked",
     "LogBusy",
     "LogError",
     "LogFenced",

@@ -14,6 +14,7 @@ The log is a location: a directory (LMDB, one process) or a ``postgresql://`` UR
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -108,21 +109,62 @@ class Runtime:
         *,
         system: str | None = None,
         budget: Budget | None = None,
+        if_busy: protocol.IfBusy | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
-        ``budget`` replaces the runtime's default budget for this session. Raises
-        ``Refused("conflict")`` if the session exists with another system prompt.
+        ``budget`` replaces the runtime's default budget for this session; ``if_busy``
+        is the session's default for input sent while a run is busy (see ``submit``).
+        Raises ``Refused("conflict")`` if the session exists with another system prompt.
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self._sup.create_session(sid, system, budget)
+        await self._sup.create_session(sid, system, budget, protocol.check_if_busy(if_busy))
         return sid
 
     async def ensure_session(
-        self, session_id: str, *, system: str | None = None, budget: Budget | None = None
+        self,
+        session_id: str,
+        *,
+        system: str | None = None,
+        budget: Budget | None = None,
+        if_busy: protocol.IfBusy | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
-        return await self._sup.create_session(session_id, system, budget)
+        policy = protocol.check_if_busy(if_busy)
+        return await self._sup.create_session(session_id, system, budget, policy)
+
+    async def fork(
+        self,
+        source: str,
+        /,
+        *,
+        at: int | str | None = None,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> protocol.Forked:
+        """Start a new session from the history of ``source`` up to a settled point.
+
+        ``at`` is None (the latest end of a run or of a turn), a run id (the end of that
+        run) or a sequence number of the source that is such a point; anything else is
+        refused (``Refused("invalid_state")``) naming the nearest valid points. The
+        fork's records (its ``SessionForked`` lineage and a copy of the prefix) are one
+        commit; the source is untouched. Calls copied into the fork keep their results
+        and are never run again; a turn left to continue or input left waiting in the
+        prefix is taken up at once, as recovery would. The workspace is NOT rewound.
+        ``session_id`` defaults to one derived from ``source`` and ``request_id``, so
+        the same request forks once (the answer says ``duplicate``).
+        """
+        if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
+            raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
+        rid = request_id or _rid()
+        if session_id is None:
+            digest = hashlib.sha256(f"{source}\x00{rid}".encode()).hexdigest()[:16]
+            session_id = f"fork-{digest}"
+        forked = await self._sup.fork_session(source, session_id, at, rid)
+        info = await self.journal.session_info(forked.session_id)
+        if info is not None and info.open_submissions:
+            await self._sup.mailbox(forked.session_id)  # its pending work starts now
+        return forked
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.journal.sessions()
@@ -149,13 +191,21 @@ class Runtime:
         *,
         request_id: str | None = None,
         budget: Budget | None = None,
+        if_busy: protocol.IfBusy | None = None,
     ) -> protocol.Accepted:
         """Queue user input; returns once it is durable. Same ``request_id`` -> same answer.
 
         ``budget`` (recorded with the input) replaces the session's budget from this
-        input on: e.g. to continue a run that stopped at its budget.
+        input on: e.g. to continue a run that stopped at its budget. ``if_busy`` says
+        what the input does while a run is busy (default: the session's, else
+        ``"queue"``): ``"queue"`` waits its turn; ``"interrupt"`` cancels the run at
+        once (its unfinished calls' fates are reported as for ``cancel``) and runs
+        next; ``"reject"`` raises ``Refused("busy")`` and records nothing; ``"steer"``
+        revises the running request with it (as ``revise``). The answer's
+        ``disposition`` says which happened (``queued``, ``interrupted``, ``steered``).
         """
-        command = protocol.Submit(request_id or _rid(), text, budget)
+        policy = protocol.check_if_busy(if_busy)
+        command = protocol.Submit(request_id or _rid(), text, budget, policy)
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Accepted](command))
 
     async def cancel(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:

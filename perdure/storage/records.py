@@ -14,6 +14,7 @@ follow the lifecycles of docs/DESIGN.md:
               or ToolAwaitingHuman -> ResolutionDecided -> (a retry, or a result)
 * course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed,
               CompensationRequested -> (a tool task) -> CompensationFinished
+* lineage:    SessionForked (a session made from a settled prefix of another)
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
 
@@ -143,6 +144,26 @@ class SessionCreated:
     system: str | None = None
     request_id: str | None = None
     budget: Budget | None = None  # the session's own budget (perdure.budget)
+    # What a submit does while a run is busy, unless the submit says otherwise
+    # ("queue", "interrupt", "reject", "steer"); None: queue.
+    if_busy: str | None = None
+    at: float
+
+
+@frozen(kw_only=True)
+class SessionForked:
+    """This session was made from the history of ``source`` up to ``position`` (a seq).
+
+    Committed in the same transaction as the fork's ``SessionCreated`` and the copies of
+    the source's records up to that settled point (the end of a run or of a turn); the
+    source is untouched. ``request_id`` makes a fork idempotent.
+    """
+
+    session_id: str
+    source: str
+    position: int  # the source's sequence number the fork was taken at
+    request_id: str
+    records: int = 0  # how many of the source's records were copied
     at: float
 
 
@@ -156,6 +177,9 @@ class InputAccepted:
     text: str
     body_hash: str
     budget: Budget | None = None  # replaces the session's budget from this input on
+    # The run this input interrupted (if_busy="interrupt"): its CancelRequested is in the
+    # same commit. None for an input that waited its turn.
+    interrupts: str | None = None
     at: float
 
 
@@ -401,6 +425,7 @@ class GoalRevised:
     request_id: str
     compensable: list[str] = field(factory=list)  # completed calls of the old goal
     budget: Budget | None = None  # replaces the session's budget from this revision on
+    steered: bool = False  # a submit with if_busy="steer" made it (dedup as a submit)
     at: float
 
 
@@ -479,6 +504,7 @@ class LogOpened:
 
 Record = (
     SessionCreated
+    | SessionForked
     | InputAccepted
     | RunStarted
     | RunFinished
@@ -509,6 +535,7 @@ Record = (
 
 RECORD_TYPES: tuple[type[Record], ...] = (
     SessionCreated,
+    SessionForked,
     InputAccepted,
     RunStarted,
     RunFinished,
