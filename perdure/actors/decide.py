@@ -1455,12 +1455,18 @@ def fork_position(committed: Sequence[Committed], at: int | str | None) -> int:
     if at is None:
         return points[-1]
     if isinstance(at, str):
-        ends = [
-            c.seq for c in committed if isinstance(c.record, RunFinished) and c.record.run_id == at
-        ]
-        if not ends:
+        ends = [(c.seq, c.record) for c in committed if isinstance(c.record, RunFinished)]
+        mine = [(seq, end) for seq, end in ends if end.run_id == at]
+        if not mine:
             raise Refused("not_found", f"session {sid} has no finished run {at!r}")
-        seq = ends[-1]
+        seq, end = mine[-1]
+        if end.status == "interrupted":  # continued by a resumed run: its end is the end
+            final = [
+                n
+                for n, r in ends
+                if r.submission_id == end.submission_id and r.status in FINAL_RUN_STATUSES
+            ]
+            seq = final[-1] if final else seq
         if seq in points:
             return seq
         what = f"run {at} did not finish (it was {committed_status(committed, seq)})"
