@@ -45,6 +45,9 @@ from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
 T = TypeVar("T")
+# What input does while a run is busy (``submit(if_busy=...)``), for the edges to check.
+IfBusy = protocol.IfBusy
+check_if_busy = protocol.check_if_busy
 
 
 class Runtime:

@@ -262,6 +262,67 @@ def run(
     raise SystemExit(0 if status == "completed" else 1)
 
 
+@main.command()
+@click.argument("source")
+@click.option(
+    "--at",
+    "at",
+    default=None,
+    help="A run id or a sequence number of SOURCE that "
+    "ends a run or a turn (default: the latest such point).",
+)
+@click.option("--as", "new_id", default=None, help="The fork's session id (default: derived).")
+@click.option(
+    "--request-id",
+    default=None,
+    help="Deduplication key (default: derived from SOURCE and --at, so repeating the "
+    "command forks once).",
+)
+@log_option
+@provider_option
+@model_option
+@tools_option
+def fork(
+    source: str,
+    at: str | None,
+    new_id: str | None,
+    request_id: str | None,
+    log_dir: str,
+    provider: str,
+    model: str | None,
+    tool_specs: tuple[str, ...],
+) -> None:
+    """Start a new session from SOURCE's history up to the end of a run or of a turn.
+
+    The fork's pending work (a turn to continue, queued input) starts like any
+    recovered work, with the given provider and tools. Against a running daemon, use
+    its route instead: POST /v1/sessions/SOURCE/forks.
+    """
+    import trio
+
+    from perdure.errors import Refused
+    from perdure.storage.lmdb_log import LogError
+
+    where: int | str | None = int(at) if at is not None and at.isdigit() else at
+    rid = request_id or "fork-" + hashlib.sha256(f"{source}\x00{at}".encode()).hexdigest()[:24]
+    prov, tools = _setup(provider, model, tool_specs)
+
+    async def go() -> Any:
+        import perdure
+
+        async with perdure.open_runtime(log_dir, provider=prov, tools=tools) as rt:
+            return await rt.fork(source, at=where, session_id=new_id, request_id=rid)
+
+    try:
+        forked = trio.run(go)
+    except Refused as exc:
+        _fail(str(exc))
+    except LogError as exc:
+        _fail(str(exc))
+    again = " (already forked by this request)" if forked.duplicate else ""
+    echo(f"session {forked.session_id} forked from {source} at record {forked.position}{again}")
+
+
 async def _run_task(
     task: str,
     workspace: Path,

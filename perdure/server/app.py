@@ -52,7 +52,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from perdure import __version__
-from perdure._runtime import Runtime
+from perdure._runtime import IfBusy, Runtime, check_if_busy
 from perdure.errors import Refused, SessionRestarting
 from perdure.inspect import summarize
 from perdure.providers.base import Message as ModelMessage
@@ -186,6 +186,15 @@ def request_id_field(data: dict[str, Any]) -> str:
             "request_id",
         )
     return rid
+
+
+def if_busy_field(data: dict[str, Any]) -> IfBusy | None:
+    """The optional ``if_busy`` policy: queue, interrupt, reject or steer."""
+    value = text_field(data, "if_busy", required=False)
+    try:
+        return check_if_busy(value)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_field", str(exc), "if_busy") from None
 
 
 def bool_field(data: dict[str, Any], name: str) -> bool:
@@ -530,6 +539,7 @@ class Api:
         data = await read_json(request, self.max_body)
         sid = text_field(data, "session_id", required=False)
         system = text_field(data, "system", required=False)
+        if_busy = if_busy_field(data)
         if sid is not None:
             try:
                 check_session_id(sid)
@@ -537,11 +547,11 @@ class Api:
                 raise ApiError(
                     400, "invalid_field", f"the field 'session_id' is invalid: {exc}", "session_id"
                 ) from None
-            created = await self.rt.ensure_session(sid, system=system)
+            created = await self.rt.ensure_session(sid, system=system, if_busy=if_busy)
             return JSONResponse(
                 {"session_id": sid, "created": created}, status_code=201 if created else 200
             )
-        sid = await self.rt.create_session(None, system=system)
+        sid = await self.rt.create_session(None, system=system, if_busy=if_busy)
         return JSONResponse({"session_id": sid, "created": True}, status_code=201)
 
     @api_errors
@@ -564,14 +574,43 @@ class Api:
         text = text_field(data, "text")
         rid = request_id_field(data)
         assert text is not None
-        accepted = await self.rt.submit(sid, text, request_id=rid)
+        if_busy = if_busy_field(data)
+        accepted = await self.rt.submit(sid, text, request_id=rid, if_busy=if_busy)
         return JSONResponse(
             {
                 "submission_id": accepted.submission_id,
                 "seq": accepted.seq,
                 "duplicate": accepted.duplicate,
+                "disposition": accepted.disposition,
             },
             status_code=202,
+        )
+
+    @api_errors
+    async def fork(self, request: Request) -> Response:
+        """A new session from this one's history up to a settled point (``at``)."""
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        rid = request_id_field(data)
+        at = data.get("at")
+        if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
+            why = "the field 'at' must be a run id, a sequence number or null"
+            raise ApiError(400, "invalid_field", why, "at")
+        new = text_field(data, "session_id", required=False)
+        if new is not None:
+            try:
+                check_session_id(new)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_field", str(exc), "session_id") from None
+        forked = await self.rt.fork(sid, at=at, session_id=new, request_id=rid)
+        return JSONResponse(
+            {
+                "session_id": forked.session_id,
+                "source": forked.source,
+                "position": forked.position,
+                "duplicate": forked.duplicate,
+            },
+            status_code=200 if forked.duplicate else 201,
         )
 
     @api_errors
@@ -713,6 +752,7 @@ def create_app(
         Route(s + "/events", api.events, methods=["GET"]),
         Route(s + "/messages", api.post_message, methods=["POST"]),
         Route(s + "/cancel", api.cancel, methods=["POST"]),
+        Route(s + "/forks", api.fork, methods=["POST"]),
         Route(s + "/approvals/{call_id}", api.approve, methods=["POST"]),
         Route(s + "/revisions", api.revise, methods=["POST"]),
         Route(s + "/pause", api.pause, methods=["POST"]),
