@@ -8,6 +8,7 @@ work that was pending.
 
 from perdure._runtime import Runtime, open_runtime
 from perdure.actors.protocol import Accepted, Done, Forked
+from perdure.agents import agent_tool
 from perdure.budget import Budget, Price
 from perdure.errors import (
     NotOwnerRefused,
@@ -82,6 +83,7 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "UnknownSession",
+    "agent_tool",
     "open_runtime",
     "tool",
 ]

@@ -40,7 +40,13 @@ from perdure.providers.base import Message, Provider
 from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
-from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    ResolutionAction,
+    RunFinished,
+    ToolExecuting,
+)
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
@@ -243,11 +249,23 @@ class Runtime:
         return await self._done(session_id, protocol.Revise(request_id or _rid(), text, budget))
 
     async def pause(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
-        """Dispatch nothing new (running tools finish); durable across restarts."""
-        return await self._done(session_id, protocol.Pause(request_id or _rid()))
+        """Dispatch nothing new (running tools finish); durable across restarts.
+
+        The running sub-agents of the session's calls are paused too (and theirs).
+        """
+        rid = request_id or _rid()
+        done = await self._done(session_id, protocol.Pause(rid))
+        for child in await self.children(session_id):
+            await self.pause(child, request_id=f"{rid}/{child}")
+        return done
 
     async def resume(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
-        return await self._done(session_id, protocol.Resume(request_id or _rid()))
+        """Dispatch again after ``pause``; the running sub-agents resume too."""
+        rid = request_id or _rid()
+        done = await self._done(session_id, protocol.Resume(rid))
+        for child in await self.children(session_id):
+            await self.resume(child, request_id=f"{rid}/{child}")
+        return done
 
     async def compensate(
         self, session_id: str, call_id: str, *, request_id: str | None = None
@@ -276,6 +294,59 @@ class Runtime:
         what it is told, if given). Same ``request_id`` -> same answer.
         """
         return await self._done(session_id, resolution(call_id, action, result, request_id))
+
+    async def _run_child(
+        self,
+        call: ToolExecuting,
+        n: int,
+        task: str,
+        system: str | None,
+        tools: list[str] | None,
+        stopping: Callable[[], bool],
+        beat: Callable[[Any], None],
+    ) -> str:
+        """``ctx.run_agent``: the ``n``-th sub-agent of a tool call, as a child session.
+
+        Every step is idempotent and named after the call's idempotency key, so a
+        re-run of the call after a crash finds the child it started (created once, its
+        task submitted once) and waits for the outcome the child reaches meanwhile.
+        """
+        if tools is not None:
+            unknown = sorted(set(tools) - set(self._ctx.tools))
+            if unknown:
+                raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
+        child = child_session_id(call, n)
+        known = list(call_agents(call, n))
+        beat({"agents": known})  # the parent's stream references its children
+        parent = f"{call.session_id}/{call.call_id}"
+        await self._sup.create_session(child, system, None, None, parent=parent, tools=tools)
+        await self.submit(child, task, request_id=f"agent:{call.idempotency_key}:{n}")
+        try:
+            outcome = await self.wait_idle(child)
+        except trio.Cancelled:
+            if stopping():  # the parent's run was cancelled or revised: so is the child's
+                with trio.CancelScope(shield=True):
+                    await self.cancel(child, request_id=f"agent-stop:{call.idempotency_key}:{n}")
+            raise
+        if outcome is None or outcome.status != "completed":
+            status = outcome.status if outcome is not None else "no outcome"
+            why = f": {outcome.reason}" if outcome is not None and outcome.reason else ""
+            raise RuntimeError(f"the sub-agent {child} did not complete ({status}{why})")
+        return outcome.final_text
+
+    async def children(self, session_id: str) -> list[str]:
+        """The sub-agent sessions started by the session's unfinished tool calls."""
+
+        def running(state: SessionState) -> list[str]:
+            found: list[str] = []
+            for task in state.tasks.values():
+                beat = task.last_heartbeat
+                if task.terminal or beat is None or not isinstance(beat.details, dict):
+                    continue
+                found += [a for a in beat.details.get("agents", []) if isinstance(a, str)]
+            return found
+
+        return await self.state(session_id, running)
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
@@ -392,6 +463,16 @@ class Runtime:
                         yield c
 
 
+def child_session_id(call: ToolExecuting, n: int) -> str:
+    """The session id of the ``n``-th sub-agent of a call: stable across re-runs."""
+    digest = hashlib.sha256(f"{call.idempotency_key}\x00{n}".encode()).hexdigest()[:16]
+    return f"{call.session_id[:96]}.agent-{digest}"
+
+
+def call_agents(call: ToolExecuting, upto: int) -> Iterable[str]:
+    return (child_session_id(call, i) for i in range(1, upto + 1))
+
+
 def _rid() -> str:
     return "req-" + uuid.uuid4().hex
 
@@ -495,12 +576,14 @@ async def open_runtime(
                 prices=dict(DEFAULT_PRICES if prices is None else prices),
             )
             supervisor = Supervisor(ctx)
+            runtime = Runtime(supervisor, journal, ctx)
+            ctx.agents = runtime._run_child
             body_error: BaseException | None = None
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(supervisor.run)
                     try:
-                        yield Runtime(supervisor, journal, ctx)
+                        yield runtime
                     except BaseException as exc:
                         # Re-raised below, outside the nursery, so the caller sees its own
                         # exception rather than an ExceptionGroup.

@@ -221,6 +221,8 @@ class SessionState:
     system: str | None = None
     if_busy: str | None = None  # the session's default for input while a run is busy
     forked: SessionForked | None = None  # this session's own lineage (the first fork record)
+    parent: str | None = None  # a sub-agent's parent call ("session/call_id")
+    allowed_tools: frozenset[str] | None = None  # None: every tool of the runtime
     goal_rev: int = 0
     revisions: list[GoalRevised] = field(factory=list)
     submissions: dict[str, Submission] = field(factory=dict)
@@ -324,6 +326,8 @@ class SessionState:
         self.system = r.system
         self.budget = r.budget
         self.if_busy = r.if_busy
+        self.parent = r.parent
+        self.allowed_tools = None if r.tools is None else frozenset(r.tools)
 
     def _session_forked(self, r: SessionForked) -> None:
         if self.forked is None:  # copies of the source's own lineage come later

@@ -196,6 +196,9 @@ class Supervisor:
         system: str | None,
         budget: Budget | None = None,
         if_busy: str | None = None,
+        *,
+        parent: str | None = None,
+        tools: list[str] | None = None,
     ) -> bool:
         """Record a new session; False if it already existed (creation is idempotent).
 
@@ -220,6 +223,8 @@ class Supervisor:
                 system=system,
                 budget=budget,
                 if_busy=if_busy,
+                parent=parent,
+                tools=tools,
                 at=self.ctx.clock(),
             )
             await self.journal.append([record])

@@ -147,6 +147,10 @@ class SessionCreated:
     # What a submit does while a run is busy, unless the submit says otherwise
     # ("queue", "interrupt", "reject", "steer"); None: queue.
     if_busy: str | None = None
+    # A sub-agent's session: the parent session and the call that runs it
+    # ("session/call_id"), and the only tools it may use (None: all the runtime's).
+    parent: str | None = None
+    tools: list[str] | None = None
     at: float
 
 

@@ -35,6 +35,7 @@ from tests.support import ledger_tools
 
 async def main(plan: dict[str, Any]) -> None:
     replies = _converter.structure(plan["script"], list[Reply])
+    by_system = _converter.structure(plan.get("by_system", {}), dict[str, list[Reply]])
     wanted = plan.get("tools")
     # Suites may bring their own ledger tools: "module:ATTR" names a list of them.
     extra = []
@@ -55,7 +56,7 @@ async def main(plan: dict[str, Any]) -> None:
     log_options = {k: options[k] for k in ("node_id", "lease_ttl", "takeover") if k in options}
     async with perdure.open_runtime(
         plan["log"],
-        provider=ScriptedProvider(replies),
+        provider=ScriptedProvider(replies, by_system),
         tools=tools,
         workspace=plan["workspace"],
         retry_base=options.get("retry_base", 0.05),
