@@ -19,3 +19,13 @@ async def slow_send(ctx: ToolContext, text: str, seconds: float = 1.0) -> str:
 
 
 TOOLS = [slow_send]
+
+
+RESEARCHER = "researcher"
+
+# A sub-agent that may only send notes (a NEVER ledger tool).
+research = perdure.agent_tool(
+    "research", "Delegate a question to a sub-agent.", system=RESEARCHER, tools=["send_note"]
+)
+
+AGENT_TOOLS = [research]

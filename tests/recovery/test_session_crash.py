@@ -3,6 +3,9 @@
 * a fork taken while the source runs: after any crash, the fork exists once (one
   ``SessionForked``, the same position), the source and the fork both finish, and no
   call copied into the fork runs again;
+* a parent whose call runs two sub-agents: after any crash, exactly one child session
+  per spawning call, no NEVER effect doubled in any child, and the parent completes
+  with both children's answers;
 * an ``interrupt`` arriving while a NEVER tool executes: whatever commit the crash hit,
   the call's effect happens once, its outcome is reported (its result, or UNKNOWN), it
   is never re-run, and the interrupting input gets exactly one final outcome.
@@ -21,6 +24,7 @@ from typing import Any
 from perdure.storage.records import (
     InputAccepted,
     RunFinished,
+    SessionCreated,
     SessionForked,
     ToolCompleted,
     ToolExecuting,
@@ -181,3 +185,45 @@ def test_an_interrupt_while_a_never_tool_runs_survives_a_kill_at_every_commit(
 
     assert each_commit(plan, check) >= 5
     assert interrupted_once, "some crash points came after the interrupt was accepted"
+
+
+def test_a_parent_with_two_sub_agents_survives_a_kill_at_every_commit(make_plan: Any) -> None:
+    ask = [{"name": "research", "input": {"task": t}} for t in ("first", "second")]
+    plan = make_plan(
+        [{"text": "delegating", "tool_uses": ask}, {"text": "both answered"}],
+        extra_tools=["tests.recovery.session_tools:AGENT_TOOLS"],
+        by_system={
+            "researcher": [
+                {"text": "noting", "tool_uses": [{"name": "send_note", "input": {"text": "n"}}]},
+                {"text": "child done"},
+            ]
+        },
+    )
+
+    def check(n: int) -> None:
+        log = read_log(Path(plan["log"]))
+        children = [
+            c.record for c in log if isinstance(c.record, SessionCreated) and c.record.parent
+        ]
+        parents = sorted(c.parent for c in children if c.parent)
+        calls = sorted(f"s1/{r.call_id}" for r in of(plan, "s1", ToolExecuting))
+        assert parents == sorted(set(calls)) and len(parents) == 2, f"commit {n}: one per call"
+        for child in children:
+            assert len(of(plan, child.session_id, InputAccepted)) == 1, f"commit {n}"
+            finals = [
+                f for f in of(plan, child.session_id, RunFinished) if f.status != "interrupted"
+            ]
+            assert [f.status for f in finals] == ["completed"], f"commit {n}: {child.session_id}"
+        sends = [e for e in read_ledger(Path(plan["workspace"])) if e["event"] == "effect"]
+        per_child = [e["session_id"] for e in sends]
+        assert all(per_child.count(c.session_id) <= 1 for c in children), f"commit {n}"
+        answers = [r.output for r in of(plan, "s1", ToolCompleted)]
+        assert answers == ["child done", "child done"], f"commit {n}: {answers}"
+        finals = [f for f in of(plan, "s1", RunFinished) if f.status != "interrupted"]
+        assert [f.final_text for f in finals] == ["both answered"], f"commit {n}"
+        if len(of(plan, "s1", ToolExecuting)) > 2:
+            rerun.append(n)
+
+    rerun: list[int] = []
+    assert each_commit(plan, check, limit=60) >= 10
+    assert rerun, "some crashes hit a spawning call while it waited: it was re-run"
