@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from perdure import errors as perdure_errors
+from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.session import CommandMsg, Query, WaitIdle
@@ -50,6 +52,7 @@ from perdure.storage.records import (
 from perdure.tools.contract import Tool, registry
 
 _PAGE = 512
+SESSION_DELETED = "session_deleted"  # the last event of a deleted session's streams
 T = TypeVar("T")
 # What input does while a run is busy (``submit(if_busy=...)``), for the edges to check.
 IfBusy = protocol.IfBusy
@@ -348,6 +351,58 @@ class Runtime:
 
         return await self.state(session_id, running)
 
+    # -- retention ----------------------------------------------------------------------
+
+    async def delete_session(self, session_id: str, *, reason: str = "") -> int:
+        """Remove a finished session and its records from the log; return how many went.
+
+        Refused (``busy``, nothing removed) while it has unfinished work or a parent
+        call still waits for it (a sub-agent). Its event streams end with a
+        ``session_deleted`` event. Forks of it are unaffected (they hold a copy).
+        """
+        count = await self._sup.delete_session(session_id, reason)
+        data = {"session_id": session_id, "records": count, "reason": reason}
+        self.journal.bus.publish(Event(session_id, SESSION_DELETED, data=data))
+        return count
+
+    async def prune(
+        self, finished_before: float, *, dry_run: bool = False
+    ) -> tuple[list[retention.Pruned], list[tuple[str, str]]]:
+        """Delete every session without unfinished work whose last record is older than
+        ``finished_before`` (wall-clock seconds); one transaction per session. Returns
+        (deleted or, with ``dry_run``, to delete; kept, with why)."""
+        deleted: list[retention.Pruned] = []
+        kept: list[tuple[str, str]] = []
+        for found in await retention.prunable(self.journal, finished_before):
+            why = await retention.dependency(self.journal, found.session_id)
+            if why is not None:
+                kept.append((found.session_id, why))
+            elif dry_run:
+                deleted.append(found)
+            else:
+                try:
+                    count = await self.delete_session(found.session_id, reason="pruned")
+                except perdure_errors.Refused as exc:
+                    kept.append((found.session_id, exc.message))
+                    continue
+                deleted.append(attrs.evolve(found, records=count))
+        return deleted, kept
+
+    async def export_session(self, session_id: str) -> list[str]:
+        """The session as JSON lines (a header, then every record with its seq)."""
+        records = await self.journal.read_session(session_id)
+        if not records:
+            raise UnknownSession(session_id)
+        return list(retention.export_lines(session_id, records))
+
+    async def import_session(self, lines: Iterable[str]) -> str:
+        """Restore an exported session into this log (one commit); return its id."""
+        session_id, _ = await retention.import_session(self.journal, lines)
+        info = await self.journal.session_info(session_id)
+        if info is not None and info.open_submissions:
+            await self._sup.mailbox(session_id)  # its unfinished work goes on here
+        return session_id
+
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
         return await self._sup.ask(session_id, WaitIdle)
@@ -407,6 +462,8 @@ class Runtime:
                         continue
                     last = event.seq
                 yield event
+                if event.kind == SESSION_DELETED:
+                    return  # the session is gone: nothing more will come
 
     async def _replay(
         self, session_id: str, after: int, markers: list[Committed] | None = None

@@ -43,6 +43,7 @@ from perdure.storage.records import (
     RunFinished,
     RunStarted,
     SessionCreated,
+    SessionDeleted,
     SessionForked,
     SessionParked,
     SessionPaused,
@@ -574,4 +575,5 @@ _HANDLERS: dict[type, Any] = {
     CompensationRequested: SessionState._compensation_requested,
     CompensationFinished: SessionState._compensation_finished,
     LogOpened: SessionState._ignore,
+    SessionDeleted: SessionState._ignore,
 }

@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from perdure import retention
 from perdure.actors import decide
 from perdure.actors.context import ActorContext
 from perdure.actors.protocol import Forked
@@ -266,6 +267,37 @@ class Supervisor:
             )
             await self.journal.append(records)
             return Forked(session_id, source, position)
+
+    async def delete_session(self, session_id: str, reason: str) -> int:
+        """Remove a finished session from the log (``perdure.retention``); its resident
+        actor is stopped first, and no actor starts for it while this runs."""
+        while session_id in self._starting:
+            await self._starting[session_id].wait()
+        gate = self._starting[session_id] = trio.Event()
+        stopped = False
+        try:
+            info = await self.journal.session_info(session_id)
+            if info is not None and info.open_submissions:
+                raise Refused("busy", f"session {session_id} has unfinished work; not deleted")
+            actor = self.actors.get(session_id)
+            scope = self._scopes.get(session_id)
+            if actor is not None and scope is not None:
+                self._lost[session_id] = "the session was deleted"
+                scope.cancel()
+                stopped = True
+                while self.actors.get(session_id) is actor:  # noqa: ASYNC110
+                    await trio.sleep(0.005)  # _supervise forgets it (its callers are told)
+            self.parked.pop(session_id, None)
+            return await retention.delete_session(
+                self.journal, session_id, self.ctx.clock(), reason
+            )
+        except Refused:
+            if stopped:  # work slipped in before the actor stopped: it must go on
+                self._nursery_start(self._boot_one, session_id)
+            raise
+        finally:
+            del self._starting[session_id]
+            gate.set()
 
     async def mailbox(self, session_id: str) -> Mailbox:
         """The running session's mailbox, starting its actor (and recovery) if needed."""

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
 import lmdb
 
 from perdure.storage.backend import (
@@ -45,6 +46,7 @@ from perdure.storage.backend import (
     LogBusy,
     LogError,
     LogFenced,
+    SessionBusy,
     SessionInfo,
     StaleGoal,
     StorageFull,
@@ -53,7 +55,14 @@ from perdure.storage.backend import (
     claim_writer,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
+from perdure.storage.records import (
+    Committed,
+    GoalRevised,
+    LogOpened,
+    Record,
+    SessionDeleted,
+    active_delta,
+)
 
 __all__ = [  # the shared types are re-exported for code written before backend.py
     "DEFAULT_MAP_SIZE",
@@ -390,6 +399,11 @@ class LmdbLog:
                         )
                         continue
                 try:
+                    records = [self._deleting(txn, r) for r in records]
+                except SessionBusy as exc:  # nothing of this batch was written yet
+                    results.append(exc)
+                    continue
+                try:
                     frames = [encode(record, seq + i) for i, record in enumerate(records)]
                 except Exception as exc:  # nothing of this batch was written yet
                     results.append(exc)
@@ -426,6 +440,32 @@ class LmdbLog:
                     txn.put(sid.encode(), str(count).encode(), db=self._active)
         self._next_seq = seq
         return results
+
+    def _deleting(self, txn: lmdb.Transaction, record: Record) -> Record:
+        """For a ``SessionDeleted``: remove the session in this transaction, and return the
+        record with the number of records removed. Refused (``SessionBusy``) while the
+        session has unfinished work. Other records pass through."""
+        if not isinstance(record, SessionDeleted):
+            return record
+        sid = record.deleted
+        open_work = self._count(txn, sid)
+        if open_work:
+            raise SessionBusy(sid, open_work)
+        prefix = sid.encode() + _SEP
+        seqs: list[bytes] = []
+        with txn.cursor(db=self._by_session) as cur:
+            if cur.set_range(prefix):
+                for raw_key in cur.iternext(values=False):
+                    key = bytes(raw_key)
+                    if not key.startswith(prefix):
+                        break
+                    seqs.append(key)
+        for key in seqs:
+            txn.delete(key[len(prefix) :], db=self._records)
+            txn.delete(key, db=self._by_session)
+        txn.delete(sid.encode(), db=self._sessions)
+        txn.delete(sid.encode(), db=self._active)
+        return attrs.evolve(record, records=len(seqs))
 
     def _session_info(
         self, txn: lmdb.Transaction, session_id: str, cache: dict[str, dict[str, int]]

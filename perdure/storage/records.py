@@ -17,6 +17,7 @@ follow the lifecycles of docs/DESIGN.md:
 * lineage:    SessionForked (a session made from a settled prefix of another)
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
+* retention:  SessionDeleted (system record: a session removed from the log)
 
 Adding a field with a default is a compatible change (old records decode with the
 default). Anything else bumps the record's version in ``RECORD_VERSIONS`` and
@@ -506,6 +507,22 @@ class LogOpened:
     session_id: str = ""
 
 
+@frozen(kw_only=True)
+class SessionDeleted:
+    """A system record: the session ``deleted`` and its records were removed from the log.
+
+    Written in the same transaction as the removal, which the log refuses for a session
+    with unfinished work. ``records`` is how many records went (the sequence numbers
+    they leave unused are accounted for by ``perdure check``).
+    """
+
+    deleted: str
+    records: int = 0
+    reason: str = ""
+    at: float
+    session_id: str = ""
+
+
 Record = (
     SessionCreated
     | SessionForked
@@ -535,6 +552,7 @@ Record = (
     | RecoveryDecision
     | SessionParked
     | LogOpened
+    | SessionDeleted
 )
 
 RECORD_TYPES: tuple[type[Record], ...] = (
@@ -566,6 +584,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     RecoveryDecision,
     SessionParked,
     LogOpened,
+    SessionDeleted,
 )
 
 # The current format version of each record type (see the module docstring).
