@@ -82,7 +82,14 @@ from perdure.storage.backend import (
     claim_writer,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
+from perdure.storage.records import (
+    Committed,
+    GoalRevised,
+    LogOpened,
+    Record,
+    SessionDeleted,
+    active_delta,
+)
 
 SCHEMA_VERSION: Final = 1
 CHANNEL: Final = "perdure_records"
@@ -587,6 +594,13 @@ class PgLog:
                 if found != guard.goal_rev:
                     results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                     continue
+            if any(isinstance(r, SessionDeleted) for r in records):
+                # Not built for PostgreSQL yet: refused, so that nothing claims a
+                # deletion that did not happen.
+                results.append(
+                    LogError("deleting a session is supported on an LMDB log only (for now)")
+                )
+                continue
             try:
                 numbered = [(next(next_seq), record) for record in records]
                 frames = [encode(record, seq) for seq, record in numbered]

@@ -86,15 +86,14 @@ def test_export_then_import_round_trips_a_session(make_plan: Any, tmp_path: Path
     imported = perdure("import", str(out), "--log", str(other))
     assert imported.returncode == 0, imported.stderr
     assert "imported session s1" in imported.stdout
+    copies = []
     for where in (Path(plan["log"]), other):
         log = LmdbLog(where, readonly=True)
         try:
-            records = [c.record for c in log.read_session("s1")]
+            copies.append([c.record for c in log.read_session("s1")])
         finally:
             log.close()
-        if where == other:
-            assert records == first
-        first = records
+    assert copies[0] == copies[1] and len(copies[0]) > 5, "the same records, in order"
     again = perdure("import", str(out), "--log", str(other))
     assert again.returncode == 1 and "already has a session" in again.stderr
     sound(other)
