@@ -73,11 +73,13 @@ async def delete_session(journal: Journal, session_id: str, at: float, reason: s
     why = await dependency(journal, session_id)
     if why is not None:
         raise Refused("busy", f"session {session_id} is not deleted: {why}")
+    await journal.acquire(session_id)  # PostgreSQL: the deletion needs its lease
     marker = SessionDeleted(deleted=session_id, reason=reason, at=at)
     try:
         (committed,) = await journal.append([marker])
     except SessionBusy as exc:
         raise Refused("busy", str(exc)) from None
+    await journal.release_session(session_id)
     record = committed.record
     assert isinstance(record, SessionDeleted)
     return record.records

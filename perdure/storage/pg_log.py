@@ -75,6 +75,7 @@ from perdure.storage.backend import (
     LogError,
     LogUnavailable,
     NotOwner,
+    SessionBusy,
     SessionFenced,
     SessionInfo,
     StaleGoal,
@@ -451,6 +452,8 @@ class PgLog:
         written: set[str] = set()
         for records, guard in batches:
             written.update(r.session_id for r in records if r.session_id)
+            # A deletion locks the deleted session's lease row (held by this node).
+            written.update(r.deleted for r in records if isinstance(r, SessionDeleted))
             if guard is not None:
                 written.add(guard.session_id)
         sessions = sorted(written)
@@ -486,7 +489,8 @@ class PgLog:
                         "open": count,
                     }
             seqs = sorted(int(row[0]) for row in drawn.fetchall())
-            results, rows, touched = self._apply(batches, seqs, held, leases, infos)
+            deleted: set[str] = set()
+            results, rows, touched = self._apply(batches, seqs, held, leases, infos, deleted)
             self._forget_fenced(results, held)
             if not rows:
                 conn.rollback()
@@ -497,6 +501,10 @@ class PgLog:
                 payload = "*"
             # Round trip 2 (pipelined): the records, the summaries, the notification.
             with conn.pipeline():
+                if deleted:
+                    gone = sorted(deleted)
+                    conn.execute("DELETE FROM perdure_records WHERE session_id = ANY(%s)", (gone,))
+                    conn.execute("DELETE FROM perdure_sessions WHERE session_id = ANY(%s)", (gone,))
                 conn.execute(
                     "INSERT INTO perdure_records (seq, session_id, frame, node) "
                     "SELECT s, sid, f, %s FROM unnest(%s::bigint[], %s::text[], %s::bytea[]) "
@@ -574,14 +582,19 @@ class PgLog:
         held: dict[str, int],
         leases: dict[str, tuple[str, int]],
         infos: dict[str, dict[str, int]],
+        deleted: set[str],
     ) -> tuple[CommitResult, list[tuple[int, str, bytes]], set[str]]:
-        """Decide each batch in order (a revision earlier in the transaction is in force)."""
+        """Decide each batch in order (a revision earlier in the transaction is in force).
+
+        Sessions deleted by a batch are added to ``deleted`` (their rows go in the same
+        transaction)."""
         results: CommitResult = []
         rows: list[tuple[int, str, bytes]] = []
         touched: set[str] = set()
         next_seq = iter(seqs)
         for records, guard in batches:
             batch_sessions = {r.session_id for r in records if r.session_id}
+            batch_sessions.update(r.deleted for r in records if isinstance(r, SessionDeleted))
             if guard is not None:
                 batch_sessions.add(guard.session_id)
             fenced = self._fence_reason(sorted(batch_sessions), held, leases)
@@ -594,12 +607,10 @@ class PgLog:
                 if found != guard.goal_rev:
                     results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                     continue
-            if any(isinstance(r, SessionDeleted) for r in records):
-                # Not built for PostgreSQL yet: refused, so that nothing claims a
-                # deletion that did not happen.
-                results.append(
-                    LogError("deleting a session is supported on an LMDB log only (for now)")
-                )
+            try:
+                records = [self._deleting(r, infos, deleted) for r in records]
+            except SessionBusy as exc:  # nothing of this batch was written yet
+                results.append(exc)
                 continue
             try:
                 numbered = [(next(next_seq), record) for record in records]
@@ -630,6 +641,18 @@ class PgLog:
                 committed.append(Committed(seq, record))
             results.append(committed)
         return results, rows, touched
+
+    @staticmethod
+    def _deleting(record: Record, infos: dict[str, dict[str, int]], deleted: set[str]) -> Record:
+        """For a ``SessionDeleted``: note the session to delete in this transaction and
+        count its records; ``SessionBusy`` while it has unfinished work."""
+        if not isinstance(record, SessionDeleted):
+            return record
+        info = infos.get(record.deleted, {})
+        if info.get("open", 0) > 0:
+            raise SessionBusy(record.deleted, info["open"])
+        deleted.add(record.deleted)
+        return attrs.evolve(record, records=info.get("records", 0))
 
     def _forget_fenced(self, results: CommitResult, held: dict[str, int]) -> None:
         """A fenced session is no longer ours: drop it, so nothing here uses it again."""
