@@ -587,6 +587,13 @@ class Api:
         )
 
     @api_errors
+    async def delete_session(self, request: Request) -> Response:
+        """Remove a finished session from the log (409 ``busy`` while it has work)."""
+        sid = path_session(request)
+        count = await self.rt.delete_session(sid, reason="deleted through the API")
+        return JSONResponse({"session_id": sid, "deleted": True, "records": count})
+
+    @api_errors
     async def fork(self, request: Request) -> Response:
         """A new session from this one's history up to a settled point (``at``)."""
         sid = path_session(request)
@@ -748,6 +755,7 @@ def create_app(
         Route("/v1/sessions", api.list_sessions, methods=["GET"]),
         Route("/v1/sessions", api.create_session, methods=["POST"]),
         Route(s, api.get_session, methods=["GET"]),
+        Route(s, api.delete_session, methods=["DELETE"]),
         Route(s + "/transcript", api.transcript, methods=["GET"]),
         Route(s + "/events", api.events, methods=["GET"]),
         Route(s + "/messages", api.post_message, methods=["POST"]),

@@ -59,3 +59,18 @@ def test_perdure_fork_on_the_command_line(tmp_path: Path) -> None:
     wrong = perdure("fork", "s", "--at", "2", *common)
     assert wrong.returncode == 1 and "nearest valid points" in wrong.stderr
     assert perdure("check", *log).returncode == 0
+
+
+def test_delete_a_finished_session_through_the_api(api_daemon: Daemon) -> None:
+    with api_daemon.client() as c:
+        sid = new_session(c)
+        submit(c, sid)
+        call = wait_for(c, sid, awaiting_approval)["pending_approvals"][0]["call_id"]
+        assert_error(c.delete(f"/v1/sessions/{sid}"), 409, "busy")
+        c.post(f"/v1/sessions/{sid}/approvals/{call}", json={"approved": True, "request_id": "a"})
+        wait_for(c, sid, idle)
+        gone = c.delete(f"/v1/sessions/{sid}")
+        assert gone.status_code == 200, gone.text
+        assert gone.json()["deleted"] is True and gone.json()["records"] > 5
+        assert_error(c.get(f"/v1/sessions/{sid}"), 404, "not_found")
+        assert_error(c.delete(f"/v1/sessions/{sid}"), 404, "not_found")
