@@ -1512,6 +1512,7 @@ def fork_records(
         request_id=request_id,
         budget=source.budget,
         if_busy=source.if_busy,
+        tools=source.tools,  # a fork of a sub-agent keeps its tools (not its parent call)
         at=now,
     )
     forked = SessionForked(

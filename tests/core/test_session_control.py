@@ -126,6 +126,19 @@ def test_reject_refuses_while_busy_and_records_nothing() -> None:
     assert kinds(step)[0] == "InputAccepted" and acc(answer).submission_id == "in2"
 
 
+def test_a_duplicate_is_answered_before_any_policy_applies() -> None:
+    s = busy()
+    s.state.requests["r1"].seq = 3
+    for policy in protocol.IF_BUSY:
+        step, answer = s.command(protocol.Submit("r1", "send it", if_busy=policy))  # type: ignore[arg-type]
+        assert not step, f"{policy}: nothing recorded for a duplicate"
+        assert answer == protocol.Accepted("in1", 3, duplicate=True), policy
+    queued, first = s.command(protocol.Submit("r2", "next", if_busy="queue"))
+    again, second = s.command(protocol.Submit("r2", "next", if_busy="queue"))
+    assert kinds(queued) == ["InputAccepted"] and not again
+    assert acc(second).duplicate and acc(second).submission_id == acc(first).submission_id
+
+
 def test_reject_also_refuses_while_input_waits() -> None:
     s = Session()
     s.command(protocol.Pause("p1"))
@@ -225,6 +238,15 @@ def test_a_session_in_the_middle_of_a_call_has_no_point_after_its_last_settled_o
     s = busy()
     with pytest.raises(errors.Refused, match="no settled point"):
         decide.fork_position(committed(s), None)
+
+
+def test_a_fork_of_a_sub_agent_keeps_its_tools_but_not_its_parent() -> None:
+    s = two_runs()
+    created = SessionCreated(session_id="s1", parent="p/c1", tools=["lookup"], at=s.now)
+    history = [Committed(1, created), *committed(s)[1:]]
+    records = decide.fork_records(history, "f1", decide.fork_position(history, None), "k", 1.0)
+    own = records[0]
+    assert isinstance(own, SessionCreated) and own.tools == ["lookup"] and own.parent is None
 
 
 def test_a_fork_at_the_end_of_a_run_copies_the_history_and_is_idle() -> None:
