@@ -26,7 +26,8 @@ def test_fork_a_busy_session_at_its_last_turn_and_interrupt_the_source(
         again = c.post(forks, json={"request_id": "f1", "session_id": f"{sid}-alt"})
         assert again.status_code == 200 and again.json()["position"] == body["position"]
         # The fork continues the run from the end of turn 1: it reaches the approval too.
-        wait_for(c, f"{sid}-alt", awaiting_approval)
+        alt = wait_for(c, f"{sid}-alt", awaiting_approval)
+        assert alt["forked_from"] == {"session_id": sid, "position": body["position"]}
 
         assert_error(c.post(forks, json={"request_id": "f2", "at": 1}), 409, "invalid_state")
         assert_error(c.post(forks, json={"request_id": "f3", "at": True}), 400, "invalid_field")
