@@ -511,6 +511,8 @@ class Runtime:
                         return
                 if event is not None and event.seq is None and event.kind != WAKE:
                     yield event
+                    if event.kind == SESSION_DELETED:
+                        return
                     continue
                 if event is not None and event.seq is not None and event.seq <= last:
                     continue
