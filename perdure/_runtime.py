@@ -48,6 +48,7 @@ from perdure.storage.records import (
     ResolutionAction,
     RunFinished,
     ToolExecuting,
+    ToolHeartbeat,
 )
 from perdure.tools.contract import Tool, registry
 
@@ -319,10 +320,10 @@ class Runtime:
             if unknown:
                 raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
         child = child_session_id(call, n)
-        known = list(call_agents(call, n))
-        beat({"agents": known})  # the parent's stream references its children
         parent = f"{call.session_id}/{call.call_id}"
         await self._sup.create_session(child, system, None, None, parent=parent, tools=tools)
+        # The parent's stream references its children (once they exist).
+        beat({"agents": list(call_agents(call, n))})
         await self.submit(child, task, request_id=f"agent:{call.idempotency_key}:{n}")
         try:
             outcome = await self.wait_idle(child)
@@ -464,6 +465,38 @@ class Runtime:
                 yield event
                 if event.kind == SESSION_DELETED:
                     return  # the session is gone: nothing more will come
+
+    @asynccontextmanager
+    async def watch(
+        self, session_id: str, *, after: int = 0, agents: bool = True
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """The session's events (as ``events``) with, if ``agents``, those of its sub-agents
+        nested in: each child's stream (and its children's) joins as soon as a call's
+        heartbeat names it. Tell them apart by ``Event.session_id``. Events of one session
+        keep their order; the streams interleave as they happen.
+        """
+        send, receive = trio.open_memory_channel[Event](1024)
+        joined: set[str] = {session_id}
+        async with trio.open_nursery() as nursery:
+
+            async def pump(sid: str, start: int) -> None:
+                async with aclosing(self.events(sid, after=start)) as stream:
+                    async for event in stream:
+                        await send.send(event)
+                        beat = event.record
+                        named = beat.details if isinstance(beat, ToolHeartbeat) else None
+                        if not (agents and isinstance(named, dict)):
+                            continue
+                        for child in named.get("agents", []):
+                            if isinstance(child, str) and child not in joined:
+                                joined.add(child)
+                                nursery.start_soon(pump, child, 0)
+
+            nursery.start_soon(pump, session_id, after)
+            try:
+                yield receive
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _replay(
         self, session_id: str, after: int, markers: list[Committed] | None = None

@@ -102,3 +102,32 @@ async def test_cancelling_the_parent_cancels_its_running_child(log_dir: Path) ->
         assert outcome is not None and outcome.status == "cancelled"
         assert child_outcome is not None and child_outcome.status == "cancelled"
     sound(log_dir)
+
+
+async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="asking", tool_uses=[ToolUse("research", {"task": "capital of PT"})]),
+            Reply(text="the parent's answer"),
+        ],
+        by_system={RESEARCHER: [Reply(text="Lisbon")]},
+    )
+    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, research]) as rt:
+        await rt.create_session("p")
+        seen: list[tuple[str, str]] = []
+        async with rt.watch("p") as events:
+            await rt.submit("p", "what is the capital?", request_id="r1")
+            with trio.fail_after(20):
+                async for event in events:
+                    if event.seq is not None:
+                        seen.append((event.session_id, event.kind))
+                    if event.session_id == "p" and event.kind == "RunFinished":
+                        break
+        beats = [c.record for c in await rt.journal.read_session("p")]
+        (beat,) = [r for r in beats if isinstance(r, ToolHeartbeat)]
+        (child,) = beat.details["agents"]
+        assert (child, "SessionCreated") in seen and (child, "RunFinished") in seen
+        parent_kinds = [k for s, k in seen if s == "p"]
+        assert parent_kinds.index("ToolHeartbeat") < parent_kinds.index("ToolCompleted")
+        child_end = seen.index((child, "RunFinished"))
+        assert child_end < seen.index(("p", "ToolCompleted")), "the child finished first"
