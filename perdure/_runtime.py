@@ -47,6 +47,7 @@ from perdure.storage.records import (
     Committed,
     ResolutionAction,
     RunFinished,
+    SessionCreated,
     ToolExecuting,
     ToolHeartbeat,
 )
@@ -337,6 +338,24 @@ class Runtime:
             why = f": {outcome.reason}" if outcome is not None and outcome.reason else ""
             raise RuntimeError(f"the sub-agent {child} did not complete ({status}{why})")
         return outcome.final_text
+
+    async def _stop_orphans(self, sessions: Iterable[str]) -> list[str]:
+        """Cancel the recovered sub-agents whose parent call is over without them.
+
+        A crash between the parent's cancel (or revision) and the child's leaves a child
+        whose answer nobody waits for: recovery settled the parent's call, so the child
+        is cancelled now (idempotent by a derived request id).
+        """
+        stopped: list[str] = []
+        for sid in sessions:
+            first = await self.journal.read_session(sid, 0, 1)
+            created = first[0].record if first else None
+            if not isinstance(created, SessionCreated) or not created.parent:
+                continue
+            if await retention.dependency(self.journal, sid) is None:
+                await self.cancel(sid, request_id=f"orphan:{created.parent}")
+                stopped.append(sid)
+        return stopped
 
     async def children(self, session_id: str) -> list[str]:
         """The sub-agent sessions started by the session's unfinished tool calls."""
@@ -674,6 +693,7 @@ async def open_runtime(
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(supervisor.run)
+                    await runtime._stop_orphans(supervisor.recovered)
                     try:
                         yield runtime
                     except BaseException as exc:

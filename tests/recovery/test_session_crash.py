@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from perdure.storage.records import (
+    CancelRequested,
     InputAccepted,
     RunFinished,
     SessionCreated,
@@ -227,3 +228,47 @@ def test_a_parent_with_two_sub_agents_survives_a_kill_at_every_commit(make_plan:
     rerun: list[int] = []
     assert each_commit(plan, check, limit=60) >= 10
     assert rerun, "some crashes hit a spawning call while it waited: it was re-run"
+
+
+def test_a_sub_agent_whose_parent_was_cancelled_around_a_crash_is_stopped(
+    make_plan: Any,
+) -> None:
+    ask = {"name": "research", "input": {"task": "slowly"}}
+    plan = make_plan(
+        [{"text": "delegating", "tool_uses": [ask]}, {"text": "unused"}],
+        extra_tools=["tests.recovery.session_tools:AGENT_TOOLS"],
+        by_system={"researcher": [{"text": "thought long", "delay": 2.0}]},
+        actions=[
+            {"kind": "wait_for", "session": "s1", "record": "ToolHeartbeat"},
+            {"kind": "cancel", "session": "s1", "request_id": "c1"},
+        ],
+        linger=True,  # until every session of the log is idle, the child's too
+    )
+    orphans: list[int] = []
+
+    def check(n: int) -> None:
+        log = read_log(Path(plan["log"]))
+        children = [
+            c.record.session_id
+            for c in log
+            if isinstance(c.record, SessionCreated) and c.record.parent
+        ]
+        calls = of(plan, "s1", ToolCompleted) + of(plan, "s1", ToolOutcomeUnknown)
+        for child in children:
+            finals = [f for f in of(plan, child, RunFinished) if f.status != "interrupted"]
+            assert len(finals) == 1, f"commit {n}: {child} has one outcome"
+            answered = any(isinstance(r, ToolCompleted) and not r.is_error for r in calls)
+            if not answered:
+                assert finals[0].status == "cancelled", f"commit {n}: {child} was stopped"
+            decisions = [
+                c.record
+                for c in log
+                if isinstance(c.record, CancelRequested)
+                and c.record.session_id == child
+                and c.record.request_id.startswith("orphan:")
+            ]
+            if decisions:
+                orphans.append(n)
+
+    each_commit(plan, check)
+    assert orphans, "some crash left a child whose parent call was over: it was stopped"
