@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import time
 import uuid
@@ -39,7 +40,15 @@ from perdure.actors.supervisor import Supervisor
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.providers.base import Message, Provider
-from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
+from perdure.storage import (
+    MEMORY,
+    Durability,
+    LogBackend,
+    LogError,
+    LogFenced,
+    SessionInfo,
+    open_log,
+)
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
 from perdure.storage.records import (
@@ -53,6 +62,8 @@ from perdure.storage.records import (
 )
 from perdure.tools.contract import Tool, registry
 
+log = logging.getLogger("perdure.runtime")
+AGENT_MARK = ".agent-"  # in every sub-agent's session id
 _PAGE = 512
 SESSION_DELETED = "session_deleted"  # the last event of a deleted session's streams
 T = TypeVar("T")
@@ -193,7 +204,7 @@ class Runtime:
         System records are indexed under the empty session id, so this is a range
         scan of them alone, not of the history.
         """
-        return await trio.to_thread.run_sync(self.journal.log.read_system)
+        return await self.journal.run(self.journal.log.read_system)
 
     async def _done(self, session_id: str, command: protocol.Command) -> protocol.Done:
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Done](command))
@@ -325,10 +336,11 @@ class Runtime:
         await self._sup.create_session(child, system, None, None, parent=parent, tools=tools)
         # The parent's stream references its children (once they exist).
         beat({"agents": list(call_agents(call, n))})
-        await self.submit(child, task, request_id=f"agent:{call.idempotency_key}:{n}")
         try:
+            await self.submit(child, task, request_id=f"agent:{call.idempotency_key}:{n}")
             outcome = await self.wait_idle(child)
         except trio.Cancelled:
+            # (A submit already handed to the child's mailbox is taken before this cancel.)
             if stopping():  # the parent's run was cancelled or revised: so is the child's
                 with trio.CancelScope(shield=True):
                     await self.cancel(child, request_id=f"agent-stop:{call.idempotency_key}:{n}")
@@ -347,14 +359,20 @@ class Runtime:
         is cancelled now (idempotent by a derived request id).
         """
         stopped: list[str] = []
-        for sid in sessions:
-            first = await self.journal.read_session(sid, 0, 1)
-            created = first[0].record if first else None
-            if not isinstance(created, SessionCreated) or not created.parent:
-                continue
-            if await retention.dependency(self.journal, sid) is None:
-                await self.cancel(sid, request_id=f"orphan:{created.parent}")
-                stopped.append(sid)
+        # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
+        for sid in (s for s in sessions if AGENT_MARK in s):
+            try:
+                first = await self.journal.read_session(sid, 0, 1)
+                created = first[0].record if first else None
+                if not isinstance(created, SessionCreated) or not created.parent:
+                    continue
+                if await retention.dependency(self.journal, sid) is None:
+                    await self.cancel(sid, request_id=f"orphan:{created.parent}")
+                    stopped.append(sid)
+            except (LogError, perdure_errors.Refused) as exc:
+                # The log cannot be read now, or the child cannot be told: it runs on,
+                # and the next start looks again.
+                log.warning("sub-agent %s: its parent call could not be checked: %s", sid, exc)
         return stopped
 
     async def children(self, session_id: str) -> list[str]:
@@ -577,7 +595,7 @@ class Runtime:
 def child_session_id(call: ToolExecuting, n: int) -> str:
     """The session id of the ``n``-th sub-agent of a call: stable across re-runs."""
     digest = hashlib.sha256(f"{call.idempotency_key}\x00{n}".encode()).hexdigest()[:16]
-    return f"{call.session_id[:96]}.agent-{digest}"
+    return f"{call.session_id[:96]}{AGENT_MARK}{digest}"
 
 
 def call_agents(call: ToolExecuting, upto: int) -> Iterable[str]:
@@ -608,7 +626,7 @@ def resolution(
 
 @asynccontextmanager
 async def open_runtime(
-    log: str | PathLike[str] = ".perdure",
+    log: str | PathLike[str] | LogBackend = ".perdure",
     *,
     provider: Provider,
     tools: Iterable[Tool] = (),
@@ -665,7 +683,10 @@ async def open_runtime(
         node_id=node_id,
         lease_ttl=lease_ttl,
     )
-    the_log = await trio.to_thread.run_sync(opened)
+    if isinstance(log, str | PathLike) and log != MEMORY:
+        the_log = await trio.to_thread.run_sync(opened)
+    else:  # in memory (":memory:", or a MemoryLog the caller keeps): nothing blocks
+        the_log = opened()
     root = None if workspace is None else await trio.Path(workspace).resolve()
     try:
         async with open_journal(the_log) as journal:
@@ -713,4 +734,7 @@ async def open_runtime(
             if body_error is not None:
                 raise body_error
     finally:
-        await trio.to_thread.run_sync(the_log.close)
+        if the_log.inline:
+            the_log.close()
+        else:
+            await trio.to_thread.run_sync(the_log.close)

@@ -177,7 +177,7 @@ def serve(
     from perdure._setup import SetupError
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
-    from perdure.storage.lmdb_log import LogBusy, LogError
+    from perdure.storage import LogBusy, LogError
 
     try:
         token, source, show = resolve_token(log_dir, token_file, os.environ, host)
@@ -248,7 +248,7 @@ def run(
     """Run one task to completion, streaming the model's text and the tool calls."""
     import trio
 
-    from perdure.storage.lmdb_log import LogError
+    from perdure.storage import LogError
 
     prov, tools = _setup(provider, model, tool_specs)
     try:
@@ -301,7 +301,7 @@ def fork(
     import trio
 
     from perdure.errors import Refused
-    from perdure.storage.lmdb_log import LogError
+    from perdure.storage import LogError
 
     where: int | str | None = int(at) if at is not None and at.isdigit() else at
     rid = request_id or "fork-" + hashlib.sha256(f"{source}\x00{at}".encode()).hexdigest()[:24]
@@ -601,7 +601,7 @@ def show(session: str, log_dir: str, as_json: bool) -> None:
 def check(log_dir: str, settled: bool) -> None:
     """Verify every record's checksum and the design's invariants (read-only)."""
     from perdure.check import check_log, last_seq
-    from perdure.storage.backend import is_postgres
+    from perdure.storage import is_postgres
 
     if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
         _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
@@ -713,9 +713,8 @@ async def _maintenance(log_dir: str) -> AsyncIterator[Any]:
     """The log's Journal, owned by this command while it runs (no session is started)."""
     import trio
 
-    from perdure.storage.backend import open_log
+    from perdure.storage import LogBusy, open_log
     from perdure.storage.journal import open_journal
-    from perdure.storage.lmdb_log import LogBusy
 
     try:
         log = await trio.to_thread.run_sync(lambda: open_log(log_dir))
@@ -834,7 +833,7 @@ def import_session(source: Any, log_dir: str) -> None:
 def compact(log_dir: str) -> None:
     """Rewrite an LMDB log into a smaller file (LMDB's compacting copy); no owner may run."""
     from perdure import retention
-    from perdure.storage.lmdb_log import LogBusy
+    from perdure.storage import LogBusy
 
     if not (Path(log_dir) / "data.mdb").exists():
         _fail(f"no LMDB log at {log_dir} (use --log DIR)", 2)

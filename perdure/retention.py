@@ -27,7 +27,7 @@ import attrs
 
 from perdure.actors.state import SessionState
 from perdure.errors import Refused, UnknownSession
-from perdure.storage.backend import SessionBusy, SessionInfo
+from perdure.storage import SessionBusy, SessionInfo
 from perdure.storage.codec import converter
 from perdure.storage.journal import Journal
 from perdure.storage.records import Committed, Record, SessionCreated, SessionDeleted

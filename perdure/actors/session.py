@@ -34,7 +34,7 @@ from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
-from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
+from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed, RunFinished
 from perdure.tools.contract import Tool
 

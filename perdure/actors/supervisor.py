@@ -52,7 +52,7 @@ from perdure.errors import (
     UnknownSession,
     find_exception,
 )
-from perdure.storage.backend import (
+from perdure.storage import (
     LogError,
     LogUnavailable,
     NotOwner,

@@ -63,9 +63,9 @@ from perdure.providers.base import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from perdure.storage import LogError, check_session_id
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
-from perdure.storage.lmdb_log import LogError, check_session_id
 from perdure.storage.records import Record, ResolutionAction
 
 MAX_BODY: Final = 1 << 20

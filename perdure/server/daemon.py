@@ -38,8 +38,7 @@ from perdure._setup import SetupError
 from perdure.errors import find_exception
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
-from perdure.storage.backend import is_postgres
-from perdure.storage.lmdb_log import Durability, LogError
+from perdure.storage import Durability, LogError, is_postgres
 from perdure.tools.contract import Tool
 
 TOKEN_FILE: Final = "daemon.token"

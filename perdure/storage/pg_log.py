@@ -67,30 +67,19 @@ import attrs
 import psycopg
 import psycopg.errors
 
-from perdure.storage.backend import (
-    Batch,
-    CommitResult,
+from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
+from perdure.storage.codec import CorruptRecord, decode, encode
+from perdure.storage.common import claim_writer
+from perdure.storage.errors import (
     CommitUnknown,
-    Durability,
     LogError,
     LogUnavailable,
     NotOwner,
     SessionBusy,
     SessionFenced,
-    SessionInfo,
     StaleGoal,
-    Wake,
-    claim_writer,
 )
-from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.records import (
-    Committed,
-    GoalRevised,
-    LogOpened,
-    Record,
-    SessionDeleted,
-    active_delta,
-)
+from perdure.storage.records import Committed, LogOpened, Record, SessionDeleted
 
 SCHEMA_VERSION: Final = 1
 CHANNEL: Final = "perdure_records"
@@ -208,6 +197,7 @@ class PgLog:
     """A perdure log in PostgreSQL, written by this node. See the module docstring."""
 
     multi_node = True
+    inline = False
 
     def __init__(
         self,
@@ -461,7 +451,7 @@ class PgLog:
             held = {sid: self._held[sid].epoch for sid in sessions if sid in self._held}
         total = sum(len(records) for records, _ in batches)
         leases: dict[str, tuple[str, int]] = {}
-        infos: dict[str, dict[str, int]] = {}
+        infos: dict[str, SessionInfo] = {}
         try:
             # Round trip 1 (pipelined): lock the lease rows (with the summaries), THEN
             # draw the seqs; the server runs them in this order.
@@ -478,16 +468,10 @@ class PgLog:
                 drawn = conn.execute(
                     "SELECT nextval('perdure_seq') FROM generate_series(1, %s)", (total,)
                 )
-            for sid, owner, epoch, first_seq, last_seq, n, rev, count in locked.fetchall():
+            for sid, owner, epoch, *summary in locked.fetchall():
                 leases[sid] = (owner, epoch)
-                if first_seq is not None:
-                    infos[sid] = {
-                        "first_seq": first_seq,
-                        "last_seq": last_seq,
-                        "records": n,
-                        "goal_rev": rev,
-                        "open": count,
-                    }
+                if summary[0] is not None:
+                    infos[sid] = SessionInfo(sid, *summary)
             seqs = sorted(int(row[0]) for row in drawn.fetchall())
             deleted: set[str] = set()
             results, rows, touched = self._apply(batches, seqs, held, leases, infos, deleted)
@@ -528,11 +512,11 @@ class PgLog:
                                open_submissions = EXCLUDED.open_submissions""",
                         (
                             order,
-                            [infos[s]["first_seq"] for s in order],
-                            [infos[s]["last_seq"] for s in order],
-                            [infos[s]["records"] for s in order],
-                            [infos[s]["goal_rev"] for s in order],
-                            [max(0, infos[s]["open"]) for s in order],
+                            [infos[s].first_seq for s in order],
+                            [infos[s].last_seq for s in order],
+                            [infos[s].records for s in order],
+                            [infos[s].goal_rev for s in order],
+                            [infos[s].open_submissions for s in order],
                         ),
                     )
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
@@ -581,13 +565,13 @@ class PgLog:
         seqs: list[int],
         held: dict[str, int],
         leases: dict[str, tuple[str, int]],
-        infos: dict[str, dict[str, int]],
+        infos: dict[str, SessionInfo],
         deleted: set[str],
     ) -> tuple[CommitResult, list[tuple[int, str, bytes]], set[str]]:
         """Decide each batch in order (a revision earlier in the transaction is in force).
 
-        Sessions deleted by a batch are added to ``deleted`` (their rows go in the same
-        transaction)."""
+        Sessions a batch deletes are added to ``deleted``: their rows go in the same
+        transaction."""
         results: CommitResult = []
         rows: list[tuple[int, str, bytes]] = []
         touched: set[str] = set()
@@ -603,7 +587,7 @@ class PgLog:
                 continue
             if guard is not None:
                 info = infos.get(guard.session_id)
-                found = info["goal_rev"] if info else 0
+                found = info.goal_rev if info else 0
                 if found != guard.goal_rev:
                     results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                     continue
@@ -624,35 +608,24 @@ class PgLog:
                 rows.append((seq, sid, frame))
                 if sid:
                     touched.add(sid)
-                    info = infos.setdefault(
-                        sid, {"first_seq": 0, "last_seq": 0, "records": 0, "goal_rev": 0, "open": 0}
-                    )
-                    if not info["records"]:
-                        info["first_seq"] = seq
-                    info["last_seq"] = seq
-                    info["records"] += 1
-                    if isinstance(record, GoalRevised):
-                        info["goal_rev"] = record.goal_rev
-                    delta = active_delta(record)
-                    if delta is None:
-                        info["open"] = 0
-                    elif delta:
-                        info["open"] = max(0, info["open"]) + delta
+                    info = infos.get(sid) or SessionInfo.empty(sid)
+                    infos[sid] = info.advanced(seq, record)
                 committed.append(Committed(seq, record))
             results.append(committed)
         return results, rows, touched
 
     @staticmethod
-    def _deleting(record: Record, infos: dict[str, dict[str, int]], deleted: set[str]) -> Record:
+    def _deleting(record: Record, infos: dict[str, SessionInfo], deleted: set[str]) -> Record:
         """For a ``SessionDeleted``: note the session to delete in this transaction and
         count its records; ``SessionBusy`` while it has unfinished work."""
         if not isinstance(record, SessionDeleted):
             return record
-        info = infos.get(record.deleted, {})
-        if info.get("open", 0) > 0:
-            raise SessionBusy(record.deleted, info["open"])
+        info = infos.pop(record.deleted, None)
+        if info is not None and info.open_submissions > 0:
+            infos[record.deleted] = info
+            raise SessionBusy(record.deleted, info.open_submissions)
         deleted.add(record.deleted)
-        return attrs.evolve(record, records=info.get("records", 0))
+        return attrs.evolve(record, records=info.records if info is not None else 0)
 
     def _forget_fenced(self, results: CommitResult, held: dict[str, int]) -> None:
         """A fenced session is no longer ours: drop it, so nothing here uses it again."""
