@@ -54,6 +54,7 @@ from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
 from perdure.storage.records import (
     Budget,
     Committed,
+    LogOpened,
     ResolutionAction,
     RunFinished,
     SessionCreated,
@@ -204,7 +205,8 @@ class Runtime:
         System records are indexed under the empty session id, so this is a range
         scan of them alone, not of the history.
         """
-        return await self.journal.run(self.journal.log.read_system)
+        system = await self.journal.run(self.journal.log.read_system)
+        return [c for c in system if isinstance(c.record, LogOpened)]  # not SessionDeleted
 
     async def _done(self, session_id: str, command: protocol.Command) -> protocol.Done:
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Done](command))
