@@ -131,3 +131,32 @@ async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
         assert parent_kinds.index("ToolHeartbeat") < parent_kinds.index("ToolCompleted")
         child_end = seen.index((child, "RunFinished"))
         assert child_end < seen.index(("p", "ToolCompleted")), "the child finished first"
+
+
+async def test_a_sub_agent_cannot_use_a_tool_it_was_not_given(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="asking", tool_uses=[ToolUse("research", {"task": "send a message"})]),
+            Reply(text="the parent's answer"),
+        ],
+        by_system={
+            RESEARCHER: [
+                Reply(text="sending", tool_uses=[ToolUse("send", {"text": "hi"})]),
+                Reply(text="could not send"),
+            ]
+        },
+    )
+    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, send, research]) as rt:
+        await rt.create_session("p")
+        await rt.submit("p", "go", request_id="r1")
+        with trio.fail_after(20):
+            await rt.wait_idle("p")
+        children = [i.session_id for i in await rt.sessions() if i.session_id != "p"]
+        (child,) = children
+        (refused,) = [
+            c.record
+            for c in await rt.journal.read_session(child)
+            if isinstance(c.record, ToolCompleted)
+        ]
+        assert refused.kind == "unknown_tool" and "available: lookup" in refused.output
+    sound(log_dir)
