@@ -16,7 +16,10 @@ Read it as tables:
 * ``on_result`` — what a model reply, a model error, a tool result, a heartbeat,
   the end of a back-off or a reconciliation changes (``RESULTS``);
 * ``command`` — what a caller's submit, cancel, approve, revise, pause, resume,
-  compensate or resolve changes (``COMMANDS``).
+  compensate or resolve changes (``COMMANDS``); what a submit does while a run is
+  busy is a row of ``IF_BUSY`` (queue, interrupt, reject, steer);
+* ``fork_points`` / ``fork_position`` / ``fork_records`` — where a session's history
+  may be forked (the end of a run or of a turn) and the records of the fork.
 
 When a tool call fails (``_tool_finished``), its tool's policy decides: a transient
 failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes ``ToolRetryPending``
