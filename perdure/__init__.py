@@ -7,7 +7,8 @@ work that was pending.
 """
 
 from perdure._runtime import Runtime, open_runtime
-from perdure.actors.protocol import Accepted, Done
+from perdure.actors.protocol import Accepted, Done, Forked
+from perdure.agents import agent_tool
 from perdure.budget import Budget, Price
 from perdure.errors import (
     NotOwnerRefused,
@@ -53,6 +54,7 @@ __all__ = [
     "Done",
     "Event",
     "EventStreamLagged",
+    "Forked",
     "LogBusy",
     "LogError",
     "LogFenced",
@@ -81,6 +83,7 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "UnknownSession",
+    "agent_tool",
     "open_runtime",
     "tool",
 ]

@@ -14,7 +14,9 @@ The log is a location: a directory (LMDB, one process) or a ``postgresql://`` UR
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import random
 import time
 import uuid
@@ -28,6 +30,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
+from perdure import errors as perdure_errors
+from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.session import CommandMsg, Query, WaitIdle
@@ -36,17 +40,40 @@ from perdure.actors.supervisor import Supervisor
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.providers.base import Message, Provider
-from perdure.storage import MEMORY, Durability, LogBackend, LogFenced, SessionInfo, open_log
+from perdure.storage import (
+    MEMORY,
+    Durability,
+    LogBackend,
+    LogError,
+    LogFenced,
+    SessionInfo,
+    open_log,
+)
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
-from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    LogOpened,
+    ResolutionAction,
+    RunFinished,
+    SessionCreated,
+    ToolExecuting,
+    ToolHeartbeat,
+)
 from perdure.tools.contract import Tool, registry
 
 if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configured
     from perdure.tools.mcp import McpHub, McpServer
 
+log = logging.getLogger("perdure.runtime")
+AGENT_MARK = ".agent-"  # in every sub-agent's session id
 _PAGE = 512
+SESSION_DELETED = "session_deleted"  # the last event of a deleted session's streams
 T = TypeVar("T")
+# What input does while a run is busy (``submit(if_busy=...)``), for the edges to check.
+IfBusy = protocol.IfBusy
+check_if_busy = protocol.check_if_busy
 
 
 class Runtime:
@@ -130,21 +157,62 @@ class Runtime:
         *,
         system: str | None = None,
         budget: Budget | None = None,
+        if_busy: protocol.IfBusy | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
-        ``budget`` replaces the runtime's default budget for this session. Raises
-        ``Refused("conflict")`` if the session exists with another system prompt.
+        ``budget`` replaces the runtime's default budget for this session; ``if_busy``
+        is the session's default for input sent while a run is busy (see ``submit``).
+        Raises ``Refused("conflict")`` if the session exists with another system prompt.
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self._sup.create_session(sid, system, budget)
+        await self._sup.create_session(sid, system, budget, protocol.check_if_busy(if_busy))
         return sid
 
     async def ensure_session(
-        self, session_id: str, *, system: str | None = None, budget: Budget | None = None
+        self,
+        session_id: str,
+        *,
+        system: str | None = None,
+        budget: Budget | None = None,
+        if_busy: protocol.IfBusy | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
-        return await self._sup.create_session(session_id, system, budget)
+        policy = protocol.check_if_busy(if_busy)
+        return await self._sup.create_session(session_id, system, budget, policy)
+
+    async def fork(
+        self,
+        source: str,
+        /,
+        *,
+        at: int | str | None = None,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> protocol.Forked:
+        """Start a new session from the history of ``source`` up to a settled point.
+
+        ``at`` is None (the latest end of a run or of a turn), a run id (the end of that
+        run) or a sequence number of the source that is such a point; anything else is
+        refused (``Refused("invalid_state")``) naming the nearest valid points. The
+        fork's records (its ``SessionForked`` lineage and a copy of the prefix) are one
+        commit; the source is untouched. Calls copied into the fork keep their results
+        and are never run again; a turn left to continue or input left waiting in the
+        prefix is taken up at once, as recovery would. The workspace is NOT rewound.
+        ``session_id`` defaults to one derived from ``source`` and ``request_id``, so
+        the same request forks once (the answer says ``duplicate``).
+        """
+        if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
+            raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
+        rid = request_id or _rid()
+        if session_id is None:
+            digest = hashlib.sha256(f"{source}\x00{rid}".encode()).hexdigest()[:16]
+            session_id = f"fork-{digest}"
+        forked = await self._sup.fork_session(source, session_id, at, rid)
+        info = await self.journal.session_info(forked.session_id)
+        if info is not None and info.open_submissions:
+            await self._sup.mailbox(forked.session_id)  # its pending work starts now
+        return forked
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.journal.sessions()
@@ -159,7 +227,8 @@ class Runtime:
         System records are indexed under the empty session id, so this is a range
         scan of them alone, not of the history.
         """
-        return await self.journal.run(self.journal.log.read_system)
+        system = await self.journal.run(self.journal.log.read_system)
+        return [c for c in system if isinstance(c.record, LogOpened)]  # not SessionDeleted
 
     async def _done(self, session_id: str, command: protocol.Command) -> protocol.Done:
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Done](command))
@@ -171,13 +240,21 @@ class Runtime:
         *,
         request_id: str | None = None,
         budget: Budget | None = None,
+        if_busy: protocol.IfBusy | None = None,
     ) -> protocol.Accepted:
         """Queue user input; returns once it is durable. Same ``request_id`` -> same answer.
 
         ``budget`` (recorded with the input) replaces the session's budget from this
-        input on: e.g. to continue a run that stopped at its budget.
+        input on: e.g. to continue a run that stopped at its budget. ``if_busy`` says
+        what the input does while a run is busy (default: the session's, else
+        ``"queue"``): ``"queue"`` waits its turn; ``"interrupt"`` cancels the run at
+        once (its unfinished calls' fates are reported as for ``cancel``) and runs
+        next; ``"reject"`` raises ``Refused("busy")`` and records nothing; ``"steer"``
+        revises the running request with it (as ``revise``). The answer's
+        ``disposition`` says which happened (``queued``, ``interrupted``, ``steered``).
         """
-        command = protocol.Submit(request_id or _rid(), text, budget)
+        policy = protocol.check_if_busy(if_busy)
+        command = protocol.Submit(request_id or _rid(), text, budget, policy)
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Accepted](command))
 
     async def cancel(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
@@ -212,11 +289,23 @@ class Runtime:
         return await self._done(session_id, protocol.Revise(request_id or _rid(), text, budget))
 
     async def pause(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
-        """Dispatch nothing new (running tools finish); durable across restarts."""
-        return await self._done(session_id, protocol.Pause(request_id or _rid()))
+        """Dispatch nothing new (running tools finish); durable across restarts.
+
+        The running sub-agents of the session's calls are paused too (and theirs).
+        """
+        rid = request_id or _rid()
+        done = await self._done(session_id, protocol.Pause(rid))
+        for child in await self.children(session_id):
+            await self.pause(child, request_id=f"{rid}/{child}")
+        return done
 
     async def resume(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
-        return await self._done(session_id, protocol.Resume(request_id or _rid()))
+        """Dispatch again after ``pause``; the running sub-agents resume too."""
+        rid = request_id or _rid()
+        done = await self._done(session_id, protocol.Resume(rid))
+        for child in await self.children(session_id):
+            await self.resume(child, request_id=f"{rid}/{child}")
+        return done
 
     async def compensate(
         self, session_id: str, call_id: str, *, request_id: str | None = None
@@ -245,6 +334,136 @@ class Runtime:
         what it is told, if given). Same ``request_id`` -> same answer.
         """
         return await self._done(session_id, resolution(call_id, action, result, request_id))
+
+    async def _run_child(
+        self,
+        call: ToolExecuting,
+        n: int,
+        task: str,
+        system: str | None,
+        tools: list[str] | None,
+        stopping: Callable[[], bool],
+        beat: Callable[[Any], None],
+    ) -> str:
+        """``ctx.run_agent``: the ``n``-th sub-agent of a tool call, as a child session.
+
+        Every step is idempotent and named after the call's idempotency key, so a
+        re-run of the call after a crash finds the child it started (created once, its
+        task submitted once) and waits for the outcome the child reaches meanwhile.
+        """
+        if tools is not None:
+            unknown = sorted(set(tools) - set(self._ctx.tools))
+            if unknown:
+                raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
+        child = child_session_id(call, n)
+        parent = f"{call.session_id}/{call.call_id}"
+        await self._sup.create_session(child, system, None, None, parent=parent, tools=tools)
+        # The parent's stream references its children (once they exist).
+        beat({"agents": list(call_agents(call, n))})
+        try:
+            await self.submit(child, task, request_id=f"agent:{call.idempotency_key}:{n}")
+            outcome = await self.wait_idle(child)
+        except trio.Cancelled:
+            # (A submit already handed to the child's mailbox is taken before this cancel.)
+            if stopping():  # the parent's run was cancelled or revised: so is the child's
+                with trio.CancelScope(shield=True):
+                    await self.cancel(child, request_id=f"agent-stop:{call.idempotency_key}:{n}")
+            raise
+        if outcome is None or outcome.status != "completed":
+            status = outcome.status if outcome is not None else "no outcome"
+            why = f": {outcome.reason}" if outcome is not None and outcome.reason else ""
+            raise RuntimeError(f"the sub-agent {child} did not complete ({status}{why})")
+        return outcome.final_text
+
+    async def _stop_orphans(self, sessions: Iterable[str]) -> list[str]:
+        """Cancel the recovered sub-agents whose parent call is over without them.
+
+        A crash between the parent's cancel (or revision) and the child's leaves a child
+        whose answer nobody waits for: recovery settled the parent's call, so the child
+        is cancelled now (idempotent by a derived request id).
+        """
+        stopped: list[str] = []
+        # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
+        for sid in (s for s in sessions if AGENT_MARK in s):
+            try:
+                first = await self.journal.read_session(sid, 0, 1)
+                created = first[0].record if first else None
+                if not isinstance(created, SessionCreated) or not created.parent:
+                    continue
+                if await retention.dependency(self.journal, sid) is None:
+                    await self.cancel(sid, request_id=f"orphan:{created.parent}")
+                    stopped.append(sid)
+            except (LogError, perdure_errors.Refused) as exc:
+                # The log cannot be read now, or the child cannot be told: it runs on,
+                # and the next start looks again.
+                log.warning("sub-agent %s: its parent call could not be checked: %s", sid, exc)
+        return stopped
+
+    async def children(self, session_id: str) -> list[str]:
+        """The sub-agent sessions started by the session's unfinished tool calls."""
+
+        def running(state: SessionState) -> list[str]:
+            found: list[str] = []
+            for task in state.tasks.values():
+                beat = task.last_heartbeat
+                if task.terminal or beat is None or not isinstance(beat.details, dict):
+                    continue
+                found += [a for a in beat.details.get("agents", []) if isinstance(a, str)]
+            return found
+
+        return await self.state(session_id, running)
+
+    # -- retention ----------------------------------------------------------------------
+
+    async def delete_session(self, session_id: str, *, reason: str = "") -> int:
+        """Remove a finished session and its records from the log; return how many went.
+
+        Refused (``busy``, nothing removed) while it has unfinished work or a parent
+        call still waits for it (a sub-agent). Its event streams end with a
+        ``session_deleted`` event. Forks of it are unaffected (they hold a copy).
+        """
+        count = await self._sup.delete_session(session_id, reason)
+        data = {"session_id": session_id, "records": count, "reason": reason}
+        self.journal.bus.publish(Event(session_id, SESSION_DELETED, data=data))
+        return count
+
+    async def prune(
+        self, finished_before: float, *, dry_run: bool = False
+    ) -> tuple[list[retention.Pruned], list[tuple[str, str]]]:
+        """Delete every session without unfinished work whose last record is older than
+        ``finished_before`` (wall-clock seconds); one transaction per session. Returns
+        (deleted or, with ``dry_run``, to delete; kept, with why)."""
+        deleted: list[retention.Pruned] = []
+        kept: list[tuple[str, str]] = []
+        for found in await retention.prunable(self.journal, finished_before):
+            why = await retention.dependency(self.journal, found.session_id)
+            if why is not None:
+                kept.append((found.session_id, why))
+            elif dry_run:
+                deleted.append(found)
+            else:
+                try:
+                    count = await self.delete_session(found.session_id, reason="pruned")
+                except perdure_errors.Refused as exc:
+                    kept.append((found.session_id, exc.message))
+                    continue
+                deleted.append(attrs.evolve(found, records=count))
+        return deleted, kept
+
+    async def export_session(self, session_id: str) -> list[str]:
+        """The session as JSON lines (a header, then every record with its seq)."""
+        records = await self.journal.read_session(session_id)
+        if not records:
+            raise UnknownSession(session_id)
+        return list(retention.export_lines(session_id, records))
+
+    async def import_session(self, lines: Iterable[str]) -> str:
+        """Restore an exported session into this log (one commit); return its id."""
+        session_id, _ = await retention.import_session(self.journal, lines)
+        info = await self.journal.session_info(session_id)
+        if info is not None and info.open_submissions:
+            await self._sup.mailbox(session_id)  # its unfinished work goes on here
+        return session_id
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
@@ -305,6 +524,40 @@ class Runtime:
                         continue
                     last = event.seq
                 yield event
+                if event.kind == SESSION_DELETED:
+                    return  # the session is gone: nothing more will come
+
+    @asynccontextmanager
+    async def watch(
+        self, session_id: str, *, after: int = 0, agents: bool = True
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """The session's events (as ``events``) with, if ``agents``, those of its sub-agents
+        nested in: each child's stream (and its children's) joins as soon as a call's
+        heartbeat names it. Tell them apart by ``Event.session_id``. Events of one session
+        keep their order; the streams interleave as they happen.
+        """
+        send, receive = trio.open_memory_channel[Event](1024)
+        joined: set[str] = {session_id}
+        async with trio.open_nursery() as nursery:
+
+            async def pump(sid: str, start: int) -> None:
+                async with aclosing(self.events(sid, after=start)) as stream:
+                    async for event in stream:
+                        await send.send(event)
+                        beat = event.record
+                        named = beat.details if isinstance(beat, ToolHeartbeat) else None
+                        if not (agents and isinstance(named, dict)):
+                            continue
+                        for child in named.get("agents", []):
+                            if isinstance(child, str) and child not in joined:
+                                joined.add(child)
+                                nursery.start_soon(pump, child, 0)
+
+            nursery.start_soon(pump, session_id, after)
+            try:
+                yield receive
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _replay(
         self, session_id: str, after: int, markers: list[Committed] | None = None
@@ -352,6 +605,8 @@ class Runtime:
                         return
                 if event is not None and event.seq is None and event.kind != WAKE:
                     yield event
+                    if event.kind == SESSION_DELETED:
+                        return
                     continue
                 if event is not None and event.seq is not None and event.seq <= last:
                     continue
@@ -359,6 +614,16 @@ class Runtime:
                     async for c in replay:
                         last = c.seq or last
                         yield c
+
+
+def child_session_id(call: ToolExecuting, n: int) -> str:
+    """The session id of the ``n``-th sub-agent of a call: stable across re-runs."""
+    digest = hashlib.sha256(f"{call.idempotency_key}\x00{n}".encode()).hexdigest()[:16]
+    return f"{call.session_id[:96]}{AGENT_MARK}{digest}"
+
+
+def call_agents(call: ToolExecuting, upto: int) -> Iterable[str]:
+    return (child_session_id(call, i) for i in range(1, upto + 1))
 
 
 def _rid() -> str:
@@ -471,12 +736,15 @@ async def open_runtime(
                 prices=dict(DEFAULT_PRICES if prices is None else prices),
             )
             supervisor = Supervisor(ctx)
+            runtime = Runtime(supervisor, journal, ctx, hub)
+            ctx.agents = runtime._run_child
             body_error: BaseException | None = None
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(supervisor.run)
+                    await runtime._stop_orphans(supervisor.recovered)
                     try:
-                        yield Runtime(supervisor, journal, ctx, hub)
+                        yield runtime
                     except BaseException as exc:
                         # Re-raised below, outside the nursery, so the caller sees its own
                         # exception rather than an ExceptionGroup.

@@ -51,6 +51,7 @@ from perdure.storage.records import (
     ResolutionDecided,
     RunFinished,
     RunStarted,
+    SessionDeleted,
     ToolCancelled,
     ToolCompleted,
     ToolExecuting,
@@ -119,22 +120,41 @@ def decode_frames(
     gap_free: bool = True,
 ) -> list[Committed]:
     """Decode every frame; report damaged ones by seq, and gaps (or, where gaps are
-    allowed, a sequence that does not increase)."""
+    allowed, a sequence that does not increase).
+
+    The records of deleted sessions leave gaps: they are sound when the numbers
+    missing add up to the records the ``SessionDeleted`` markers say were removed.
+    """
     out: list[Committed] = []
     expected = 1
+    gaps: list[tuple[int, int]] = []  # (expected, found)
+    missing = deleted = 0
     for seq, frame in frames:
         if on_frame is not None:
             on_frame(seq)
-        if gap_free and seq != expected:
-            report.add(f"sequence gap: expected record {expected}, found {seq}")
-        elif not gap_free and seq < expected:
+        if gap_free and seq > expected:
+            gaps.append((expected, seq))
+            missing += seq - expected
+        elif seq < expected:
             report.add(f"sequence not increasing: record {seq} after {expected - 1}")
         expected = seq + 1
         try:
-            out.append(Committed(seq, decode(seq, frame)))
+            record = decode(seq, frame)
         except CorruptRecord as exc:
             report.damaged.append(seq)
             report.add(str(exc))
+            continue
+        out.append(Committed(seq, record))
+        if isinstance(record, SessionDeleted):
+            deleted += record.records
+    if gap_free and missing != deleted:
+        for want, found in gaps:
+            report.add(f"sequence gap: expected record {want}, found {found}")
+        if deleted:
+            report.add(
+                f"{missing} sequence numbers are missing, but deleted sessions account "
+                f"for {deleted} records"
+            )
     return out
 
 

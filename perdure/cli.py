@@ -392,6 +392,67 @@ def run(
     raise SystemExit(0 if status == "completed" else 1)
 
 
+@main.command()
+@click.argument("source")
+@click.option(
+    "--at",
+    "at",
+    default=None,
+    help="A run id or a sequence number of SOURCE that "
+    "ends a run or a turn (default: the latest such point).",
+)
+@click.option("--as", "new_id", default=None, help="The fork's session id (default: derived).")
+@click.option(
+    "--request-id",
+    default=None,
+    help="Deduplication key (default: derived from SOURCE and --at, so repeating the "
+    "command forks once).",
+)
+@log_option
+@provider_option
+@model_option
+@tools_option
+def fork(
+    source: str,
+    at: str | None,
+    new_id: str | None,
+    request_id: str | None,
+    log_dir: str,
+    provider: str,
+    model: str | None,
+    tool_specs: tuple[str, ...],
+) -> None:
+    """Start a new session from SOURCE's history up to the end of a run or of a turn.
+
+    The fork's pending work (a turn to continue, queued input) starts like any
+    recovered work, with the given provider and tools. Against a running daemon, use
+    its route instead: POST /v1/sessions/SOURCE/forks.
+    """
+    import trio
+
+    from perdure.errors import Refused
+    from perdure.storage import LogError
+
+    where: int | str | None = int(at) if at is not None and at.isdigit() else at
+    rid = request_id or "fork-" + hashlib.sha256(f"{source}\x00{at}".encode()).hexdigest()[:24]
+    prov, tools = _setup(provider, model, tool_specs)
+
+    async def go() -> Any:
+        import perdure
+
+        async with perdure.open_runtime(log_dir, provider=prov, tools=tools) as rt:
+            return await rt.fork(source, at=where, session_id=new_id, request_id=rid)
+
+    try:
+        forked = trio.run(go)
+    except Refused as exc:
+        _fail(str(exc))
+    except LogError as exc:
+        _fail(str(exc))
+    again = " (already forked by this request)" if forked.duplicate else ""
+    echo(f"session {forked.session_id} forked from {source} at record {forked.position}{again}")
+
+
 async def _run_task(
     task: str,
     workspace: Path,
@@ -788,6 +849,145 @@ def conformance(
         echo(f"FLAGGED: {', '.join(flagged)}", "warning")
         raise SystemExit(1)
     echo(f"OK: {len(reports)} tool(s) behave as declared at every crash point", "outcome")
+
+
+# -- retention: the log's owner for a moment, without running any session ----------------
+
+
+@asynccontextmanager
+async def _maintenance(log_dir: str) -> AsyncIterator[Any]:
+    """The log's Journal, owned by this command while it runs (no session is started)."""
+    import trio
+
+    from perdure.storage import LogBusy, open_log
+    from perdure.storage.journal import open_journal
+
+    try:
+        log = await trio.to_thread.run_sync(lambda: open_log(log_dir))
+    except LogBusy as exc:
+        _fail(f"{exc}; stop the process that owns the log first", 2)
+    try:
+        async with open_journal(log) as journal:
+            yield journal
+    finally:
+        await trio.to_thread.run_sync(log.close)
+
+
+def _when(text: str) -> float:
+    """A date (2026-01-31), a date and time (2026-01-31T12:00), or seconds since 1970."""
+    from datetime import UTC, datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        _fail(f"--finished-before: not a date: {text!r} (e.g. 2026-01-31 or 2026-01-31T12:00)", 2)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+@main.command()
+@click.option(
+    "--finished-before",
+    "before",
+    required=True,
+    help="A date (UTC): prune "
+    "sessions whose last record is older, and that have no unfinished work.",
+)
+@click.option("--dry-run", is_flag=True, help="Only list what would be deleted.")
+@log_option
+def prune(before: str, dry_run: bool, log_dir: str) -> None:
+    """Delete finished sessions older than a date (each in one transaction)."""
+    import time
+
+    import trio
+
+    from perdure import retention
+
+    cutoff = _when(before)
+
+    async def go() -> Any:
+        async with _maintenance(log_dir) as journal:
+            return await retention.prune(journal, cutoff, time.time(), dry_run=dry_run)
+
+    deleted, kept = trio.run(go)
+    verb = "would delete" if dry_run else "deleted"
+    for p in deleted:
+        echo(f"{verb} {p.session_id} ({p.records} records)")
+    for sid, why in kept:
+        echo(f"kept {sid}: {why}", "warning")
+    echo(f"{len(deleted)} session(s) {verb}, {len(kept)} kept", "outcome")
+
+
+@main.command(name="export")
+@click.argument("session")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write to this file (default: standard output).",
+)
+@log_option
+def export_session(session: str, output: Path | None, log_dir: str) -> None:
+    """Write a session as JSON lines: its records with their sequence numbers (read-only)."""
+    from perdure import retention
+
+    log = _open_readonly(log_dir)
+    try:
+        records = log.read_session(session)
+    finally:
+        log.close()
+    if not records:
+        _fail(f"no session {session!r} in {log_dir}")
+    lines = "".join(line + "\n" for line in retention.export_lines(session, records))
+    if output is None:
+        click.echo(lines, nl=False)
+    else:
+        output.write_text(lines)
+
+
+@main.command(name="import")
+@click.argument("source", type=click.File("r"))
+@log_option
+def import_session(source: Any, log_dir: str) -> None:
+    """Restore a session exported by ``perdure export`` into this log (one commit)."""
+    import trio
+
+    from perdure import retention
+    from perdure.errors import Refused
+
+    lines = source.read().splitlines()
+
+    async def go() -> tuple[str, int]:
+        async with _maintenance(log_dir) as journal:
+            return await retention.import_session(journal, lines)
+
+    try:
+        sid, count = trio.run(go)
+    except (Refused, ValueError) as exc:
+        _fail(str(exc))
+    echo(f"imported session {sid} ({count} records)")
+
+
+@main.command()
+@log_option
+def compact(log_dir: str) -> None:
+    """Rewrite an LMDB log into a smaller file (LMDB's compacting copy); no owner may run."""
+    from perdure import retention
+    from perdure.storage import LogBusy
+
+    if not (Path(log_dir) / "data.mdb").exists():
+        _fail(f"no LMDB log at {log_dir} (use --log DIR)", 2)
+    try:
+        before, after = retention.compact(log_dir)
+    except LogBusy as exc:
+        _fail(f"{exc}; stop the process that owns the log first", 2)
+    echo(f"compacted {log_dir}: {before} -> {after} bytes")
 
 
 if __name__ == "__main__":

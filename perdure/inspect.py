@@ -282,6 +282,12 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
         "session_id": s.session_id,
         "status": status(s),
         "system": s.system,
+        # lineage: the session it was forked from (and where), the call it serves
+        "forked_from": (
+            {"session_id": s.forked.source, "position": s.forked.position} if s.forked else None
+        ),
+        "parent": s.parent,
+        "if_busy": s.if_busy,
         "paused": s.paused,
         "parked": s.parked,
         "last_seq": s.last_seq,

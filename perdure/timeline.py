@@ -31,6 +31,7 @@ from perdure.storage.records import (
     RunFinished,
     RunStarted,
     SessionCreated,
+    SessionForked,
     SessionParked,
     SessionPaused,
     SessionResumed,
@@ -93,8 +94,14 @@ class Timeline:
             add("restart", f"── runtime started (epoch {r.epoch}, pid {r.pid}) ──")
         elif isinstance(r, SessionCreated):
             add("plain", f"session {r.session_id} created")
+        elif isinstance(r, SessionForked):
+            add(
+                "plain",
+                f"forked from {r.source} at record {r.position} ({r.records} records copied)",
+            )
         elif isinstance(r, InputAccepted):
-            add("input", f"input {r.submission_id} accepted: {_short(r.text)!r}")
+            cut = f" (interrupts run {r.interrupts})" if r.interrupts else ""
+            add("input", f"input {r.submission_id} accepted{cut}: {_short(r.text)!r}")
         elif isinstance(r, RunStarted):
             extra = (
                 f" (resumes {r.resumed_from}, attempt {r.resume_attempt})" if r.resumed_from else ""
@@ -196,7 +203,8 @@ class Timeline:
         elif isinstance(r, CancelRequested):
             add("warning", f"cancel requested for run {r.run_id}")
         elif isinstance(r, GoalRevised):
-            add("input", f"request revised (revision {r.goal_rev}): {_short(r.text)!r}")
+            how = "steered by new input" if r.steered else "revised"
+            add("input", f"request {how} (revision {r.goal_rev}): {_short(r.text)!r}")
         elif isinstance(r, SessionPaused):
             add("warning", "session paused")
         elif isinstance(r, SessionResumed):

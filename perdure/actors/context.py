@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from attrs import define, field
 
 from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.providers.base import Provider
 from perdure.storage.journal import Journal
+from perdure.storage.records import ToolExecuting
 from perdure.tools.contract import Tool
+
+AgentRunner = Callable[
+    [
+        ToolExecuting,
+        int,
+        str,
+        str | None,
+        list[str] | None,
+        Callable[[], bool],
+        Callable[[Any], None],
+    ],
+    Awaitable[str],
+]
 
 
 @define(kw_only=True)
@@ -40,3 +55,7 @@ class ActorContext:
     forget_settled: bool = True
     budget: Budget | None = None  # the default budget of every session (perdure.budget)
     prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
+    # Runs a sub-agent for a tool call (``ctx.run_agent``): set by the runtime, which
+    # owns the sessions. Called with (the call's executing record, its n-th sub-agent,
+    # task, system, tools, whether the call was told to stop).
+    agents: AgentRunner | None = None

@@ -16,7 +16,10 @@ Read it as tables:
 * ``on_result`` — what a model reply, a model error, a tool result, a heartbeat,
   the end of a back-off or a reconciliation changes (``RESULTS``);
 * ``command`` — what a caller's submit, cancel, approve, revise, pause, resume,
-  compensate or resolve changes (``COMMANDS``).
+  compensate or resolve changes (``COMMANDS``); what a submit does while a run is
+  busy is a row of ``IF_BUSY`` (queue, interrupt, reject, steer);
+* ``fork_points`` / ``fork_position`` / ``fork_records`` — where a session's history
+  may be forked (the end of a run or of a turn) and the records of the fork.
 
 When a tool call fails (``_tool_finished``), its tool's policy decides: a transient
 failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes ``ToolRetryPending``
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import evolve
@@ -82,8 +85,11 @@ from perdure.actors.state import (
 from perdure.budget import over_budget
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.records import (
+    FINAL_RUN_STATUSES,
     ApprovalDecided,
+    Budget,
     CancelRequested,
+    Committed,
     CompensationFinished,
     CompensationRequested,
     GenerationCompleted,
@@ -97,6 +103,9 @@ from perdure.storage.records import (
     RunFinished,
     RunStarted,
     RunStatus,
+    SessionCreated,
+    SessionForked,
+    SessionParked,
     SessionPaused,
     SessionResumed,
     ToolAwaitingApproval,
@@ -1121,7 +1130,8 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
     if seen is not None:
         if seen.kind == cmd.kind and seen.body_hash == body:
             if isinstance(cmd, Submit):
-                return NOTHING, Accepted(seen.ref, seen.seq, duplicate=True)
+                answer = Accepted(seen.ref, seen.seq, duplicate=True, disposition=seen.disposition)
+                return NOTHING, answer
             return NOTHING, Done(seen.ref, seen.seq, duplicate=True)
         raise Refused(
             "conflict",
@@ -1134,17 +1144,71 @@ def command(s: SessionState, env: Env, cmd: Command) -> tuple[Step, Answer]:
 
 
 def _submit(s: SessionState, env: Env, cmd: Submit) -> tuple[Step, Answer]:
-    sub_id = f"in{len(s.submissions) + 1}"
-    record = InputAccepted(
+    """User input; what it does while the session is busy is the ``IF_BUSY`` row of its
+    policy (the submit's own, else the session's default, else ``queue``)."""
+    policy = cmd.if_busy or s.if_busy or "queue"
+    # The run still working on its request (one being cancelled is winding down already).
+    live = s.run if s.run is not None and not s.run.cancel_requested else None
+    busy = s.run is not None or bool(s.queue)
+    return IF_BUSY[policy if busy else "queue"](s, env, cmd, live)
+
+
+def _accept(s: SessionState, env: Env, cmd: Submit, interrupts: str | None = None) -> InputAccepted:
+    return InputAccepted(
         session_id=s.session_id,
-        submission_id=sub_id,
+        submission_id=f"in{len(s.submissions) + 1}",
         request_id=cmd.request_id,
         text=cmd.text,
         body_hash=cmd.body_hash,
         budget=cmd.budget,
+        interrupts=interrupts,
         at=env.now,
     )
-    return Step((record,)), Accepted(sub_id, 0)
+
+
+def _busy_queue(s: SessionState, env: Env, cmd: Submit, live: Any) -> tuple[Step, Answer]:
+    """Wait its turn (or run at once when the session is not busy)."""
+    record = _accept(s, env, cmd)
+    return Step((record,)), Accepted(record.submission_id, 0)
+
+
+def _busy_interrupt(s: SessionState, env: Env, cmd: Submit, live: Any) -> tuple[Step, Answer]:
+    """Cancel the busy run now (the usual wind-down: what has not started is cancelled,
+    a cancellable tool is stopped, any other is left to finish and its fate reported),
+    and run this input next, ahead of any other waiting input. One commit."""
+    if live is None:  # nothing runs (inputs wait, or the run is being cancelled already)
+        return _busy_queue(s, env, cmd, live)
+    record = _accept(s, env, cmd, interrupts=live.run_id)
+    cancelling = _cancel_run(s, env, f"{cmd.request_id}/interrupt")
+    answer = Accepted(record.submission_id, 0, disposition="interrupted")
+    return Step((record,)) + cancelling, answer
+
+
+def _busy_reject(s: SessionState, env: Env, cmd: Submit, live: Any) -> tuple[Step, Answer]:
+    """Refuse: nothing is recorded, so the same request may be sent again later."""
+    doing = f"run {s.run.run_id} is in progress" if s.run is not None else ""
+    waiting = f"{len(s.queue)} input(s) wait their turn" if s.queue else ""
+    raise Refused(
+        "busy",
+        f"session {s.session_id} is busy ({'; '.join(filter(None, (doing, waiting)))}); "
+        "the input was not recorded (if_busy='reject')",
+    )
+
+
+def _busy_steer(s: SessionState, env: Env, cmd: Submit, live: Any) -> tuple[Step, Answer]:
+    """Make the input a revision of the running request (as ``rt.revise`` would)."""
+    if live is None:
+        return _busy_queue(s, env, cmd, live)
+    step = _revision(s, env, cmd.text, cmd.request_id, cmd.budget, steered=True)
+    return step, Accepted(live.submission_id, 0, disposition="steered")
+
+
+IF_BUSY: dict[str, Callable[[SessionState, Env, Submit, Any], tuple[Step, Answer]]] = {
+    "queue": _busy_queue,
+    "interrupt": _busy_interrupt,
+    "reject": _busy_reject,
+    "steer": _busy_steer,
+}
 
 
 def _cancel(s: SessionState, env: Env, cmd: Cancel) -> tuple[Step, Answer]:
@@ -1152,6 +1216,12 @@ def _cancel(s: SessionState, env: Env, cmd: Cancel) -> tuple[Step, Answer]:
         return NOTHING, Done("")  # nothing to cancel; no record needed
     if s.run.cancel_requested:
         return NOTHING, Done(s.run.run_id)
+    return _cancel_run(s, env, cmd.request_id), Done(s.run.run_id)
+
+
+def _cancel_run(s: SessionState, env: Env, request_id: str) -> Step:
+    """``CancelRequested`` for the current run (and the compensations it triggers)."""
+    assert s.run is not None
     done = [
         s.tasks[c]
         for g in s.submissions[s.run.submission_id].generations
@@ -1161,12 +1231,11 @@ def _cancel(s: SessionState, env: Env, cmd: Cancel) -> tuple[Step, Answer]:
     record = CancelRequested(
         session_id=s.session_id,
         run_id=s.run.run_id,
-        request_id=cmd.request_id,
+        request_id=request_id,
         compensable=compensable,
         at=env.now,
     )
-    auto = _automatic_compensations(s, env, compensable, cmd.request_id, s.goal_rev)
-    return Step((record,)) + auto, Done(s.run.run_id)
+    return Step((record,)) + _automatic_compensations(s, env, compensable, request_id, s.goal_rev)
 
 
 def _approve(s: SessionState, env: Env, cmd: Approve) -> tuple[Step, Answer]:
@@ -1222,20 +1291,34 @@ def _revise(s: SessionState, env: Env, cmd: Revise) -> tuple[Step, Answer]:
         raise Refused(
             "invalid_state", "no run is in progress to revise; submit a new message instead"
         )
+    step = _revision(s, env, cmd.text, cmd.request_id, cmd.budget)
+    return step, Done(str(s.goal_rev + 1))
+
+
+def _revision(
+    s: SessionState,
+    env: Env,
+    text: str,
+    request_id: str,
+    budget: Budget | None,
+    *,
+    steered: bool = False,
+) -> Step:
+    """``GoalRevised`` for the current run (and the compensations it triggers)."""
     rev = s.goal_rev + 1
     old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
     compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
     record = GoalRevised(
         session_id=s.session_id,
         goal_rev=rev,
-        text=cmd.text,
-        request_id=cmd.request_id,
+        text=text,
+        request_id=request_id,
         compensable=compensable,
-        budget=cmd.budget,
+        budget=budget,
+        steered=steered,
         at=env.now,
     )
-    auto = _automatic_compensations(s, env, compensable, cmd.request_id, rev)
-    return Step((record,)) + auto, Done(str(rev))
+    return Step((record,)) + _automatic_compensations(s, env, compensable, request_id, rev)
 
 
 def _compensate_command(s: SessionState, env: Env, cmd: Compensate) -> tuple[Step, Answer]:
@@ -1321,6 +1404,132 @@ def _automatic_compensations(
             auto_id = f"{request_id}/auto/{call_id}"
             step += _compensate(s, env, call_id, auto_id, automatic=True, goal_rev=goal_rev)
     return step
+
+
+# -- fork: a new session from a settled prefix of another's history ---------------------------
+
+
+def fork_points(committed: Sequence[Committed]) -> list[int]:
+    """The positions (seqs) of a session's history where a fork may be taken.
+
+    A settled point is the end of a run (its final ``RunFinished``) or the end of a turn
+    (the result that made every call of the current model turn terminal), with no
+    compensation unfinished; and the end of the history when the session is idle. At
+    such a point nothing runs: the fork inherits no call whose effect is in doubt, and
+    what it does inherit (a turn to continue, queued input) is taken up by ``recover``.
+    """
+    if not committed:
+        return []
+    s = SessionState(committed[0].record.session_id)
+    points: list[int] = []
+    for c in committed:
+        s.apply(c.record)
+        s.note_committed(c)
+        if _settled_at(s, c.record):
+            points.append(c.seq)
+    if s.idle and not s.parked and (not points or points[-1] != committed[-1].seq):
+        points.append(committed[-1].seq)
+    return points
+
+
+def _settled_at(s: SessionState, record: Record) -> bool:
+    if not all(c.finished for c in s.compensations.values()):
+        return False
+    if isinstance(record, RunFinished):
+        return record.status in FINAL_RUN_STATUSES and s.run is None
+    if not isinstance(record, ToolCompleted | ToolOutcomeUnknown | ToolCancelled):
+        return False
+    run, gen = s.run, s.current_generation()
+    return (
+        run is not None
+        and not run.cancel_requested
+        and gen is not None
+        and gen.phase == "completed"
+        and gen.goal_rev == s.goal_rev
+        and record.call_id in gen.call_ids
+        and all(t.terminal for t in s.tasks_of(gen))
+    )
+
+
+def fork_position(committed: Sequence[Committed], at: int | str | None) -> int:
+    """Where a fork ``at`` (None: the latest settled point; a run id: its end; a seq)
+    is taken, or ``Refused`` naming the nearest valid points."""
+    sid = committed[0].record.session_id if committed else "?"
+    points = fork_points(committed)
+    if not points:
+        raise Refused("invalid_state", f"session {sid} has no settled point to fork at yet")
+    if at is None:
+        return points[-1]
+    if isinstance(at, str):
+        ends = [(c.seq, c.record) for c in committed if isinstance(c.record, RunFinished)]
+        mine = [(seq, end) for seq, end in ends if end.run_id == at]
+        if not mine:
+            raise Refused("not_found", f"session {sid} has no finished run {at!r}")
+        seq, end = mine[-1]
+        if end.status == "interrupted":  # continued by a resumed run: its end is the end
+            final = [
+                n
+                for n, r in ends
+                if r.submission_id == end.submission_id and r.status in FINAL_RUN_STATUSES
+            ]
+            seq = final[-1] if final else seq
+        if seq in points:
+            return seq
+        what = f"run {at} did not finish (it was {committed_status(committed, seq)})"
+    else:
+        if at in points:
+            return at
+        seq, what = at, f"{at} is not a settled point of session {sid}"
+    nearest = ", ".join(
+        [f"{p} (before)" for p in points if p < seq][-1:]
+        + [f"{p} (after)" for p in points if p > seq][:1]
+    )
+    raise Refused(
+        "invalid_state",
+        f"cannot fork there: {what} (the end of a run or of a turn); the nearest valid "
+        f"points are {nearest}",
+    )
+
+
+def committed_status(committed: Sequence[Committed], seq: int) -> str:
+    record = next(c.record for c in committed if c.seq == seq)
+    return record.status if isinstance(record, RunFinished) else type(record).__name__
+
+
+def fork_records(
+    committed: Sequence[Committed], session_id: str, position: int, request_id: str, now: float
+) -> tuple[Record, ...]:
+    """The records of a fork: its own ``SessionCreated`` and ``SessionForked``, then a copy
+    of every record of the source up to ``position`` under the fork's id (one commit).
+
+    Copied calls keep their results and their ``executing`` records: they are history,
+    never run again. The source's ``SessionParked`` is not copied (the fork is new).
+    """
+    source = committed[0].record
+    assert isinstance(source, SessionCreated), "a session's history starts with SessionCreated"
+    copies = tuple(
+        evolve(c.record, session_id=session_id)
+        for c in committed
+        if c.seq <= position and not isinstance(c.record, SessionCreated | SessionParked)
+    )
+    created = SessionCreated(
+        session_id=session_id,
+        system=source.system,
+        request_id=request_id,
+        budget=source.budget,
+        if_busy=source.if_busy,
+        tools=source.tools,  # a fork of a sub-agent keeps its tools (not its parent call)
+        at=now,
+    )
+    forked = SessionForked(
+        session_id=session_id,
+        source=source.session_id,
+        position=position,
+        request_id=request_id,
+        records=len(copies),
+        at=now,
+    )
+    return (created, forked, *copies)
 
 
 # -- the driver: decide, fold, advance, until nothing changes ----------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from attrs import field, frozen
 
@@ -75,12 +75,29 @@ def with_budget_hash(text: str, budget: Budget | None) -> str:
     return text_body_hash(f"{text}\x00budget\x00{limits!r}")
 
 
+IfBusy = Literal["queue", "interrupt", "reject", "steer"]
+IF_BUSY: tuple[str, ...] = ("queue", "interrupt", "reject", "steer")
+
+
+def check_if_busy(value: str | None) -> IfBusy | None:
+    """``value`` if it names an ``if_busy`` policy (or is None), else a ValueError."""
+    if value is not None and value not in IF_BUSY:
+        raise ValueError(f"if_busy must be one of {', '.join(IF_BUSY)}, not {value!r}")
+    return cast(IfBusy | None, value)
+
+
 @frozen
 class Submit:
+    """User input. ``if_busy`` says what it does while a run is busy (None: the session's
+    default, else ``queue``): wait its turn, ``interrupt`` the run (cancelled, then this
+    input runs), be refused (``reject``, nothing recorded), or ``steer`` the running
+    request (a revision). It is not part of the body: a retry is the same request."""
+
     kind: ClassVar[str] = "submit"
     request_id: str
     text: str
     budget: Budget | None = None  # replaces the session's budget from this input on
+    if_busy: IfBusy | None = None
 
     @property
     def body_hash(self) -> str:
@@ -377,6 +394,9 @@ class Accepted:
     submission_id: str
     seq: int
     duplicate: bool = False
+    # queued (waits its turn, or started at once), interrupted (the busy run was
+    # cancelled for it) or steered (it revised the running request ``submission_id``)
+    disposition: str = "queued"
 
 
 @frozen
@@ -385,6 +405,16 @@ class Done:
 
     ref: str
     seq: int = 0
+    duplicate: bool = False
+
+
+@frozen
+class Forked:
+    """The answer to a fork: the new session, and where in the source it was taken."""
+
+    session_id: str
+    source: str
+    position: int  # the source's seq the fork was taken at
     duplicate: bool = False
 
 

@@ -22,7 +22,7 @@ committed before the call's result).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -36,6 +36,7 @@ from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed, RunFinished
+from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
 
@@ -221,7 +222,7 @@ class SessionActor:
     def _env(self) -> protocol.Env:
         c = self.ctx
         return protocol.Env(
-            tools=c.tools,
+            tools=self._registered(),
             now=c.clock(),
             resume_budget=c.resume_budget,
             max_model_attempts=c.max_model_attempts,
@@ -232,6 +233,12 @@ class SessionActor:
             budget=c.budget,
             prices=c.prices,
         )
+
+    def _registered(self) -> Mapping[str, Tool]:
+        """The tools this session may use (a sub-agent may be limited to some)."""
+        allowed = self.state.allowed_tools
+        tools = self.ctx.tools
+        return tools if allowed is None else {n: t for n, t in tools.items() if n in allowed}
 
     def _view(self) -> protocol.View:
         return protocol.View(
@@ -461,7 +468,7 @@ class SessionActor:
         ctx, outbox = self.ctx, self.mailbox.send
         if isinstance(effect, protocol.CallModel):
             request = conversation.request(
-                self.state, ctx.tools, effect.generation_id, effect.attempt, self._messages
+                self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
             nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)

@@ -43,6 +43,8 @@ from perdure.storage.records import (
     RunFinished,
     RunStarted,
     SessionCreated,
+    SessionDeleted,
+    SessionForked,
     SessionParked,
     SessionPaused,
     SessionResumed,
@@ -172,6 +174,7 @@ class RequestSeen:
     body_hash: str
     ref: str  # what it produced (a submission id, a call id, a run id, a revision)
     seq: int = 0
+    disposition: str = "queued"  # of a submit: queued, interrupted or steered
 
 
 # One entry of the conversation, in order. The model's view is built from these.
@@ -217,6 +220,10 @@ class SessionState:
     session_id: str
     created: bool = False
     system: str | None = None
+    if_busy: str | None = None  # the session's default for input while a run is busy
+    forked: SessionForked | None = None  # this session's own lineage (the first fork record)
+    parent: str | None = None  # a sub-agent's parent call ("session/call_id")
+    allowed_tools: frozenset[str] | None = None  # None: every tool of the runtime
     goal_rev: int = 0
     revisions: list[GoalRevised] = field(factory=list)
     submissions: dict[str, Submission] = field(factory=dict)
@@ -319,13 +326,26 @@ class SessionState:
         self.created = True
         self.system = r.system
         self.budget = r.budget
+        self.if_busy = r.if_busy
+        self.parent = r.parent
+        self.allowed_tools = None if r.tools is None else frozenset(r.tools)
+
+    def _session_forked(self, r: SessionForked) -> None:
+        if self.forked is None:  # copies of the source's own lineage come later
+            self.forked = r
 
     def _input_accepted(self, r: InputAccepted) -> None:
         self.submissions[r.submission_id] = Submission(
             r.submission_id, r.request_id, r.text, r.body_hash, r.at
         )
-        self.queue.append(r.submission_id)
-        self.requests[r.request_id] = RequestSeen(Submit.kind, r.body_hash, r.submission_id)
+        if r.interrupts is None:
+            self.queue.append(r.submission_id)
+        else:  # it interrupted the run: it runs next, ahead of the inputs waiting
+            self.queue.insert(0, r.submission_id)
+        disposition = "queued" if r.interrupts is None else "interrupted"
+        self.requests[r.request_id] = RequestSeen(
+            Submit.kind, r.body_hash, r.submission_id, disposition=disposition
+        )
         if r.budget is not None:
             self.budget = r.budget
 
@@ -480,7 +500,11 @@ class SessionState:
         if r.budget is not None:
             self.budget = r.budget
         body = with_budget_hash(r.text, r.budget)
-        self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
+        if r.steered and self.run is not None:  # a submit steered into the running request
+            ref = self.run.submission_id
+            self.requests[r.request_id] = RequestSeen(Submit.kind, body, ref, disposition="steered")
+        else:
+            self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True
@@ -524,6 +548,7 @@ class SessionState:
 
 _HANDLERS: dict[type, Any] = {
     SessionCreated: SessionState._session_created,
+    SessionForked: SessionState._session_forked,
     InputAccepted: SessionState._input_accepted,
     RunStarted: SessionState._run_started,
     RunFinished: SessionState._run_finished,
@@ -550,4 +575,5 @@ _HANDLERS: dict[type, Any] = {
     CompensationRequested: SessionState._compensation_requested,
     CompensationFinished: SessionState._compensation_finished,
     LogOpened: SessionState._ignore,
+    SessionDeleted: SessionState._ignore,
 }

@@ -39,7 +39,10 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from perdure import retention
+from perdure.actors import decide
 from perdure.actors.context import ActorContext
+from perdure.actors.protocol import Forked
 from perdure.actors.session import Drain, Mailbox, Reply, SessionActor
 from perdure.errors import (
     NotOwnerRefused,
@@ -57,7 +60,7 @@ from perdure.storage import (
     StorageFull,
     check_session_id,
 )
-from perdure.storage.records import Budget, SessionCreated, SessionParked
+from perdure.storage.records import Budget, SessionCreated, SessionForked, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
 
@@ -189,7 +192,14 @@ class Supervisor:
     # -- sessions ---------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str, system: str | None, budget: Budget | None = None
+        self,
+        session_id: str,
+        system: str | None,
+        budget: Budget | None = None,
+        if_busy: str | None = None,
+        *,
+        parent: str | None = None,
+        tools: list[str] | None = None,
     ) -> bool:
         """Record a new session; False if it already existed (creation is idempotent).
 
@@ -210,10 +220,84 @@ class Supervisor:
                 return False
             await self._acquire(session_id)
             record = SessionCreated(
-                session_id=session_id, system=system, budget=budget, at=self.ctx.clock()
+                session_id=session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                parent=parent,
+                tools=tools,
+                at=self.ctx.clock(),
             )
             await self.journal.append([record])
             return True
+
+    async def fork_session(
+        self, source: str, session_id: str, at: int | str | None, request_id: str
+    ) -> Forked:
+        """Record ``session_id`` as a fork of ``source`` at a settled point, in one commit.
+
+        Idempotent by ``request_id``: the same fork asked again answers as the first
+        time (``duplicate``); another request for an existing id is a conflict.
+        """
+        check_session_id(session_id)
+        async with self._create_lock:
+            if session_id in self.mailboxes or await self.journal.session_info(session_id):
+                first = await self.journal.read_session(session_id, 0, 2)
+                lineage = first[-1].record if len(first) == 2 else None
+                same = (
+                    isinstance(lineage, SessionForked)
+                    and lineage.request_id == request_id
+                    and lineage.source == source
+                )
+                if not same:
+                    raise Refused(
+                        "conflict",
+                        f"session {session_id!r} already exists and is not this fork "
+                        f"(request id {request_id!r} of {source!r})",
+                    )
+                assert isinstance(lineage, SessionForked)
+                return Forked(session_id, source, lineage.position, duplicate=True)
+            history = await self.journal.read_session(source)
+            if not history:
+                raise UnknownSession(source)
+            position = decide.fork_position(history, at)
+            await self._acquire(session_id)
+            records = decide.fork_records(
+                history, session_id, position, request_id, self.ctx.clock()
+            )
+            await self.journal.append(records)
+            return Forked(session_id, source, position)
+
+    async def delete_session(self, session_id: str, reason: str) -> int:
+        """Remove a finished session from the log (``perdure.retention``); its resident
+        actor is stopped first, and no actor starts for it while this runs."""
+        while session_id in self._starting:
+            await self._starting[session_id].wait()
+        gate = self._starting[session_id] = trio.Event()
+        stopped = False
+        try:
+            info = await self.journal.session_info(session_id)
+            if info is not None and info.open_submissions:
+                raise Refused("busy", f"session {session_id} has unfinished work; not deleted")
+            actor = self.actors.get(session_id)
+            scope = self._scopes.get(session_id)
+            if actor is not None and scope is not None:
+                self._lost[session_id] = "the session was deleted"
+                scope.cancel()
+                stopped = True
+                while self.actors.get(session_id) is actor:  # noqa: ASYNC110
+                    await trio.sleep(0.005)  # _supervise forgets it (its callers are told)
+            self.parked.pop(session_id, None)
+            return await retention.delete_session(
+                self.journal, session_id, self.ctx.clock(), reason
+            )
+        except Refused:
+            if stopped:  # work slipped in before the actor stopped: it must go on
+                self._nursery_start(self._boot_one, session_id)
+            raise
+        finally:
+            del self._starting[session_id]
+            gate.set()
 
     async def mailbox(self, session_id: str) -> Mailbox:
         """The running session's mailbox, starting its actor (and recovery) if needed."""

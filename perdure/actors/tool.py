@@ -51,13 +51,28 @@ def make_context(
     *,
     last_heartbeat: Any = None,
     beat: Callable[[Any], None] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> ToolContext:
-    """What the tool knows about the attempt its ``executing`` record describes."""
+    """What the tool knows about the attempt its ``executing`` record describes.
+
+    ``stopping`` says whether the session told this attempt to stop (a cancel, a
+    revision), as opposed to the runtime shutting down: only the former stops the
+    call's sub-agents.
+    """
     bus = ctx.journal.bus
     session_id = executing.session_id
+    beat_fn = beat if beat is not None else (lambda details: None)
+    spawned = 0  # sub-agents started by this attempt, in order: part of each child's id
 
     def emit(kind: str, data: dict[str, Any]) -> None:
         bus.publish(Event(session_id, kind, data=data))
+
+    async def agents(task: str, system: str | None, tools: list[str] | None) -> str:
+        nonlocal spawned
+        if ctx.agents is None:
+            raise RuntimeError("this runtime does not run sub-agents")
+        spawned += 1
+        return await ctx.agents(executing, spawned, task, system, tools, stopping, beat_fn)
 
     return ToolContext(
         idempotency_key=executing.idempotency_key,
@@ -67,7 +82,8 @@ def make_context(
         workspace=ctx.workspace,
         last_heartbeat=last_heartbeat,
         emit=emit,
-        beat=beat if beat is not None else (lambda details: None),
+        beat=beat_fn,
+        agents=agents,
     )
 
 
@@ -147,7 +163,13 @@ async def run_tool(
         # the new owner recovers the call from its executing record. Never run it here.
         raise SessionFenced(executing.session_id, "its lease was lost before the tool started")
     beats = Heartbeats(executing, tool.heartbeat_timeout)
-    tctx = make_context(ctx, executing, last_heartbeat=last_heartbeat, beat=beats.beat)
+    tctx = make_context(
+        ctx,
+        executing,
+        last_heartbeat=last_heartbeat,
+        beat=beats.beat,
+        stopping=lambda: scope.cancel_called,
+    )
     started = time.monotonic()
     finished = _attempt(executing, "cancelled", "cancelled")
     with scope:

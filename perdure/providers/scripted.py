@@ -10,7 +10,7 @@ fatal errors deterministically across restarts.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,12 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 class ScriptedProvider:
     name = "scripted"
 
-    def __init__(self, replies: Sequence[Reply]) -> None:
+    def __init__(
+        self, replies: Sequence[Reply], by_system: Mapping[str, Sequence[Reply]] | None = None
+    ) -> None:
         self.replies = list(replies)
+        # Scripts for the sessions with these system prompts (e.g. sub-agents).
+        self.by_system = {k: list(v) for k, v in (by_system or {}).items()}
         self.calls = 0
 
     @classmethod
@@ -63,12 +67,17 @@ class ScriptedProvider:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise ScriptError(f"cannot read script {path}: {exc}") from None
+        by_system: Any = {}
         if isinstance(data, dict):
+            by_system = data.get("by_system", {})
             data = data.get("replies")
         if not isinstance(data, list):
             raise ScriptError(f"script {path}: expected a list of replies")
         try:
-            return cls(_converter.structure(data, list[Reply]))
+            return cls(
+                _converter.structure(data, list[Reply]),
+                _converter.structure(by_system, dict[str, list[Reply]]),
+            )
         except Exception as exc:
             detail = "; ".join(cattrs.transform_error(exc))
             raise ScriptError(f"script {path}: {detail}") from None
@@ -76,12 +85,13 @@ class ScriptedProvider:
     async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
         self.calls += 1
         turn = sum(1 for m in request.messages if m.role == "assistant")
-        if turn >= len(self.replies):
+        replies = self.by_system.get(request.system or "", self.replies)
+        if turn >= len(replies):
             raise ProviderError(
-                f"the script has {len(self.replies)} replies; none for turn {turn + 1}",
+                f"the script has {len(replies)} replies; none for turn {turn + 1}",
                 retryable=False,
             )
-        reply = self.replies[turn]
+        reply = replies[turn]
         if reply.delay:
             await trio.sleep(reply.delay)
         if request.attempt <= reply.fail_attempts:

@@ -42,6 +42,7 @@ from starlette.types import ASGIApp
 
 from perdure import Done, __version__
 from perdure._runtime import Runtime
+from perdure.actors.protocol import check_if_busy
 from perdure.inspect import summarize
 from perdure.server import frontends, tokens
 from perdure.server.auth import (
@@ -61,6 +62,8 @@ from perdure.server.payloads import (
     CommandBody,
     CompensationAnswer,
     CreateSessionBody,
+    ForkAnswer,
+    ForkBody,
     MessageAccepted,
     MessageBody,
     PauseAnswer,
@@ -68,9 +71,12 @@ from perdure.server.payloads import (
     ResolutionBody,
     RevisionAnswer,
     SessionCreatedAnswer,
+    SessionDeletedAnswer,
     StatsAnswer,
+    SubmitBody,
     answer,
     message_json,
+    parse,
     path_session,
     read_body,
     read_json,
@@ -215,11 +221,12 @@ class Api:
 
     async def create_session(self, request: Request) -> Response:
         body = await read_body(request, CreateSessionBody, self.max_body)
+        if_busy = check_if_busy(body.if_busy)
         if body.session_id is None:
-            sid = await self.rt.create_session(None, system=body.system)
+            sid = await self.rt.create_session(None, system=body.system, if_busy=if_busy)
             return _json(SessionCreatedAnswer(sid, True), 201)
         # The supervisor decides: created, already there alike, or a conflict (409).
-        created = await self.rt.ensure_session(body.session_id, system=body.system)
+        created = await self.rt.ensure_session(body.session_id, system=body.system, if_busy=if_busy)
         return _json(SessionCreatedAnswer(body.session_id, created), 201 if created else 200)
 
     async def get_session(self, request: Request) -> Response:
@@ -235,9 +242,35 @@ class Api:
 
     async def post_message(self, request: Request) -> Response:
         sid = path_session(request)
-        body = await read_body(request, MessageBody, self.max_body)
-        accepted = await self.rt.submit(sid, body.text, request_id=body.request_id)
-        return _json(MessageAccepted(accepted.submission_id, accepted.seq, accepted.duplicate), 202)
+        body = await read_body(request, SubmitBody, self.max_body)
+        accepted = await self.rt.submit(
+            sid, body.text, request_id=body.request_id, if_busy=check_if_busy(body.if_busy)
+        )
+        answer = MessageAccepted(
+            accepted.submission_id, accepted.seq, accepted.duplicate, accepted.disposition
+        )
+        return _json(answer, 202)
+
+    async def delete_session(self, request: Request) -> Response:
+        """Remove a finished session from the log (409 ``busy`` while it has work)."""
+        sid = path_session(request)
+        count = await self.rt.delete_session(sid, reason="deleted through the API")
+        return _json(SessionDeletedAnswer(sid, True, count))
+
+    async def fork(self, request: Request) -> Response:
+        """A new session from this one's history up to a settled point (``at``)."""
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        body = parse({k: v for k, v in data.items() if k != "at"}, ForkBody)
+        at = data.get("at")
+        if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
+            why = "the field 'at' must be a run id, a sequence number or null"
+            raise ApiError(400, "invalid_field", why, "at")
+        forked = await self.rt.fork(
+            sid, at=at, session_id=body.session_id, request_id=body.request_id
+        )
+        answer = ForkAnswer(forked.session_id, forked.source, forked.position, forked.duplicate)
+        return _json(answer, 200 if forked.duplicate else 201)
 
     async def cancel(self, request: Request) -> Response:
         sid = path_session(request)
@@ -361,10 +394,12 @@ def create_app(
         Route("/v1/sessions", api.list_sessions, methods=["GET"]),
         Route("/v1/sessions", api.create_session, methods=["POST"]),
         Route(s, api.get_session, methods=["GET"]),
+        Route(s, api.delete_session, methods=["DELETE"]),
         Route(s + "/transcript", api.transcript, methods=["GET"]),
         Route(s + "/events", api.events, methods=["GET"]),
         Route(s + "/messages", api.post_message, methods=["POST"]),
         Route(s + "/cancel", api.cancel, methods=["POST"]),
+        Route(s + "/forks", api.fork, methods=["POST"]),
         Route(s + "/approvals/{call_id}", api.approve, methods=["POST"]),
         Route(s + "/revisions", api.revise, methods=["POST"]),
         Route(s + "/pause", api.pause, methods=["POST"]),

@@ -17,6 +17,7 @@ from attrs import Attribute, field, frozen
 from cattrs.errors import ClassValidationError
 from starlette.requests import Request
 
+from perdure.actors.protocol import check_if_busy
 from perdure.providers.base import Message as ModelMessage
 from perdure.providers.base import (
     RedactedThinkingBlock,
@@ -73,6 +74,13 @@ def _session_id(instance: object, attribute: Attribute[str | None], value: str |
         raise FieldError(attribute.name, why) from None
 
 
+def _if_busy(instance: object, attribute: Attribute[str | None], value: str | None) -> None:
+    try:
+        check_if_busy(value)
+    except ValueError as exc:
+        raise FieldError(attribute.name, str(exc)) from None
+
+
 def _action(instance: object, attribute: Attribute[str], value: str) -> None:
     if value not in ACTIONS:
         raise FieldError(attribute.name, "the field 'action' must be retry, skip or fail")
@@ -85,6 +93,7 @@ def _action(instance: object, attribute: Attribute[str], value: str) -> None:
 class CreateSessionBody:
     session_id: str | None = field(default=None, validator=_session_id)
     system: str | None = None
+    if_busy: str | None = field(default=None, validator=_if_busy)
 
 
 @frozen(kw_only=True)
@@ -98,6 +107,23 @@ class CommandBody:
 class MessageBody:
     text: str = field(validator=_nonempty)
     request_id: str = field(validator=_request_id)
+
+
+@frozen(kw_only=True)
+class SubmitBody:
+    """A new input; ``if_busy`` says what happens while a run is busy (queue by default)."""
+
+    text: str = field(validator=_nonempty)
+    request_id: str = field(validator=_request_id)
+    if_busy: str | None = field(default=None, validator=_if_busy)
+
+
+@frozen(kw_only=True)
+class ForkBody:
+    """A fork's request id and optional new id (``at`` is read apart: a run id or a seq)."""
+
+    request_id: str = field(validator=_request_id)
+    session_id: str | None = field(default=None, validator=_session_id)
 
 
 @frozen(kw_only=True)
@@ -135,6 +161,22 @@ class SessionCreatedAnswer:
 class MessageAccepted:
     submission_id: str
     seq: int
+    duplicate: bool
+    disposition: str
+
+
+@frozen
+class SessionDeletedAnswer:
+    session_id: str
+    deleted: bool
+    records: int
+
+
+@frozen
+class ForkAnswer:
+    session_id: str
+    source: str
+    position: int
     duplicate: bool
 
 

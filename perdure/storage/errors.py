@@ -62,6 +62,17 @@ class StorageFull(LogError):
     """The disk (or the map, beyond its limit) is full; the commit did not happen."""
 
 
+class SessionBusy(LogError):
+    """A session with unfinished work cannot be deleted; nothing was removed."""
+
+    def __init__(self, session_id: str, open_submissions: int) -> None:
+        super().__init__(
+            f"session {session_id} has unfinished work ({open_submissions} open "
+            "submissions or compensations); nothing was deleted"
+        )
+        self.session_id = session_id
+
+
 class StaleGoal(LogError):
     """A guarded append was prepared under an older goal revision and was refused."""
 

@@ -37,13 +37,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
 import lmdb
 
 from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import claim_writer
-from perdure.storage.errors import LogBusy, LogError, LogFenced, StaleGoal, StorageFull
-from perdure.storage.records import Committed, LogOpened, Record
+from perdure.storage.errors import (
+    LogBusy,
+    LogError,
+    LogFenced,
+    SessionBusy,
+    StaleGoal,
+    StorageFull,
+)
+from perdure.storage.records import Committed, LogOpened, Record, SessionDeleted
 
 LAYOUT_VERSION: Final = b"1"
 DEFAULT_MAP_SIZE: Final = 256 << 20
@@ -366,6 +374,14 @@ class LmdbLog:
                         results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                         continue
                 try:
+                    records = [self._deleting(txn, r) for r in records]
+                except SessionBusy as exc:  # nothing of this batch was written yet
+                    results.append(exc)
+                    continue
+                for gone in (r.deleted for r in records if isinstance(r, SessionDeleted)):
+                    infos.pop(gone, None)  # its summary is gone: not to be written back
+                    stored.pop(gone, None)
+                try:
                     frames = [encode(record, seq + i) for i, record in enumerate(records)]
                 except Exception as exc:  # nothing of this batch was written yet
                     results.append(exc)
@@ -398,6 +414,32 @@ class LmdbLog:
                         txn.delete(sid.encode(), db=self._active)
         self._next_seq = seq
         return results
+
+    def _deleting(self, txn: lmdb.Transaction, record: Record) -> Record:
+        """For a ``SessionDeleted``: remove the session in this transaction, and return the
+        record with the number of records removed. Refused (``SessionBusy``) while the
+        session has unfinished work. Other records pass through."""
+        if not isinstance(record, SessionDeleted):
+            return record
+        sid = record.deleted
+        open_work = self._count(txn, sid)
+        if open_work:
+            raise SessionBusy(sid, open_work)
+        prefix = sid.encode() + _SEP
+        keys: list[bytes] = []
+        with txn.cursor(db=self._by_session) as cur:
+            if cur.set_range(prefix):
+                for raw_key in cur.iternext(values=False):
+                    key = bytes(raw_key)
+                    if not key.startswith(prefix):
+                        break
+                    keys.append(key)
+        for key in keys:
+            txn.delete(key[len(prefix) :], db=self._records)
+            txn.delete(key, db=self._by_session)
+        txn.delete(sid.encode(), db=self._sessions)
+        txn.delete(sid.encode(), db=self._active)
+        return attrs.evolve(record, records=len(keys))
 
     def _summary(self, txn: lmdb.Transaction, session_id: str) -> SessionInfo | None:
         raw = txn.get(session_id.encode(), db=self._sessions)

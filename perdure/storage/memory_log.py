@@ -37,8 +37,8 @@ import attrs
 from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import claim_writer
-from perdure.storage.errors import LogBusy, LogError, LogFenced, StaleGoal
-from perdure.storage.records import Committed, LogOpened
+from perdure.storage.errors import LogBusy, LogError, LogFenced, SessionBusy, StaleGoal
+from perdure.storage.records import Committed, LogOpened, Record, SessionDeleted
 
 LOCATION = ":memory:"
 
@@ -53,10 +53,11 @@ class _Store:
     epoch: int = 0
     owner: MemoryLog | None = None
     lock: threading.Lock = attrs.field(factory=threading.Lock)
+    last_seq: int = 0  # the highest seq written (deleted sessions leave gaps below it)
 
     @property
     def next_seq(self) -> int:
-        return len(self.frames) + 1  # gap-free: a refused batch draws no number
+        return self.last_seq + 1  # a refused batch draws no number
 
 
 class MemoryLog:
@@ -120,6 +121,7 @@ class MemoryLog:
             )
             store.frames[seq] = encode(opened, seq)
             store.by_session.setdefault("", []).append(seq)
+            store.last_seq = seq
 
     def close(self) -> None:
         with self._store.lock:
@@ -192,12 +194,30 @@ class MemoryLog:
                     infos[sid] = store.summaries.get(sid) or SessionInfo.empty(sid)
                 return infos[sid]
 
+            deleted: set[str] = set()
+
+            def deleting(record: Record) -> Record:
+                """A ``SessionDeleted`` removes its session at the transaction's end."""
+                if not isinstance(record, SessionDeleted):
+                    return record
+                info = info_of(record.deleted)
+                if info.open_submissions:
+                    raise SessionBusy(record.deleted, info.open_submissions)
+                deleted.add(record.deleted)
+                infos.pop(record.deleted)
+                return attrs.evolve(record, records=info.records)
+
             for records, guard in batches:
                 if guard is not None:
                     found = info_of(guard.session_id).goal_rev
                     if found != guard.goal_rev:
                         results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                         continue
+                try:
+                    records = [deleting(r) for r in records]
+                except SessionBusy as exc:  # nothing of this batch was written yet
+                    results.append(exc)
+                    continue
                 try:
                     encoded = [encode(record, seq + i) for i, record in enumerate(records)]
                 except Exception as exc:  # nothing of this batch was written yet
@@ -214,6 +234,11 @@ class MemoryLog:
                     seq += 1
                 results.append(committed)
             # The transaction's end: everything at once, or (on an exception above) nothing.
+            for sid in deleted:
+                for at in store.by_session.pop(sid, []):
+                    store.frames.pop(at, None)
+                store.summaries.pop(sid, None)
+            store.last_seq = seq - 1
             store.frames.update(frames)
             for sid, at in index:
                 store.by_session.setdefault(sid, []).append(at)
@@ -251,13 +276,12 @@ class MemoryLog:
         """All records with seq > ``after`` in order, system records included."""
         with self._store.lock:
             self._check_open()
-            last = len(self._store.frames)
-            end = last if limit is None else min(last, after + limit)
-            return [self._decode(s) for s in range(after + 1, end + 1)]
+            seqs = sorted(s for s in self._store.frames if s > after)  # gaps: deleted
+            return [self._decode(s) for s in seqs[:limit]]
 
     def last_seq(self) -> int:
         with self._store.lock:
-            return len(self._store.frames)
+            return self._store.last_seq
 
     def scan_frames(self) -> Iterator[tuple[int, bytes]]:
         """Every stored frame in order, undecoded (for ``perdure check``)."""

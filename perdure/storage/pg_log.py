@@ -75,10 +75,11 @@ from perdure.storage.errors import (
     LogError,
     LogUnavailable,
     NotOwner,
+    SessionBusy,
     SessionFenced,
     StaleGoal,
 )
-from perdure.storage.records import Committed, LogOpened, Record
+from perdure.storage.records import Committed, LogOpened, Record, SessionDeleted
 
 SCHEMA_VERSION: Final = 1
 CHANNEL: Final = "perdure_records"
@@ -441,6 +442,8 @@ class PgLog:
         written: set[str] = set()
         for records, guard in batches:
             written.update(r.session_id for r in records if r.session_id)
+            # A deletion locks the deleted session's lease row (held by this node).
+            written.update(r.deleted for r in records if isinstance(r, SessionDeleted))
             if guard is not None:
                 written.add(guard.session_id)
         sessions = sorted(written)
@@ -470,7 +473,8 @@ class PgLog:
                 if summary[0] is not None:
                     infos[sid] = SessionInfo(sid, *summary)
             seqs = sorted(int(row[0]) for row in drawn.fetchall())
-            results, rows, touched = self._apply(batches, seqs, held, leases, infos)
+            deleted: set[str] = set()
+            results, rows, touched = self._apply(batches, seqs, held, leases, infos, deleted)
             self._forget_fenced(results, held)
             if not rows:
                 conn.rollback()
@@ -481,6 +485,10 @@ class PgLog:
                 payload = "*"
             # Round trip 2 (pipelined): the records, the summaries, the notification.
             with conn.pipeline():
+                if deleted:
+                    gone = sorted(deleted)
+                    conn.execute("DELETE FROM perdure_records WHERE session_id = ANY(%s)", (gone,))
+                    conn.execute("DELETE FROM perdure_sessions WHERE session_id = ANY(%s)", (gone,))
                 conn.execute(
                     "INSERT INTO perdure_records (seq, session_id, frame, node) "
                     "SELECT s, sid, f, %s FROM unnest(%s::bigint[], %s::text[], %s::bytea[]) "
@@ -558,14 +566,19 @@ class PgLog:
         held: dict[str, int],
         leases: dict[str, tuple[str, int]],
         infos: dict[str, SessionInfo],
+        deleted: set[str],
     ) -> tuple[CommitResult, list[tuple[int, str, bytes]], set[str]]:
-        """Decide each batch in order (a revision earlier in the transaction is in force)."""
+        """Decide each batch in order (a revision earlier in the transaction is in force).
+
+        Sessions a batch deletes are added to ``deleted``: their rows go in the same
+        transaction."""
         results: CommitResult = []
         rows: list[tuple[int, str, bytes]] = []
         touched: set[str] = set()
         next_seq = iter(seqs)
         for records, guard in batches:
             batch_sessions = {r.session_id for r in records if r.session_id}
+            batch_sessions.update(r.deleted for r in records if isinstance(r, SessionDeleted))
             if guard is not None:
                 batch_sessions.add(guard.session_id)
             fenced = self._fence_reason(sorted(batch_sessions), held, leases)
@@ -578,6 +591,11 @@ class PgLog:
                 if found != guard.goal_rev:
                     results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                     continue
+            try:
+                records = [self._deleting(r, infos, deleted) for r in records]
+            except SessionBusy as exc:  # nothing of this batch was written yet
+                results.append(exc)
+                continue
             try:
                 numbered = [(next(next_seq), record) for record in records]
                 frames = [encode(record, seq) for seq, record in numbered]
@@ -595,6 +613,19 @@ class PgLog:
                 committed.append(Committed(seq, record))
             results.append(committed)
         return results, rows, touched
+
+    @staticmethod
+    def _deleting(record: Record, infos: dict[str, SessionInfo], deleted: set[str]) -> Record:
+        """For a ``SessionDeleted``: note the session to delete in this transaction and
+        count its records; ``SessionBusy`` while it has unfinished work."""
+        if not isinstance(record, SessionDeleted):
+            return record
+        info = infos.pop(record.deleted, None)
+        if info is not None and info.open_submissions > 0:
+            infos[record.deleted] = info
+            raise SessionBusy(record.deleted, info.open_submissions)
+        deleted.add(record.deleted)
+        return attrs.evolve(record, records=info.records if info is not None else 0)
 
     def _forget_fenced(self, results: CommitResult, held: dict[str, int]) -> None:
         """A fenced session is no longer ours: drop it, so nothing here uses it again."""

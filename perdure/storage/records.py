@@ -14,8 +14,10 @@ follow the lifecycles of docs/DESIGN.md:
               or ToolAwaitingHuman -> ResolutionDecided -> (a retry, or a result)
 * course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed,
               CompensationRequested -> (a tool task) -> CompensationFinished
+* lineage:    SessionForked (a session made from a settled prefix of another)
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
+* retention:  SessionDeleted (system record: a session removed from the log)
 
 Adding a field with a default is a compatible change (old records decode with the
 default). Anything else bumps the record's version in ``RECORD_VERSIONS`` and
@@ -144,6 +146,30 @@ class SessionCreated:
     system: str | None = None
     request_id: str | None = None
     budget: Budget | None = None  # the session's own budget (perdure.budget)
+    # What a submit does while a run is busy, unless the submit says otherwise
+    # ("queue", "interrupt", "reject", "steer"); None: queue.
+    if_busy: str | None = None
+    # A sub-agent's session: the parent session and the call that runs it
+    # ("session/call_id"), and the only tools it may use (None: all the runtime's).
+    parent: str | None = None
+    tools: list[str] | None = None
+    at: float
+
+
+@frozen(kw_only=True)
+class SessionForked:
+    """This session was made from the history of ``source`` up to ``position`` (a seq).
+
+    Committed in the same transaction as the fork's ``SessionCreated`` and the copies of
+    the source's records up to that settled point (the end of a run or of a turn); the
+    source is untouched. ``request_id`` makes a fork idempotent.
+    """
+
+    session_id: str
+    source: str
+    position: int  # the source's sequence number the fork was taken at
+    request_id: str
+    records: int = 0  # how many of the source's records were copied
     at: float
 
 
@@ -157,6 +183,9 @@ class InputAccepted:
     text: str
     body_hash: str
     budget: Budget | None = None  # replaces the session's budget from this input on
+    # The run this input interrupted (if_busy="interrupt"): its CancelRequested is in the
+    # same commit. None for an input that waited its turn.
+    interrupts: str | None = None
     at: float
 
 
@@ -403,6 +432,7 @@ class GoalRevised:
     request_id: str
     compensable: list[str] = field(factory=list)  # completed calls of the old goal
     budget: Budget | None = None  # replaces the session's budget from this revision on
+    steered: bool = False  # a submit with if_busy="steer" made it (dedup as a submit)
     at: float
 
 
@@ -479,8 +509,25 @@ class LogOpened:
     session_id: str = ""
 
 
+@frozen(kw_only=True)
+class SessionDeleted:
+    """A system record: the session ``deleted`` and its records were removed from the log.
+
+    Written in the same transaction as the removal, which the log refuses for a session
+    with unfinished work. ``records`` is how many records went (the sequence numbers
+    they leave unused are accounted for by ``perdure check``).
+    """
+
+    deleted: str
+    records: int = 0
+    reason: str = ""
+    at: float
+    session_id: str = ""
+
+
 Record = (
     SessionCreated
+    | SessionForked
     | InputAccepted
     | RunStarted
     | RunFinished
@@ -507,10 +554,12 @@ Record = (
     | RecoveryDecision
     | SessionParked
     | LogOpened
+    | SessionDeleted
 )
 
 RECORD_TYPES: tuple[type[Record], ...] = (
     SessionCreated,
+    SessionForked,
     InputAccepted,
     RunStarted,
     RunFinished,
@@ -537,6 +586,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     RecoveryDecision,
     SessionParked,
     LogOpened,
+    SessionDeleted,
 )
 
 # The current format version of each record type (see the module docstring).

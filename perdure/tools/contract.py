@@ -24,7 +24,7 @@ import inspect
 import json
 import math
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -63,6 +63,29 @@ class ToolContext:
         default=lambda kind, data: None, alias="emit", repr=False
     )
     _beat: Callable[[Any], None] = field(default=lambda details: None, alias="beat", repr=False)
+    # Runs a sub-agent (a child session) for this call; given by the runtime.
+    _agents: Callable[[str, str | None, list[str] | None], Awaitable[str]] | None = field(
+        default=None, alias="agents", repr=False
+    )
+
+    async def run_agent(
+        self, task: str, *, system: str | None = None, tools: Iterable[str] | None = None
+    ) -> str:
+        """Run a sub-agent on ``task`` and return its final answer.
+
+        The sub-agent is a durable child session (system prompt ``system``, the
+        runtime's tools or only those named in ``tools``) whose id derives from this
+        call's idempotency key and the order of ``run_agent`` calls within it: a re-run
+        of the call (after a crash, a retry) finds the same child, never a second one,
+        and waits for its result. Declare the calling tool KEYED (``agent_tool`` does)
+        so that recovery re-runs it. Cancelling the call (a cancel, a revision) cancels
+        the child; pausing the parent pauses it. The child's id is announced as this
+        call's heartbeat (``{"agents": [...]}``), so the parent's stream references it.
+        A child that does not complete raises ``RuntimeError`` (the tool's error).
+        """
+        if self._agents is None:
+            raise RuntimeError("run_agent needs a tool run by a perdure runtime")
+        return await self._agents(task, system, None if tools is None else list(tools))
 
     def progress(self, message: str, **data: Any) -> None:
         """Publish an ephemeral progress event on the session's stream (never stored)."""

@@ -35,6 +35,7 @@ from tests.support import ledger_tools
 
 async def main(plan: dict[str, Any]) -> None:
     replies = _converter.structure(plan["script"], list[Reply])
+    by_system = _converter.structure(plan.get("by_system", {}), dict[str, list[Reply]])
     wanted = plan.get("tools")
     # Suites may bring their own ledger tools: "module:ATTR" names a list of them.
     extra = []
@@ -55,7 +56,7 @@ async def main(plan: dict[str, Any]) -> None:
     log_options = {k: options[k] for k in ("node_id", "lease_ttl", "takeover") if k in options}
     async with perdure.open_runtime(
         plan["log"],
-        provider=ScriptedProvider(replies),
+        provider=ScriptedProvider(replies, by_system),
         tools=tools,
         workspace=plan["workspace"],
         retry_base=options.get("retry_base", 0.05),
@@ -84,7 +85,7 @@ async def main(plan: dict[str, Any]) -> None:
                 # (e.g. a revision after the run finished) is refused, and that is fine.
                 print(json.dumps({"refused": action["kind"], "why": str(exc)}), flush=True)
         if plan.get("wait", True):
-            for sid in sessions:
+            for sid in [*sessions, *plan.get("also_wait", [])]:
                 try:
                     outcome = await rt.wait_idle(sid)
                 except perdure.Refused as exc:
@@ -138,7 +139,12 @@ async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
     elif kind == "revise":
         await rt.revise(action["session"], action["text"], request_id=action["request_id"])
     elif kind == "submit":
-        await rt.submit(action["session"], action["text"], request_id=action["request_id"])
+        await rt.submit(
+            action["session"],
+            action["text"],
+            request_id=action["request_id"],
+            if_busy=action.get("if_busy"),
+        )
     elif kind == "compensate":
         await rt.compensate(action["session"], action["call_id"], request_id=action["request_id"])
     elif kind == "resolve":
@@ -149,17 +155,33 @@ async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
             result=action.get("result"),
             request_id=action["request_id"],
         )
+    elif kind == "fork":
+        forked = await rt.fork(
+            action["session"],
+            at=action.get("at"),
+            session_id=action.get("fork"),
+            request_id=action["request_id"],
+        )
+        print(json.dumps({"forked": forked.session_id, "position": forked.position}), flush=True)
+        for item in action.get("inputs", []):
+            await rt.submit(forked.session_id, item["text"], request_id=item["request_id"])
     elif kind == "wait_for":
-        await _wait_for(rt, action["session"], action["record"])
+        await _wait_for(rt, action["session"], action["record"], action.get("where", {}))
     else:
         raise ValueError(f"unknown action {kind!r}")
 
 
-async def _wait_for(rt: perdure.Runtime, session: str, record: str) -> None:
-    """Block until a record of that type is committed in the session (replay or live)."""
+async def _wait_for(
+    rt: perdure.Runtime, session: str, record: str, where: dict[str, Any] | None = None
+) -> None:
+    """Block until a record of that type (with the fields ``where`` gives) is committed
+    in the session (replay or live)."""
     async with aclosing(rt.events(session)) as events:
         async for event in events:
-            if event.kind == record:
+            fields = where or {}
+            if event.kind == record and all(
+                getattr(event.record, k, None) == v for k, v in fields.items()
+            ):
                 return
 
 

@@ -19,9 +19,11 @@ const RECORD_TYPES = [
   "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "ToolRetryPending", "ToolAwaitingHuman",
   "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
   "CancelRequested", "GoalRevised", "SessionPaused", "SessionResumed", "RecoveryDecision",
-  "SessionParked", "LogOpened", "CompensationRequested", "CompensationFinished",
+  "SessionParked", "LogOpened", "CompensationRequested", "CompensationFinished", "SessionForked",
 ];
-const EPHEMERAL_TYPES = ["model_call", "thinking_delta", "text_delta", "tool_progress"];
+const EPHEMERAL_TYPES = [
+  "model_call", "thinking_delta", "text_delta", "tool_progress", "session_deleted",
+];
 const PHASE_LABEL = {
   created: "created", awaiting_approval: "awaiting approval", approved: "approved",
   denied: "denied", executing: "executing", completed: "completed",
@@ -412,7 +414,10 @@ function onRecord(type, r, seq) {
       note("event", `cancel requested for run ${r.run_id}`);
       break;
     case "GoalRevised":
-      note("revision", `request revised (revision ${r.goal_rev}): ${r.text}`);
+      note("revision", `request ${r.steered ? "steered by new input" : "revised"} (revision ${r.goal_rev}): ${r.text}`);
+      break;
+    case "SessionForked":
+      note("event", `forked from ${r.source} at record ${r.position} (${r.records} records copied)`);
       break;
     case "SessionPaused":
       note("event", "session paused: nothing new is dispatched");
@@ -495,6 +500,10 @@ function onEphemeral(type, data) {
   } else if (type === "tool_progress") {
     const card = view.calls.get(data.call_id);
     if (card) card.querySelector(".note").textContent = data.message;
+  } else if (type === "session_deleted") {
+    note("event run-finished failed", `session deleted (${data.records} records)`);
+    if (view.source) view.source.close(); // nothing more will come
+    loadSessions();
   }
 }
 

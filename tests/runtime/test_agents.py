@@ -1,0 +1,162 @@
+"""Sub-agents on a real log: a tool runs a child session and returns its answer.
+
+* the child is an ordinary session (``SessionCreated.parent`` names the call), limited
+  to the tools it was given; its answer is the parent call's result; the parent's
+  stream references it (the call's heartbeat);
+* cancelling the parent's run cancels the running child; pausing the parent pauses it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+import perdure
+from perdure import ReplayPolicy, ToolContext
+from perdure.check import check_log
+from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+from perdure.storage.records import SessionCreated, ToolCompleted, ToolHeartbeat
+
+RESEARCHER = "You research one question and answer in one line."
+
+
+@perdure.tool(replay=ReplayPolicy.SAFE)
+async def lookup(ctx: ToolContext, query: str) -> str:
+    """Look something up."""
+    return f"found {query}"
+
+
+@perdure.tool(replay=ReplayPolicy.NEVER)
+async def send(ctx: ToolContext, text: str) -> str:
+    """Send (never given to the researcher)."""
+    return text
+
+
+research = perdure.agent_tool(
+    "research", "Research a question with a sub-agent.", system=RESEARCHER, tools=["lookup"]
+)
+
+
+def sound(log_dir: Path) -> None:
+    report = check_log(log_dir)
+    assert report.violations == [], "\n".join(report.violations)
+
+
+async def test_a_sub_agent_answers_the_parent_call(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="asking", tool_uses=[ToolUse("research", {"task": "capital of PT"})]),
+            Reply(text="the parent's answer"),
+        ],
+        by_system={
+            RESEARCHER: [
+                Reply(text="looking", tool_uses=[ToolUse("lookup", {"query": "PT"})]),
+                Reply(text="Lisbon"),
+            ]
+        },
+    )
+    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, send, research]) as rt:
+        await rt.create_session("p")
+        await rt.submit("p", "what is the capital of Portugal?", request_id="r1")
+        with trio.fail_after(20):
+            outcome = await rt.wait_idle("p")
+        assert outcome is not None and outcome.final_text == "the parent's answer"
+        parent = await rt.journal.read_session("p")
+        (result,) = [c.record for c in parent if isinstance(c.record, ToolCompleted)]
+        assert result.output == "Lisbon"
+        (beat,) = [c.record for c in parent if isinstance(c.record, ToolHeartbeat)]
+        (child,) = beat.details["agents"]
+        assert child.startswith("p.agent-")
+        created = (await rt.journal.read_session(child))[0].record
+        assert isinstance(created, SessionCreated)
+        assert created.parent == f"p/{result.call_id}" and created.tools == ["lookup"]
+        assert created.system == RESEARCHER
+        transcript = await rt.transcript(child)
+        assert transcript[0].role == "user"
+        request_tools = await rt.state(child, lambda s: sorted(s.allowed_tools or ()))
+        assert request_tools == ["lookup"]
+    sound(log_dir)
+
+
+async def test_cancelling_the_parent_cancels_its_running_child(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [Reply(text="asking", tool_uses=[ToolUse("research", {"task": "slow"})])],
+        by_system={RESEARCHER: [Reply(text="thinking...", delay=30)]},
+    )
+    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, research]) as rt:
+        await rt.create_session("p")
+        await rt.submit("p", "go", request_id="r1")
+        with trio.fail_after(20):
+            while not await rt.children("p"):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        (child,) = await rt.children("p")
+        await rt.pause("p", request_id="pz")
+        assert await rt.state(child, lambda s: s.paused), "the pause reached the child"
+        await rt.resume("p", request_id="rz")
+        assert not await rt.state(child, lambda s: s.paused)
+        await rt.cancel("p", request_id="c1")
+        with trio.fail_after(20):
+            outcome = await rt.wait_idle("p")
+            child_outcome = await rt.wait_idle(child)
+        assert outcome is not None and outcome.status == "cancelled"
+        assert child_outcome is not None and child_outcome.status == "cancelled"
+    sound(log_dir)
+
+
+async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="asking", tool_uses=[ToolUse("research", {"task": "capital of PT"})]),
+            Reply(text="the parent's answer"),
+        ],
+        by_system={RESEARCHER: [Reply(text="Lisbon")]},
+    )
+    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, research]) as rt:
+        await rt.create_session("p")
+        seen: list[tuple[str, str]] = []
+        async with rt.watch("p") as events:
+            await rt.submit("p", "what is the capital?", request_id="r1")
+            with trio.fail_after(20):
+                async for event in events:
+                    if event.seq is not None:
+                        seen.append((event.session_id, event.kind))
+                    if event.session_id == "p" and event.kind == "RunFinished":
+                        break
+        beats = [c.record for c in await rt.journal.read_session("p")]
+        (beat,) = [r for r in beats if isinstance(r, ToolHeartbeat)]
+        (child,) = beat.details["agents"]
+        assert (child, "SessionCreated") in seen and (child, "RunFinished") in seen
+        parent_kinds = [k for s, k in seen if s == "p"]
+        assert parent_kinds.index("ToolHeartbeat") < parent_kinds.index("ToolCompleted")
+        child_end = seen.index((child, "RunFinished"))
+        assert child_end < seen.index(("p", "ToolCompleted")), "the child finished first"
+
+
+async def test_a_sub_agent_cannot_use_a_tool_it_was_not_given(log_dir: Path) -> None:
+    script = ScriptedProvider(
+        [
+            Reply(text="asking", tool_uses=[ToolUse("research", {"task": "send a message"})]),
+            Reply(text="the parent's answer"),
+        ],
+        by_system={
+            RESEARCHER: [
+                Reply(text="sending", tool_uses=[ToolUse("send", {"text": "hi"})]),
+                Reply(text="could not send"),
+            ]
+        },
+    )
+    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, send, research]) as rt:
+        await rt.create_session("p")
+        await rt.submit("p", "go", request_id="r1")
+        with trio.fail_after(20):
+            await rt.wait_idle("p")
+        children = [i.session_id for i in await rt.sessions() if i.session_id != "p"]
+        (child,) = children
+        (refused,) = [
+            c.record
+            for c in await rt.journal.read_session(child)
+            if isinstance(c.record, ToolCompleted)
+        ]
+        assert refused.kind == "unknown_tool" and "available: lookup" in refused.output
+    sound(log_dir)
