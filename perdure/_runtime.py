@@ -14,8 +14,10 @@ The log is a location: a directory (LMDB, one process) or a ``postgresql://`` UR
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
@@ -23,7 +25,7 @@ from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import attrs
 import trio
@@ -35,6 +37,7 @@ from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
+from perdure.observability.hooks import CommitObserver, check_traceparent
 from perdure.providers.base import Message, Provider
 from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
@@ -49,10 +52,18 @@ T = TypeVar("T")
 class Runtime:
     """A running perdure runtime. Obtain one with ``open_runtime``."""
 
-    def __init__(self, supervisor: Supervisor, journal: Journal, ctx: ActorContext) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        journal: Journal,
+        ctx: ActorContext,
+        caller_trace: Callable[[], str] | None = None,
+    ) -> None:
         self._sup = supervisor
         self.journal = journal
         self._ctx = ctx
+        # The caller's current trace context, when tracing is on (perdure.observability).
+        self._caller_trace = caller_trace
 
     @property
     def log_path(self) -> Path:
@@ -149,13 +160,20 @@ class Runtime:
         *,
         request_id: str | None = None,
         budget: Budget | None = None,
+        traceparent: str | None = None,
     ) -> protocol.Accepted:
         """Queue user input; returns once it is durable. Same ``request_id`` -> same answer.
 
         ``budget`` (recorded with the input) replaces the session's budget from this
-        input on: e.g. to continue a run that stopped at its budget.
+        input on: e.g. to continue a run that stopped at its budget. ``traceparent``
+        (a W3C trace context) makes the input's runs children of that span; by default,
+        with tracing on, the caller's current span.
         """
-        command = protocol.Submit(request_id or _rid(), text, budget)
+        if traceparent is None:
+            traceparent = self._caller_trace() if self._caller_trace is not None else ""
+        elif traceparent:
+            check_traceparent(traceparent)
+        command = protocol.Submit(request_id or _rid(), text, budget, traceparent)
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Accepted](command))
 
     async def cancel(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
@@ -384,6 +402,7 @@ async def open_runtime(
     idle_timeout: float | None = 300.0,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
+    telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -403,13 +422,18 @@ async def open_runtime(
     ``None`` keeps every session's actor resident. ``budget`` limits what every
     session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
     model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
-    replaces the built-in price table used for cost.
+    replaces the built-in price table used for cost. ``telemetry`` observes every
+    commit (``perdure.observability``): ``"auto"`` traces through the application's
+    OpenTelemetry providers when ``opentelemetry-api`` is installed (a no-op until
+    the application installs one) and does nothing otherwise; ``None`` turns it off;
+    or pass observers, e.g. ``perdure.observability.tracing.Tracing(...)``.
     """
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
             f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
         )
     by_name = registry(tools)
+    observers = _observers(telemetry)
     opened = partial(
         open_log,
         log,
@@ -440,6 +464,7 @@ async def open_runtime(
                 forget_settled=durability == "full",
                 budget=budget,
                 prices=dict(DEFAULT_PRICES if prices is None else prices),
+                observers=observers,
             )
             supervisor = Supervisor(ctx)
             body_error: BaseException | None = None
@@ -447,7 +472,7 @@ async def open_runtime(
                 async with trio.open_nursery() as nursery:
                     await nursery.start(supervisor.run)
                     try:
-                        yield Runtime(supervisor, journal, ctx)
+                        yield Runtime(supervisor, journal, ctx, _caller_trace(observers))
                     except BaseException as exc:
                         # Re-raised below, outside the nursery, so the caller sees its own
                         # exception rather than an ExceptionGroup.
@@ -465,4 +490,34 @@ async def open_runtime(
             if body_error is not None:
                 raise body_error
     finally:
+        for observer in observers:
+            close = getattr(observer, "close", None)
+            if close is not None:
+                close()
         await trio.to_thread.run_sync(the_log.close)
+
+
+def _observers(
+    telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None,
+) -> tuple[CommitObserver, ...]:
+    if telemetry is None:
+        return ()
+    if telemetry == "auto":
+        if importlib.util.find_spec("opentelemetry") is None:
+            return ()  # the otel extra is absent: nothing is traced, nothing imported
+        from perdure.observability.tracing import Tracing
+
+        return (Tracing(),)
+    if isinstance(telemetry, str):
+        raise ValueError(f"telemetry must be 'auto', None or observers, not {telemetry!r}")
+    if hasattr(telemetry, "after_commit"):
+        return (cast(CommitObserver, telemetry),)
+    return tuple(telemetry)
+
+
+def _caller_trace(observers: tuple[CommitObserver, ...]) -> Callable[[], str] | None:
+    """How ``submit`` reads the caller's span, if a tracing observer is in use."""
+    tracing = sys.modules.get("perdure.observability.tracing")  # imported if one is in use
+    if tracing is None or not any(isinstance(o, tracing.Tracing) for o in observers):
+        return None
+    return cast(Callable[[], str], tracing.current_traceparent)

@@ -9,6 +9,7 @@ from pathlib import Path
 from attrs import define, field
 
 from perdure.budget import DEFAULT_PRICES, Budget, Price
+from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
 from perdure.storage.journal import Journal
 from perdure.tools.contract import Tool
@@ -40,3 +41,5 @@ class ActorContext:
     forget_settled: bool = True
     budget: Budget | None = None  # the default budget of every session (perdure.budget)
     prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
+    # Telemetry (perdure.observability): shown every commit; they never decide anything.
+    observers: tuple[CommitObserver, ...] = ()

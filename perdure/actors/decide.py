@@ -1139,6 +1139,7 @@ def _submit(s: SessionState, env: Env, cmd: Submit) -> tuple[Step, Answer]:
         text=cmd.text,
         body_hash=cmd.body_hash,
         budget=cmd.budget,
+        traceparent=cmd.traceparent,
         at=env.now,
     )
     return Step((record,)), Accepted(sub_id, 0)

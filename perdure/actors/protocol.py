@@ -81,6 +81,9 @@ class Submit:
     request_id: str
     text: str
     budget: Budget | None = None  # replaces the session's budget from this input on
+    # The caller's W3C trace context; not part of the body (a retry from another span
+    # is the same request).
+    traceparent: str = ""
 
     @property
     def body_hash(self) -> str:

@@ -22,7 +22,7 @@ committed before the call's result).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -35,7 +35,7 @@ from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, RunFinished
+from perdure.storage.records import Committed, Record, RunFinished
 
 log = logging.getLogger("perdure.session")
 
@@ -411,20 +411,47 @@ class SessionActor:
         step = decide.settle(state, self._env(), self._view(), first, recovering=recovering)
         committed: list[Committed] = []
         if step.records:
+            records = self._observe_before(state, step.records)
             try:
                 committed = await self.ctx.journal.append(
-                    step.records, guard=Guard(self.session_id, rev_before)
+                    records, guard=Guard(self.session_id, rev_before)
                 )
             except LogError as exc:
+                self._observe_failed(state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
                 raise
             for c in committed:
                 state.note_committed(c)
+            self._observe_after(state, committed)
         for effect in step.effects:
             self._perform(effect)
         return committed
+
+    # -- observers (perdure.observability): telemetry never stops a session ------------
+
+    def _observe_before(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+        for observer in self.ctx.observers:
+            try:
+                records = observer.before_commit(state, records)
+            except Exception:
+                log.exception("session %s: an observer failed before a commit", self.session_id)
+        return records
+
+    def _observe_after(self, state: SessionState, committed: Sequence[Committed]) -> None:
+        for observer in self.ctx.observers:
+            try:
+                observer.after_commit(state, committed)
+            except Exception:
+                log.exception("session %s: an observer failed after a commit", self.session_id)
+
+    def _observe_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+        for observer in self.ctx.observers:
+            try:
+                observer.commit_failed(state, records)
+            except Exception:
+                log.exception("session %s: an observer failed on a failed commit", self.session_id)
 
     async def _back_off(self, effect: protocol.BackOff, scope: trio.CancelScope) -> None:
         """Sleep until the back-off's wall-clock ``not_before``, then say so."""

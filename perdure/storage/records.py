@@ -156,6 +156,9 @@ class InputAccepted:
     text: str
     body_hash: str
     budget: Budget | None = None  # replaces the session's budget from this input on
+    # The caller's W3C trace context (a ``traceparent``), if it gave one: the runs of
+    # this input are children of the caller's span (perdure.observability).
+    traceparent: str = ""
     at: float
 
 
@@ -169,6 +172,10 @@ class RunStarted:
     goal_rev: int
     resumed_from: str | None = None
     resume_attempt: int = 0
+    # The W3C trace context of this run's span, stamped by the shell's tracing when
+    # the run starts ("" without tracing), so that a process resuming the run after a
+    # crash continues the same trace and links to this span.
+    traceparent: str = ""
     at: float
 
 
