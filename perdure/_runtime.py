@@ -14,7 +14,6 @@ The log is a location: a directory (LMDB, one process) or a ``postgresql://`` UR
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sys
@@ -503,10 +502,10 @@ def _observers(
     if telemetry is None:
         return ()
     if telemetry == "auto":
-        if importlib.util.find_spec("opentelemetry") is None:
-            return ()  # the otel extra is absent: nothing is traced, nothing imported
-        from perdure.observability.tracing import Tracing
-
+        try:
+            from perdure.observability.tracing import Tracing
+        except ImportError:
+            return ()  # the otel extra is absent: nothing is traced
         return (Tracing(),)
     if isinstance(telemetry, str):
         raise ValueError(f"telemetry must be 'auto', None or observers, not {telemetry!r}")
