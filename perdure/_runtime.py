@@ -36,7 +36,12 @@ from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
-from perdure.observability.hooks import CommitObserver, check_traceparent
+from perdure.observability.hooks import (
+    CommitObserver,
+    TransactionObserver,
+    auto_observers,
+    check_traceparent,
+)
 from perdure.providers.base import Message, Provider
 from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
@@ -447,6 +452,9 @@ async def open_runtime(
     root = None if workspace is None else await trio.Path(workspace).resolve()
     try:
         async with open_journal(the_log) as journal:
+            for observer in observers:
+                if isinstance(observer, TransactionObserver):
+                    journal.commit_listeners.append(observer.on_commit)
             ctx = ActorContext(
                 journal=journal,
                 provider=provider,
@@ -502,11 +510,7 @@ def _observers(
     if telemetry is None:
         return ()
     if telemetry == "auto":
-        try:
-            from perdure.observability.tracing import Tracing
-        except ImportError:
-            return ()  # the otel extra is absent: nothing is traced
-        return (Tracing(),)
+        return auto_observers()
     if isinstance(telemetry, str):
         raise ValueError(f"telemetry must be 'auto', None or observers, not {telemetry!r}")
     if hasattr(telemetry, "after_commit"):

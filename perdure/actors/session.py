@@ -34,6 +34,7 @@ from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
+from perdure.observability import logs
 from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed, Record, RunFinished
 
@@ -162,6 +163,7 @@ class SessionActor:
     # -- lifecycle ------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        logs.bind(session_id=self.session_id)  # on every line of this actor and its children
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.state = await self._load()
@@ -481,6 +483,19 @@ class SessionActor:
 
     def _perform(self, effect: protocol.Effect) -> None:
         """Start what a durable step asks for; each effect carries what it needs."""
+        # The tasks started here inherit these ids: their log lines carry them.
+        ids: dict[str, str] = {}
+        if self.state.run is not None:
+            ids["run_id"] = self.state.run.run_id
+        executing = getattr(effect, "executing", None)
+        if executing is not None:
+            ids.update(run_id=executing.run_id, call_id=executing.call_id)
+        if isinstance(effect, protocol.CallModel):
+            ids["generation_id"] = effect.generation_id
+        with logs.bound(**ids):
+            self._start(effect)
+
+    def _start(self, effect: protocol.Effect) -> None:
         nursery = self._nursery
         assert nursery is not None
         ctx, outbox = self.ctx, self.mailbox.send

@@ -49,6 +49,7 @@ from perdure.errors import (
     UnknownSession,
     find_exception,
 )
+from perdure.observability import logs
 from perdure.storage.backend import (
     LogError,
     LogUnavailable,
@@ -57,6 +58,7 @@ from perdure.storage.backend import (
     StorageFull,
     check_session_id,
 )
+from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import Budget, SessionCreated, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
@@ -258,9 +260,11 @@ class Supervisor:
     async def _supervise(
         self, session_id: str, box: Mailbox, *, task_status: trio.TaskStatus[Any]
     ) -> None:
+        logs.bind(session_id=session_id)
         status: trio.TaskStatus[Any] = task_status
         failures: list[float] = []
         outages = 0  # consecutive restarts because the log could not be reached
+        told: set[str] = set()  # crashes already logged with their traceback
         while True:
             actor = SessionActor(session_id, self.ctx, box)
             self.actors[session_id] = actor
@@ -312,13 +316,22 @@ class Supervisor:
                 now = self.ctx.clock()
                 failures = [t for t in failures if now - t < self.ctx.restart_window] + [now]
                 summary = _summary(exc)
+                # A damaged record is one clear line (the error names its seq), and a
+                # crash that repeats is told once with its traceback, then in one line.
+                damaged = find_exception(exc, CorruptRecord) is not None
+                detail = (
+                    ""
+                    if damaged or summary in told
+                    else "\n" + "".join(traceback.format_exception(exc))
+                )
+                told.add(summary)
                 log.error(
-                    "session %s actor crashed (%d in %.0fs): %s\n%s",
+                    "session %s actor crashed (%d in %.0fs): %s%s",
                     session_id,
                     len(failures),
                     self.ctx.restart_window,
                     summary,
-                    "".join(traceback.format_exception(exc)),
+                    detail,
                 )
                 actor.fail_pending(SessionRestarting(session_id, summary))
                 if len(failures) > self.ctx.max_restarts:
@@ -382,6 +395,7 @@ class Supervisor:
             status.started(_Lost(reason))
 
     async def _park(self, session_id: str, reason: str) -> None:
+        log.error("session %s parked: %s", session_id, reason)
         self.parked[session_id] = reason
         self.mailboxes.pop(session_id, None)
         self.actors.pop(session_id, None)

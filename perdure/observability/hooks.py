@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from perdure.storage.records import Committed, Record
 
@@ -56,3 +56,29 @@ class CommitObserver(Protocol):
     def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
         """The append of ``records`` failed: nothing of it is in the log."""
         ...
+
+
+@runtime_checkable
+class TransactionObserver(Protocol):
+    """An observer that also wants every durable transaction of the log (any session's).
+
+    ``open_runtime`` registers an observer's ``on_commit`` with the Journal before
+    recovery, so the commits of recovery are counted too.
+    """
+
+    def on_commit(self, committed: Sequence[Committed], took: float) -> None:
+        """Called on the trio thread; ``took``: seconds the backend's commit took."""
+        ...
+
+
+def auto_observers() -> tuple[CommitObserver, ...]:
+    """Tracing through the application's OpenTelemetry providers, if the API is installed.
+
+    Until the application installs a provider, the API's tracer and meter are no-ops.
+    Without ``opentelemetry-api`` (the ``perdure[otel]`` extra) this is empty.
+    """
+    try:
+        from perdure.observability.tracing import Tracing
+    except ImportError:
+        return ()
+    return (Tracing(),)

@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from importlib import resources
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import parse_qs
 
 import trio
@@ -55,6 +55,7 @@ from perdure import __version__
 from perdure._runtime import Runtime
 from perdure.errors import Refused, SessionRestarting
 from perdure.inspect import summarize
+from perdure.observability.hooks import check_traceparent
 from perdure.providers.base import Message as ModelMessage
 from perdure.providers.base import (
     RedactedThinkingBlock,
@@ -67,6 +68,9 @@ from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
 from perdure.storage.lmdb_log import LogError, check_session_id
 from perdure.storage.records import Record, ResolutionAction
+
+if TYPE_CHECKING:
+    from perdure.observability.metrics import RuntimeMetrics
 
 MAX_BODY: Final = 1 << 20
 DRAIN_FACTOR: Final = 16
@@ -564,7 +568,7 @@ class Api:
         text = text_field(data, "text")
         rid = request_id_field(data)
         assert text is not None
-        accepted = await self.rt.submit(sid, text, request_id=rid)
+        accepted = await self.rt.submit(sid, text, request_id=rid, traceparent=_trace(request))
         return JSONResponse(
             {
                 "submission_id": accepted.submission_id,
@@ -654,6 +658,15 @@ class Api:
         return EventStreamResponse(self, sid, after, live)
 
 
+def _trace(request: Request) -> str | None:
+    """The W3C ``traceparent`` header, if well formed (else ignored, as W3C asks)."""
+    value = request.headers.get("traceparent", "").strip()
+    try:
+        return check_traceparent(value) if value else None
+    except ValueError:
+        return None
+
+
 def _after(request: Request) -> int:
     """Where a stream resumes: ``Last-Event-ID`` (a reconnect) wins over ``?after=``."""
     for name, raw in (
@@ -697,8 +710,12 @@ def create_app(
     closing: trio.Event,
     heartbeat: float = 15.0,
     max_body: int = MAX_BODY,
+    metrics: RuntimeMetrics | None = None,
 ) -> ASGIApp:
-    """The ASGI application: routes, JSON errors, and the auth middleware around them."""
+    """The ASGI application: routes, JSON errors, and the auth middleware around them.
+
+    With ``metrics``, ``GET /metrics`` (behind the token like the rest) serves them.
+    """
     api = Api(rt, token=token, closing=closing, heartbeat=heartbeat, max_body=max_body)
     s = "/v1/sessions/{session_id}"
     routes = [
@@ -720,6 +737,8 @@ def create_app(
         Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
         Route(s + "/calls/{call_id}/resolution", api.resolve, methods=["POST"]),
     ]
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics.scrape, methods=["GET"]))
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},

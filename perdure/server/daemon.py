@@ -25,7 +25,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import hypercorn.trio
 import trio
@@ -36,11 +36,15 @@ from hypercorn.typing import ASGIFramework
 from perdure._runtime import open_runtime
 from perdure._setup import SetupError
 from perdure.errors import find_exception
+from perdure.observability.hooks import auto_observers
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
 from perdure.storage.backend import is_postgres
 from perdure.storage.lmdb_log import Durability, LogError
 from perdure.tools.contract import Tool
+
+if TYPE_CHECKING:
+    from perdure.observability.metrics import RuntimeMetrics
 
 TOKEN_FILE: Final = "daemon.token"
 Say = Callable[[str, str], None]  # (text, style)
@@ -61,6 +65,10 @@ class ServeOptions:
     graceful_timeout: float = 5.0
     shutdown_grace: float = 10.0
     idle_timeout: float | None = 300.0
+    # Prometheus /metrics: on the API port behind the token, or (also) without the
+    # token on this separate port, bound to loopback only. Needs perdure[metrics].
+    metrics: bool = True
+    metrics_port: int | None = None
 
 
 def is_loopback(host: str) -> bool:
@@ -176,7 +184,22 @@ async def _on_signals(
             return
 
 
+def _metrics(opts: ServeOptions) -> RuntimeMetrics | None:
+    if not opts.metrics and opts.metrics_port is None:
+        return None
+    try:
+        from perdure.observability.metrics import RuntimeMetrics
+    except ImportError:
+        if opts.metrics_port is not None:
+            raise SetupError(
+                "--metrics-port needs prometheus-client: pip install 'perdure[metrics]'"
+            ) from None
+        return None  # the extra is absent: no /metrics route
+    return RuntimeMetrics()
+
+
 async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: bool) -> None:
+    metrics = _metrics(opts)
     async with open_runtime(
         opts.log,
         provider=opts.provider,
@@ -186,7 +209,10 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         durability=opts.durability,
         shutdown_grace=opts.shutdown_grace,
         idle_timeout=opts.idle_timeout,
+        telemetry=auto_observers() + ((metrics,) if metrics is not None else ()),
     ) as rt:
+        if metrics is not None:
+            metrics.attach(rt)
         recovered = rt.recovered_sessions
         say(
             f"perdure serve: log {rt.location} (epoch {rt.epoch}); "
@@ -200,7 +226,14 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
             "restart" if recovered else "plain",
         )
         # create_app reads the page's static files: off the trio loop, like all file I/O.
-        build = partial(create_app, rt, token=opts.token, closing=closing, heartbeat=opts.heartbeat)
+        build = partial(
+            create_app,
+            rt,
+            token=opts.token,
+            closing=closing,
+            heartbeat=opts.heartbeat,
+            metrics=metrics if opts.metrics else None,
+        )
         app = cast(ASGIFramework, await trio.to_thread.run_sync(build))
         config = Config()
         config.bind = [_bind(opts.host, opts.port)]
@@ -216,6 +249,19 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
             )
             url = binds[0] if binds else f"http://{config.bind[0]}"
             say(f"perdure serve: listening on {url}", "title")
+            if metrics is not None and opts.metrics_port is not None:
+                side = Config()
+                side.bind = [_bind("127.0.0.1", opts.metrics_port)]
+                side.accesslog = None
+                side.include_server_header = False
+                side.errorlog = config.errorlog
+                scrape = cast(ASGIFramework, metrics.asgi_app())
+                serving = partial(
+                    hypercorn.trio.serve, scrape, side, shutdown_trigger=closing.wait, mode="asgi"
+                )
+                side_binds: list[str] = await nursery.start(serving)
+                where = side_binds[0] if side_binds else f"http://{side.bind[0]}"
+                say(f"perdure serve: metrics on {where}/metrics", "plain")
             if show_token:
                 say(f"perdure serve: web page: {url}/?token={opts.token}", "plain")
         say("perdure serve: HTTP stopped; waiting for running tools", "plain")

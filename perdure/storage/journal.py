@@ -23,7 +23,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -80,6 +80,9 @@ class Journal:
         self._followers: dict[str, set[Subscription]] = {}
         self._listen_stop = threading.Event()
         self._listener: threading.Thread | None = None
+        # Called on the trio thread after each durable transaction with its records
+        # (every session's) and the seconds the backend's commit took (metrics).
+        self.commit_listeners: list[Callable[[Sequence[Committed], float], None]] = []
 
     # -- writing ---------------------------------------------------------------------
 
@@ -121,6 +124,7 @@ class Journal:
             if requests:
                 if _faults.SLOW_COMMIT:
                     time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
+                began = time.perf_counter()
                 try:
                     results: list[Any] = log.commit([(r.records, r.guard) for r in requests])
                 except BaseException as exc:  # every caller of this transaction must hear it
@@ -129,14 +133,15 @@ class Journal:
                     if _faults.ACTIVE:  # counts durable appends: refused ones are not
                         durable = sum(isinstance(result, list) for result in results)
                         _faults.hit("commit", count=durable)
+                took = time.perf_counter() - began
                 assert self._token is not None
-                self._token.run_sync_soon(self._deliver, requests, results)
+                self._token.run_sync_soon(self._deliver, requests, results, took)
             if stop:
                 assert self._token is not None
                 self._token.run_sync_soon(self._stopped.set)
                 return
 
-    def _deliver(self, requests: list[_Append], results: list[Any]) -> None:
+    def _deliver(self, requests: list[_Append], results: list[Any], took: float = 0.0) -> None:
         # Runs on the trio thread, in commit order.
         committed_any = False
         for request, result in zip(requests, results, strict=True):
@@ -168,6 +173,10 @@ class Journal:
                             bus.publish(Event(sid, type(c.record).__name__, c.seq, c.record))
             stats.records += size
             stats.largest_transaction = max(stats.largest_transaction, size)
+            if self.commit_listeners:
+                done = [c for result in results if isinstance(result, list) for c in result]
+                for listener in self.commit_listeners:
+                    listener(done, took)
 
     # -- reading ---------------------------------------------------------------------
 
