@@ -181,7 +181,9 @@ class Supervisor:
         try:
             await self.mailbox(session_id)
         except Refused as exc:
-            log.error("session %s not started: %s", session_id, exc)
+            log.error(
+                "session %s not started: %s", session_id, exc, extra={"session_id": session_id}
+            )
         except (LogUnavailable, StorageFull) as exc:
             # Its work must go on by itself: keep trying in the background, without
             # holding up the start of the others (or of the runtime).
@@ -324,8 +326,11 @@ class Supervisor:
                     if damaged or summary in told
                     else "\n" + "".join(traceback.format_exception(exc))
                 )
+                # Repeats say nothing new: below the error level (the parking says it).
+                level = logging.INFO if summary in told else logging.ERROR
                 told.add(summary)
-                log.error(
+                log.log(
+                    level,
                     "session %s actor crashed (%d in %.0fs): %s%s",
                     session_id,
                     len(failures),
