@@ -111,12 +111,16 @@ def _error_type(message: str) -> str:
 
 
 def _usage_attributes(usage: Usage) -> dict[str, int]:
-    return {
+    found = {
         "gen_ai.usage.input_tokens": usage.input_tokens,
         "gen_ai.usage.output_tokens": usage.output_tokens,
-        "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
-        "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
     }
+    # Cache counts only where caching happened (each attribute costs the SDK a check).
+    if usage.cache_creation_input_tokens:
+        found["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_creation_input_tokens
+    if usage.cache_read_input_tokens:
+        found["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_input_tokens
+    return found
 
 
 @attrs.define
@@ -159,6 +163,7 @@ class Tracing:
         )
         self._runs: dict[tuple[str, str], Span] = {}  # live run spans, by (session, run)
         self._current: dict[str, Span] = {}  # the live run span of each session
+        self._contexts: dict[tuple[str, str], otel_context.Context] = {}  # of live runs
         self._attempts: dict[tuple[str, str], _Attempt] = {}  # by (session, generation)
 
     # -- the observer ---------------------------------------------------------------
@@ -184,6 +189,7 @@ class Tracing:
         for record in records:
             if isinstance(record, RunStarted):
                 span = self._runs.pop((record.session_id, record.run_id), None)
+                self._contexts.pop((record.session_id, record.run_id), None)
                 if span is not None:
                     if self._current.get(record.session_id) is span:
                         del self._current[record.session_id]
@@ -197,6 +203,7 @@ class Tracing:
             span.end()
         self._runs.clear()
         self._current.clear()
+        self._contexts.clear()
 
     # -- runs -----------------------------------------------------------------------
 
@@ -256,6 +263,13 @@ class Tracing:
 
     def _parent(self, state: SessionState, session_id: str, run_id: str) -> otel_context.Context:
         """The context to open a child of ``run_id``'s span in (live or from the log)."""
+        live = self._runs.get((session_id, run_id))
+        if live is not None:  # the common case: built once per run
+            found = self._contexts.get((session_id, run_id))
+            if found is None:
+                found = trace.set_span_in_context(live, otel_context.Context())
+                self._contexts[(session_id, run_id)] = found
+            return found
         span_context = self._run_context(state, session_id, run_id)
         if span_context is None:
             return otel_context.Context()
@@ -263,6 +277,7 @@ class Tracing:
 
     def _run_finished(self, state: SessionState, r: RunFinished) -> None:
         span = self._runs.pop((r.session_id, r.run_id), None)
+        self._contexts.pop((r.session_id, r.run_id), None)
         if span is None:
             return  # started by a process that died; its span went with it
         if self._current.get(r.session_id) is span:
