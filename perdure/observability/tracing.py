@@ -278,6 +278,11 @@ class Tracing:
     def _run_finished(self, state: SessionState, r: RunFinished) -> None:
         span = self._runs.pop((r.session_id, r.run_id), None)
         self._contexts.pop((r.session_id, r.run_id), None)
+        ended = [
+            k for k, a in self._attempts.items() if k[0] == r.session_id and a.run_id == r.run_id
+        ]
+        for key in ended:
+            del self._attempts[key]  # turns the run left unanswered (cancelled, failed)
         if span is None:
             return  # started by a process that died; its span went with it
         if self._current.get(r.session_id) is span:

@@ -240,3 +240,39 @@ async def test_a_malformed_traceparent_is_refused_and_nothing_is_recorded(log_di
         with pytest.raises(ValueError, match="traceparent"):
             await rt.submit(sid, "go", traceparent="00-nonsense")
         assert (await rt.load_state(sid)).submissions == {}
+
+
+async def test_sessions_with_the_same_run_ids_keep_their_own_spans(log_dir: Path) -> None:
+    telemetry = Telemetry()
+    async with perdure.open_runtime(
+        log_dir,
+        provider=ScriptedProvider(SCRIPT),
+        tools=[look, book],
+        retry_base=0.01,
+        telemetry=telemetry.tracing,
+    ) as rt:
+        for sid in ("a", "b"):
+            await rt.create_session(sid)
+            await rt.submit(sid, "go", request_id="r1")
+        for sid in ("a", "b"):
+            outcome = await rt.wait_idle(sid)
+            assert outcome is not None
+            assert outcome.status == "completed"
+    spans = telemetry.finished()
+    runs = {
+        s.attributes["gen_ai.conversation.id"]: s
+        for s in spans
+        if s.name == "invoke_agent" and s.attributes
+    }
+    assert set(runs) == {"a", "b"}
+    assert runs["a"].attributes is not None
+    assert runs["b"].attributes is not None
+    assert runs["a"].attributes["perdure.run.id"] == runs["b"].attributes["perdure.run.id"]
+    children = [s for s in spans if s.name != "invoke_agent"]
+    assert len(children) == 2 * 5  # per session: 3 model attempts, 2 tool calls
+    for span in children:
+        assert span.attributes is not None
+        assert span.parent is not None
+        own = runs[str(span.attributes["gen_ai.conversation.id"])].get_span_context()
+        assert own is not None
+        assert span.parent.span_id == own.span_id
