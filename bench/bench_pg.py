@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import perdure  # noqa: E402
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse  # noqa: E402
-from perdure.storage.backend import LogBackend, open_log  # noqa: E402
+from perdure.storage import LogBackend, open_log  # noqa: E402
 from perdure.storage.records import ToolCompleted  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

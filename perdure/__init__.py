@@ -18,7 +18,7 @@ from perdure.errors import (
     UnknownSession,
 )
 from perdure.providers.base import Message, ModelReply, ModelRequest, ProviderError
-from perdure.storage.backend import (
+from perdure.storage import (
     CommitUnknown,
     LogBusy,
     LogError,

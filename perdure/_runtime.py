@@ -43,7 +43,7 @@ from perdure.observability.hooks import (
     check_traceparent,
 )
 from perdure.providers.base import Message, Provider
-from perdure.storage.backend import Durability, LogFenced, SessionInfo, open_log
+from perdure.storage import MEMORY, Durability, LogBackend, LogFenced, SessionInfo, open_log
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
 from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
@@ -152,7 +152,7 @@ class Runtime:
         System records are indexed under the empty session id, so this is a range
         scan of them alone, not of the history.
         """
-        return await trio.to_thread.run_sync(self.journal.log.read_system)
+        return await self.journal.run(self.journal.log.read_system)
 
     async def _done(self, session_id: str, command: protocol.Command) -> protocol.Done:
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Done](command))
@@ -385,7 +385,7 @@ def resolution(
 
 @asynccontextmanager
 async def open_runtime(
-    log: str | PathLike[str] = ".perdure",
+    log: str | PathLike[str] | LogBackend = ".perdure",
     *,
     provider: Provider,
     tools: Iterable[Tool] = (),
@@ -448,7 +448,10 @@ async def open_runtime(
         node_id=node_id,
         lease_ttl=lease_ttl,
     )
-    the_log = await trio.to_thread.run_sync(opened)
+    if isinstance(log, str | PathLike) and log != MEMORY:
+        the_log = await trio.to_thread.run_sync(opened)
+    else:  # in memory (":memory:", or a MemoryLog the caller keeps): nothing blocks
+        the_log = opened()
     root = None if workspace is None else await trio.Path(workspace).resolve()
     try:
         async with open_journal(the_log) as journal:
@@ -501,7 +504,10 @@ async def open_runtime(
             close = getattr(observer, "close", None)
             if close is not None:
                 close()
-        await trio.to_thread.run_sync(the_log.close)
+        if the_log.inline:
+            the_log.close()
+        else:
+            await trio.to_thread.run_sync(the_log.close)
 
 
 def _observers(

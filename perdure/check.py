@@ -39,7 +39,7 @@ from attrs import define, field
 from perdure.actors.conversation import messages
 from perdure.actors.state import SessionState
 from perdure.providers.base import ToolResultBlock, ToolUseBlock
-from perdure.storage.backend import is_postgres, open_log
+from perdure.storage import is_postgres, open_log
 from perdure.storage.codec import CorruptRecord, decode
 from perdure.storage.records import (
     FINAL_RUN_STATUSES,

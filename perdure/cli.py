@@ -199,7 +199,7 @@ def serve(
     from perdure._setup import SetupError
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
-    from perdure.storage.lmdb_log import LogBusy, LogError
+    from perdure.storage import LogBusy, LogError
 
     try:
         token, source, show = resolve_token(log_dir, token_file, os.environ, host)
@@ -277,7 +277,7 @@ def run(
     """Run one task to completion, streaming the model's text and the tool calls."""
     import trio
 
-    from perdure.storage.lmdb_log import LogError
+    from perdure.storage import LogError
 
     prov, tools = _setup(provider, model, tool_specs)
     try:
@@ -569,7 +569,7 @@ def show(session: str, log_dir: str, as_json: bool) -> None:
 def check(log_dir: str, settled: bool) -> None:
     """Verify every record's checksum and the design's invariants (read-only)."""
     from perdure.check import check_log, last_seq
-    from perdure.storage.backend import is_postgres
+    from perdure.storage import is_postgres
 
     if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
         _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)

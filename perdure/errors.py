@@ -11,7 +11,7 @@ to guess:
   the supervisor restarts it from the log. Whether the command was recorded is not
   known to this caller: retry it with the same ``request_id`` (deduplication makes
   that safe).
-* ``perdure.storage.backend.LogError`` and its subclasses — the log itself (outage,
+* ``perdure.storage.LogError`` and its subclasses — the log itself (outage,
   full disk, lost ownership, damaged record). Defined with the storage layer, which
   knows nothing of sessions or commands.
 

@@ -83,4 +83,6 @@ def make_daemon(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         daemon.close()
 
 
+# The deterministic runtime fixtures: a MemoryLog on a MockClock, or LMDB in real time.
+from tests.support.deterministic import clock, log_kind, where  # noqa: E402, F401
 from tests.support.disk import small_disk  # noqa: E402, F401 - a fixture for every suite

@@ -35,7 +35,7 @@ from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
-from perdure.storage.backend import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
+from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed, Record, RunFinished
 
 log = logging.getLogger("perdure.session")

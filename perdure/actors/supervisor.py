@@ -50,7 +50,7 @@ from perdure.errors import (
     find_exception,
 )
 from perdure.observability import logs
-from perdure.storage.backend import (
+from perdure.storage import (
     LogError,
     LogUnavailable,
     NotOwner,

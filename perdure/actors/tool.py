@@ -29,7 +29,7 @@ import trio
 from perdure import _faults
 from perdure.actors.context import ActorContext
 from perdure.actors.protocol import HeartbeatReported, ReconcileFinished, ToolFinished, ToolOutcome
-from perdure.storage.backend import SessionFenced
+from perdure.storage import SessionFenced
 from perdure.storage.bus import Event
 from perdure.storage.records import ToolExecuting
 from perdure.tools.contract import (

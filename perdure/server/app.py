@@ -64,9 +64,9 @@ from perdure.providers.base import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from perdure.storage import LogError, check_session_id
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord, converter
-from perdure.storage.lmdb_log import LogError, check_session_id
 from perdure.storage.records import Record, ResolutionAction
 
 if TYPE_CHECKING:

@@ -39,8 +39,7 @@ from perdure.errors import find_exception
 from perdure.observability.hooks import auto_observers
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
-from perdure.storage.backend import is_postgres
-from perdure.storage.lmdb_log import Durability, LogError
+from perdure.storage import Durability, LogError, is_postgres
 from perdure.tools.contract import Tool
 
 if TYPE_CHECKING:

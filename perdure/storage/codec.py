@@ -10,6 +10,17 @@ The checksum covers the sequence number, so a record copied under the wrong key 
 caught as surely as a flipped bit. Decoding never guesses: anything that is not a
 well-formed record of a known type and version raises ``CorruptRecord`` naming
 the sequence number.
+
+Migrations: a record stored under an older version of its type is brought to the
+current one by explicit steps, never by accident. ``MIGRATIONS`` maps (record type
+name, stored version) to a function that turns that version's payload (a dict,
+without ``t`` and ``v``) into the next version's; decoding applies the steps in
+order, then structures the result strictly as today's class. A version with no
+step (or newer than this build's) is a ``CorruptRecord`` that says so, so an old
+shape is never read as if it were today's. Register a step with ``@migration``,
+bump the type's entry in ``records.RECORD_VERSIONS``, and add a golden log of the
+release that wrote the old shape (``tests/golden``). Adding a field with a default
+needs neither: old payloads structure with the default.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import json
 import typing
 import zlib
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import cattrs
@@ -124,8 +136,88 @@ def encode(record: Record, seq: int) -> bytes:
     return bytes((FRAME_FORMAT,)) + crc.to_bytes(4, "big") + body
 
 
-def decode(seq: int, frame: bytes) -> Record:
-    """Decode the frame stored under ``seq``; raise ``CorruptRecord`` on any defect."""
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+
+# (record type name, stored version) -> the step to version + 1. None yet: every
+# change so far added fields with defaults.
+MIGRATIONS: Final[dict[tuple[str, int], Migration]] = {}
+
+
+def check_migrations(
+    migrations: Mapping[tuple[str, int], Migration], versions: Mapping[str, int]
+) -> None:
+    """Refuse a step for an unknown record type, or one that does not lead to the present."""
+    for name, version in migrations:
+        if name not in versions:
+            raise ValueError(f"migration of {name!r}: no record type of that name")
+        if not 1 <= version < versions[name]:
+            raise ValueError(
+                f"migration of {name} from version {version}: the current version is "
+                f"{versions[name]}, so a step must start at 1 to {versions[name] - 1}"
+            )
+
+
+def migration(name: str, version: int) -> Callable[[Migration], Migration]:
+    """Register the decorated function as the step from ``version`` of ``name`` to the next."""
+
+    def register(step: Migration) -> Migration:
+        check_migrations({(name, version): step}, RECORD_VERSIONS)
+        if (name, version) in MIGRATIONS:
+            raise ValueError(f"two migrations of {name} from version {version}")
+        MIGRATIONS[name, version] = step
+        return step
+
+    return register
+
+
+def _upgrade(
+    seq: int,
+    name: str,
+    version: object,
+    data: dict[str, Any],
+    versions: Mapping[str, int],
+    migrations: Mapping[tuple[str, int], Migration],
+) -> dict[str, Any]:
+    current = versions[name]
+    if type(version) is not int or version < 1:
+        raise CorruptRecord(seq, f"unsupported version {version!r} of {name}")
+    if version > current:
+        raise CorruptRecord(
+            seq,
+            f"unsupported version {version} of {name}: written by a newer build "
+            f"(this one reads version {current})",
+        )
+    while version < current:
+        step = migrations.get((name, version))
+        if step is None:
+            raise CorruptRecord(
+                seq,
+                f"unsupported version {version} of {name}: no migration from it "
+                f"(this build reads version {current})",
+            )
+        fields = {k: v for k, v in data.items() if k != "t"}
+        try:
+            fields = step(fields)
+        except Exception as exc:  # a step that cannot read this payload: damaged
+            raise CorruptRecord(
+                seq, f"migration of {name} from version {version} failed: {exc!r}"
+            ) from None
+        data = {"t": name, **fields}
+        version += 1
+    return data
+
+
+def decode(
+    seq: int,
+    frame: bytes,
+    *,
+    versions: Mapping[str, int] = RECORD_VERSIONS,
+    migrations: Mapping[tuple[str, int], Migration] = MIGRATIONS,
+) -> Record:
+    """Decode the frame stored under ``seq``; raise ``CorruptRecord`` on any defect.
+
+    ``versions`` and ``migrations`` are the registries (module docstring); only a
+    test of the migration path gives others."""
     if len(frame) < _HEADER + 2:
         raise CorruptRecord(seq, f"frame too short ({len(frame)} bytes)")
     if frame[0] != FRAME_FORMAT:
@@ -147,11 +239,14 @@ def decode(seq: int, frame: bytes) -> Record:
     version = data.pop("v", None)
     if not isinstance(name, str) or name not in _BY_NAME:
         raise CorruptRecord(seq, f"unknown record type {name!r}")
-    if version != RECORD_VERSIONS[name]:
-        raise CorruptRecord(seq, f"unsupported version {version!r} of {name}")
+    if version != versions[name]:
+        data = _upgrade(seq, name, version, data, versions, migrations)
     try:
         record: Record = converter.structure(data, Record)  # type: ignore[arg-type]
     except Exception as exc:  # cattrs raises several exception types; all mean "damaged"
         detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, Exception) else ""
         raise CorruptRecord(seq, f"fields do not match {name}: {detail or exc}") from None
     return record
+
+
+check_migrations(MIGRATIONS, RECORD_VERSIONS)  # the registry is checked at import

@@ -10,6 +10,14 @@ is durable, and deliveries happen in commit order.
 
 Reads run in trio worker threads, each in its own short read transaction.
 
+Inline mode: a backend whose ``inline`` is True (``MemoryLog``) never blocks, so
+the Journal commits it right in ``append``, on the trio thread, and reads it there
+too: no writer thread, no worker threads. Nothing then happens outside trio's
+view, which is what lets runtime tests run under ``trio.testing.MockClock`` with
+``autojump_threshold=0`` (a worker thread would let the clock jump while it works).
+Each commit is still one transaction delivered in commit order; only the grouping
+of concurrent appends into one transaction is lost, which no caller can observe.
+
 The Journal works over any ``LogBackend``. With a multi-node backend
 (PostgreSQL) two things are added: a losing lease fences only its session
 (``SessionFenced`` fails that session's append; the runtime goes on), and a
@@ -20,27 +28,24 @@ that follow those sessions (``follow``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import trio
 from attrs import define, field
 
 from perdure import _faults
-from perdure.storage.backend import (
-    Guard,
-    LogBackend,
-    LogError,
-    LogFenced,
-    SessionFenced,
-    SessionInfo,
-)
+from perdure.storage.backend import Guard, LogBackend, SessionInfo
 from perdure.storage.bus import Event, EventBus, Subscription
+from perdure.storage.errors import LogError, LogFenced, SessionFenced
 from perdure.storage.records import Committed, Record
+
+T = TypeVar("T")
 
 _STOP: Final = object()
 WAKE: Final = "_wake"  # the kind of the (never yielded) event that nudges a follower
@@ -80,6 +85,7 @@ class Journal:
         self._followers: dict[str, set[Subscription]] = {}
         self._listen_stop = threading.Event()
         self._listener: threading.Thread | None = None
+        self._inline = log.inline
         # Called on the trio thread after each durable transaction with its records
         # (every session's) and the seconds the backend's commit took (metrics).
         self.commit_listeners: list[Callable[[Sequence[Committed], float], None]] = []
@@ -96,11 +102,20 @@ class Journal:
         """
         if self.fence_error is not None:
             raise self.fence_error
-        if self._closed or self._thread is None:
+        if self._closed or (self._thread is None and not self._inline):
             raise LogError("the journal is closed")
         if not records:
             return []
         request = _Append(records, guard)
+        if self._inline:
+            self._deliver([request], *self._commit([request]))
+            # A schedule point, as the threaded wait is, and like it not a cancel point:
+            # the caller learns the outcome of a commit that happened.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if request.error is not None:
+                raise request.error
+            assert request.result is not None
+            return request.result
         self._queue.put(request)
         with trio.CancelScope(shield=True):
             await request.done.wait()
@@ -109,8 +124,21 @@ class Journal:
         assert request.result is not None
         return request.result
 
+    def _commit(self, requests: list[_Append]) -> tuple[list[Any], float]:
+        """One transaction for ``requests``: per request, its records or its error; and
+        the seconds the backend took."""
+        began = time.perf_counter()
+        try:
+            results: list[Any] = self.log.commit([(r.records, r.guard) for r in requests])
+        except BaseException as exc:  # every caller of this transaction must hear it
+            return [exc] * len(requests), time.perf_counter() - began
+        took = time.perf_counter() - began
+        if _faults.ACTIVE:  # counts durable appends: refused ones are not
+            durable = sum(isinstance(result, list) for result in results)
+            _faults.hit("commit", count=durable)
+        return results, took
+
     def _writer(self) -> None:
-        log = self.log
         while True:
             first = self._queue.get()
             batch = [first]
@@ -124,16 +152,7 @@ class Journal:
             if requests:
                 if _faults.SLOW_COMMIT:
                     time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
-                began = time.perf_counter()
-                try:
-                    results: list[Any] = log.commit([(r.records, r.guard) for r in requests])
-                except BaseException as exc:  # every caller of this transaction must hear it
-                    results = [exc] * len(requests)
-                else:
-                    if _faults.ACTIVE:  # counts durable appends: refused ones are not
-                        durable = sum(isinstance(result, list) for result in results)
-                        _faults.hit("commit", count=durable)
-                took = time.perf_counter() - began
+                results, took = self._commit(requests)
                 assert self._token is not None
                 self._token.run_sync_soon(self._deliver, requests, results, took)
             if stop:
@@ -180,22 +199,30 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------
 
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call the log's blocking ``fn`` in a worker thread (inline: here, at once)."""
+        if self._inline:
+            result = fn(*args)
+            await trio.lowlevel.cancel_shielded_checkpoint()  # as uncancellable as a thread
+            return result
+        return await trio.to_thread.run_sync(functools.partial(fn, *args))
+
     async def read_session(
         self, session_id: str, after: int = 0, limit: int | None = None
     ) -> list[Committed]:
-        return await trio.to_thread.run_sync(self.log.read_session, session_id, after, limit)
+        return await self.run(self.log.read_session, session_id, after, limit)
 
     async def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
-        return await trio.to_thread.run_sync(self.log.read_global, after, limit)
+        return await self.run(self.log.read_global, after, limit)
 
     async def active_sessions(self) -> list[str]:
-        return await trio.to_thread.run_sync(self.log.active_sessions)
+        return await self.run(self.log.active_sessions)
 
     async def sessions(self) -> list[SessionInfo]:
-        return await trio.to_thread.run_sync(self.log.sessions)
+        return await self.run(self.log.sessions)
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
-        return await trio.to_thread.run_sync(self.log.session_info, session_id)
+        return await self.run(self.log.session_info, session_id)
 
     # -- ownership (multi-node backends; trivial for LMDB) ----------------------------
 
@@ -204,26 +231,26 @@ class Journal:
         if not self.log.multi_node:
             self.log.acquire(session_id)  # granted at once: the log's owner lock fences
             return
-        await trio.to_thread.run_sync(self.log.acquire, session_id)
+        await self.run(self.log.acquire, session_id)
 
     async def release_session(self, session_id: str) -> None:
         """Give up the session's lease (after its actor was evicted); LMDB has none."""
         if self.log.multi_node:
-            await trio.to_thread.run_sync(self.log.release_session, session_id)
+            await self.run(self.log.release_session, session_id)
 
     async def claim(self) -> list[str]:
         """The active sessions this process should run now (and now holds)."""
-        return await trio.to_thread.run_sync(self.log.claim)
+        return await self.run(self.log.claim)
 
     async def renew(self) -> list[str]:
         """Extend the leases held; return the sessions whose lease was lost."""
-        return await trio.to_thread.run_sync(self.log.renew)
+        return await self.run(self.log.renew)
 
     async def confirm(self, session_id: str) -> bool:
         """Whether this process certainly still holds the session (before a tool starts)."""
         if not self.log.multi_node or self.log.is_fresh(session_id):
             return True
-        return await trio.to_thread.run_sync(self.log.confirm, session_id)
+        return await self.run(self.log.confirm, session_id)
 
     @contextlib.contextmanager
     def follow(self, session_id: str, subscription: Subscription) -> Iterator[None]:
@@ -263,6 +290,9 @@ class Journal:
 
     def _start(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
+        if self._inline:
+            self.log.bind_writer(threading.current_thread())  # the trio thread commits
+            return
         self._thread = threading.Thread(target=self._writer, name="perdure-journal", daemon=True)
         self.log.bind_writer(self._thread)
         self._thread.start()
@@ -273,7 +303,7 @@ class Journal:
             self._listener.start()
 
     async def _stop(self) -> None:
-        self._closed = True
+        self._closed = True  # inline: every append was answered as it committed
         thread = self._thread
         if thread is None:
             return

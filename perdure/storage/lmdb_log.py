@@ -39,35 +39,11 @@ from typing import Any, Final
 
 import lmdb
 
-from perdure.storage.backend import (
-    Durability,
-    Guard,
-    LogBusy,
-    LogError,
-    LogFenced,
-    SessionInfo,
-    StaleGoal,
-    StorageFull,
-    Wake,
-    check_session_id,
-    claim_writer,
-)
+from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
 from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
-
-__all__ = [  # the shared types are re-exported for code written before backend.py
-    "DEFAULT_MAP_SIZE",
-    "Durability",
-    "Guard",
-    "LmdbLog",
-    "LogBusy",
-    "LogError",
-    "LogFenced",
-    "SessionInfo",
-    "StaleGoal",
-    "StorageFull",
-    "check_session_id",
-]
+from perdure.storage.common import claim_writer
+from perdure.storage.errors import LogBusy, LogError, LogFenced, StaleGoal, StorageFull
+from perdure.storage.records import Committed, LogOpened, Record
 
 LAYOUT_VERSION: Final = b"1"
 DEFAULT_MAP_SIZE: Final = 256 << 20
@@ -304,6 +280,7 @@ class LmdbLog:
         return f"{socket.gethostname()}:{os.getpid()}"
 
     multi_node = False
+    inline = False
     lease_ttl = float("inf")
     poll_interval = float("inf")
 
@@ -334,9 +311,7 @@ class LmdbLog:
         """From now on, only ``thread`` may call ``commit``."""
         self._writer = thread
 
-    def commit(
-        self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
-    ) -> list[list[Committed] | Exception]:
+    def commit(self, batches: Sequence[Batch]) -> CommitResult:
         """Write every batch in ONE transaction; return, per batch, its records or why not.
 
         A batch whose guard fails (``StaleGoal``), or with a record that cannot be
@@ -366,14 +341,11 @@ class LmdbLog:
                     raise StorageFull(f"cannot write to {self.path}: disk full ({exc})") from exc
                 raise LogError(f"LMDB write failed on {self.path}: {exc}") from exc
 
-    def _commit_once(
-        self, batches: Sequence[tuple[Sequence[Record], Guard | None]]
-    ) -> list[list[Committed] | Exception]:
-        results: list[list[Committed] | Exception] = []
+    def _commit_once(self, batches: Sequence[Batch]) -> CommitResult:
+        results: CommitResult = []
         seq = self._next_seq
-        infos: dict[str, dict[str, int]] = {}  # read for guards, changed for records
-        touched: set[str] = set()  # sessions whose summary must be written
-        counts: dict[str, int | None] = {}
+        infos: dict[str, SessionInfo] = {}  # read for guards, advanced for records
+        stored: dict[str, SessionInfo] = {}  # as read, to write only what changed
         with self.env.begin(write=True) as txn:
             raw = txn.get(_EPOCH, db=self._meta)
             if raw is None or int(raw) != self.epoch:
@@ -381,13 +353,17 @@ class LmdbLog:
                     f"this process (epoch {self.epoch}) no longer owns the log {self.path}: "
                     f"it was taken over (epoch {raw.decode() if raw else '?'}); stopping"
                 )
+
+            def info_of(sid: str) -> SessionInfo:
+                if sid not in infos:
+                    infos[sid] = stored[sid] = self._summary(txn, sid) or SessionInfo.empty(sid)
+                return infos[sid]
+
             for records, guard in batches:
                 if guard is not None:
-                    info = self._session_info(txn, guard.session_id, infos)
-                    if info["goal_rev"] != guard.goal_rev:
-                        results.append(
-                            StaleGoal(guard.session_id, guard.goal_rev, info["goal_rev"])
-                        )
+                    found = info_of(guard.session_id).goal_rev
+                    if found != guard.goal_rev:
+                        results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                         continue
                 try:
                     frames = [encode(record, seq + i) for i, record in enumerate(records)]
@@ -398,46 +374,40 @@ class LmdbLog:
                 for record, frame in zip(records, frames, strict=True):
                     sid = record.session_id
                     txn.put(_seq_key(seq), frame, db=self._records)
-                    if not sid:  # a system record: indexed under the empty session id
-                        txn.put(_session_key(SYSTEM, seq), b"", db=self._by_session)
-                    else:
-                        touched.add(sid)
-                        txn.put(_session_key(sid, seq), b"", db=self._by_session)
-                        info = self._session_info(txn, sid, infos)
-                        if not info["records"]:
-                            info["first_seq"] = seq
-                        info["last_seq"] = seq
-                        info["records"] += 1
-                        if isinstance(record, GoalRevised):
-                            info["goal_rev"] = record.goal_rev
-                        delta = active_delta(record)
-                        if delta != 0:
-                            before = counts[sid] if sid in counts else self._count(txn, sid)
-                            counts[sid] = None if delta is None else (before or 0) + delta
+                    # A system record (no session) is indexed under the empty session id.
+                    txn.put(_session_key(sid or SYSTEM, seq), b"", db=self._by_session)
+                    if sid:
+                        infos[sid] = info_of(sid).advanced(seq, record)
                     committed.append(Committed(seq, record))
                     seq += 1
                 results.append(committed)
-            for sid in touched:
-                txn.put(sid.encode(), json.dumps(infos[sid]).encode(), db=self._sessions)
-            for sid, count in counts.items():
-                if count is None or count <= 0:
-                    txn.delete(sid.encode(), db=self._active)
-                else:
-                    txn.put(sid.encode(), str(count).encode(), db=self._active)
+            for sid, info in infos.items():
+                before = stored[sid]
+                if info.records != before.records:
+                    summary = {
+                        "first_seq": info.first_seq,
+                        "last_seq": info.last_seq,
+                        "records": info.records,
+                        "goal_rev": info.goal_rev,
+                    }
+                    txn.put(sid.encode(), json.dumps(summary).encode(), db=self._sessions)
+                if info.open_submissions != before.open_submissions:
+                    if info.open_submissions:
+                        txn.put(sid.encode(), str(info.open_submissions).encode(), db=self._active)
+                    else:
+                        txn.delete(sid.encode(), db=self._active)
         self._next_seq = seq
         return results
 
-    def _session_info(
-        self, txn: lmdb.Transaction, session_id: str, cache: dict[str, dict[str, int]]
-    ) -> dict[str, int]:
-        if session_id not in cache:
-            raw = txn.get(session_id.encode(), db=self._sessions)
-            cache[session_id] = (
-                json.loads(bytes(raw))
-                if raw
-                else {"first_seq": 0, "last_seq": 0, "records": 0, "goal_rev": 0}
-            )
-        return cache[session_id]
+    def _summary(self, txn: lmdb.Transaction, session_id: str) -> SessionInfo | None:
+        raw = txn.get(session_id.encode(), db=self._sessions)
+        if raw is None:
+            return None
+        return SessionInfo(
+            session_id=session_id,
+            open_submissions=self._count(txn, session_id),
+            **json.loads(bytes(raw)),
+        )
 
     def _count(self, txn: lmdb.Transaction, session_id: str) -> int:
         raw = txn.get(session_id.encode(), db=self._active)
@@ -541,14 +511,7 @@ class LmdbLog:
 
     def session_info(self, session_id: str) -> SessionInfo | None:
         with self._read() as txn:
-            raw = txn.get(session_id.encode(), db=self._sessions)
-            if raw is None:
-                return None
-            return SessionInfo(
-                session_id=session_id,
-                open_submissions=self._count(txn, session_id),
-                **json.loads(bytes(raw)),
-            )
+            return self._summary(txn, session_id)
 
     def stored_epoch(self) -> int:
         with self._read() as txn:

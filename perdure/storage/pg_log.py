@@ -67,22 +67,18 @@ import attrs
 import psycopg
 import psycopg.errors
 
-from perdure.storage.backend import (
-    Batch,
-    CommitResult,
+from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
+from perdure.storage.codec import CorruptRecord, decode, encode
+from perdure.storage.common import claim_writer
+from perdure.storage.errors import (
     CommitUnknown,
-    Durability,
     LogError,
     LogUnavailable,
     NotOwner,
     SessionFenced,
-    SessionInfo,
     StaleGoal,
-    Wake,
-    claim_writer,
 )
-from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.records import Committed, GoalRevised, LogOpened, Record, active_delta
+from perdure.storage.records import Committed, LogOpened, Record
 
 SCHEMA_VERSION: Final = 1
 CHANNEL: Final = "perdure_records"
@@ -200,6 +196,7 @@ class PgLog:
     """A perdure log in PostgreSQL, written by this node. See the module docstring."""
 
     multi_node = True
+    inline = False
 
     def __init__(
         self,
@@ -451,7 +448,7 @@ class PgLog:
             held = {sid: self._held[sid].epoch for sid in sessions if sid in self._held}
         total = sum(len(records) for records, _ in batches)
         leases: dict[str, tuple[str, int]] = {}
-        infos: dict[str, dict[str, int]] = {}
+        infos: dict[str, SessionInfo] = {}
         try:
             # Round trip 1 (pipelined): lock the lease rows (with the summaries), THEN
             # draw the seqs; the server runs them in this order.
@@ -468,16 +465,10 @@ class PgLog:
                 drawn = conn.execute(
                     "SELECT nextval('perdure_seq') FROM generate_series(1, %s)", (total,)
                 )
-            for sid, owner, epoch, first_seq, last_seq, n, rev, count in locked.fetchall():
+            for sid, owner, epoch, *summary in locked.fetchall():
                 leases[sid] = (owner, epoch)
-                if first_seq is not None:
-                    infos[sid] = {
-                        "first_seq": first_seq,
-                        "last_seq": last_seq,
-                        "records": n,
-                        "goal_rev": rev,
-                        "open": count,
-                    }
+                if summary[0] is not None:
+                    infos[sid] = SessionInfo(sid, *summary)
             seqs = sorted(int(row[0]) for row in drawn.fetchall())
             results, rows, touched = self._apply(batches, seqs, held, leases, infos)
             self._forget_fenced(results, held)
@@ -513,11 +504,11 @@ class PgLog:
                                open_submissions = EXCLUDED.open_submissions""",
                         (
                             order,
-                            [infos[s]["first_seq"] for s in order],
-                            [infos[s]["last_seq"] for s in order],
-                            [infos[s]["records"] for s in order],
-                            [infos[s]["goal_rev"] for s in order],
-                            [max(0, infos[s]["open"]) for s in order],
+                            [infos[s].first_seq for s in order],
+                            [infos[s].last_seq for s in order],
+                            [infos[s].records for s in order],
+                            [infos[s].goal_rev for s in order],
+                            [infos[s].open_submissions for s in order],
                         ),
                     )
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
@@ -566,7 +557,7 @@ class PgLog:
         seqs: list[int],
         held: dict[str, int],
         leases: dict[str, tuple[str, int]],
-        infos: dict[str, dict[str, int]],
+        infos: dict[str, SessionInfo],
     ) -> tuple[CommitResult, list[tuple[int, str, bytes]], set[str]]:
         """Decide each batch in order (a revision earlier in the transaction is in force)."""
         results: CommitResult = []
@@ -583,7 +574,7 @@ class PgLog:
                 continue
             if guard is not None:
                 info = infos.get(guard.session_id)
-                found = info["goal_rev"] if info else 0
+                found = info.goal_rev if info else 0
                 if found != guard.goal_rev:
                     results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                     continue
@@ -599,20 +590,8 @@ class PgLog:
                 rows.append((seq, sid, frame))
                 if sid:
                     touched.add(sid)
-                    info = infos.setdefault(
-                        sid, {"first_seq": 0, "last_seq": 0, "records": 0, "goal_rev": 0, "open": 0}
-                    )
-                    if not info["records"]:
-                        info["first_seq"] = seq
-                    info["last_seq"] = seq
-                    info["records"] += 1
-                    if isinstance(record, GoalRevised):
-                        info["goal_rev"] = record.goal_rev
-                    delta = active_delta(record)
-                    if delta is None:
-                        info["open"] = 0
-                    elif delta:
-                        info["open"] = max(0, info["open"]) + delta
+                    info = infos.get(sid) or SessionInfo.empty(sid)
+                    infos[sid] = info.advanced(seq, record)
                 committed.append(Committed(seq, record))
             results.append(committed)
         return results, rows, touched

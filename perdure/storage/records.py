@@ -19,7 +19,8 @@ follow the lifecycles of docs/DESIGN.md:
 
 Adding a field with a default is a compatible change (old records decode with the
 default). Anything else bumps the record's version in ``RECORD_VERSIONS`` and
-adds an upgrade step in ``codec``.
+registers the step from the old version in ``codec.MIGRATIONS`` (``@migration``);
+docs/DESIGN.md, "Record format and migrations".
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import perdure
 from perdure.actors import decide, protocol
 from perdure.actors.session import CommandMsg, Mailbox, SessionActor
 from perdure.providers import Reply, ScriptedProvider, ToolUse
-from perdure.storage.backend import Guard, StaleGoal
+from perdure.storage import Guard, StaleGoal
 from perdure.storage.records import ToolExecuting
 
 

@@ -1,8 +1,12 @@
 """Tool failures by policy through ``open_runtime``: the trio shell around the core's rows.
 
-Real retries with real back-offs (short ones), heartbeats relayed to the session and
-committed throttled, a hung tool stopped by its heartbeat watchdog, calls that wait
-for ``rt.resolve``. Each test reads what the log holds afterwards.
+Retries after their back-offs, heartbeats relayed to the session and committed
+throttled, a hung tool stopped by its heartbeat watchdog, calls that wait for
+``rt.resolve``. Each test reads what the log holds afterwards.
+
+Every test runs twice (``tests/support/deterministic.py``): on a ``MemoryLog`` under
+an autojumping MockClock, where back-offs and watchdogs take virtual time only and
+the times in the records are exact, and on a real LMDB log in real time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 import perdure
 from perdure import NeedsHuman, ReplayPolicy, RetryableError, RetryPolicy, ToolContext, tool
@@ -30,6 +35,7 @@ from perdure.storage.records import (
     ToolOutcomeUnknown,
     ToolRetryPending,
 )
+from tests.support.deterministic import Where
 from tests.tools._inproc import SESSION, call_id, provider
 
 SEEN: list[ToolContext] = []
@@ -56,7 +62,7 @@ async def wait_for_record(rt: perdure.Runtime, kind: type) -> Any:
 
 
 async def run(
-    tmp_path: Path,
+    where: Where,
     tools: list[perdure.Tool],
     uses: list[ToolUse],
     *,
@@ -65,7 +71,7 @@ async def run(
 ) -> tuple[list[Committed], perdure.RunFinished | None]:
     """One input whose first turn makes ``uses``; ``during(rt)`` acts while it runs."""
     async with perdure.open_runtime(
-        tmp_path / "log", provider=provider(uses), tools=tools, **options
+        where.open(), provider=provider(uses), tools=tools, **where.options(**options)
     ) as rt:
         await rt.create_session(SESSION)
         await rt.submit(SESSION, "go", request_id="r1")
@@ -102,9 +108,9 @@ async def reader(ctx: ToolContext) -> str:
 
 
 async def test_a_transient_failure_is_retried_after_its_back_off_with_the_same_key(
-    tmp_path: Path,
+    where: Where, clock: MockClock
 ) -> None:
-    log, outcome = await run(tmp_path, [flaky], [ToolUse("flaky", {"fails": 2})])
+    log, outcome = await run(where, [flaky], [ToolUse("flaky", {"fails": 2})])
     assert outcome is not None and outcome.status == "completed"
     assert [c.attempt for c in SEEN] == [1, 2, 3]
     assert len({c.idempotency_key for c in SEEN}) == 1
@@ -114,12 +120,16 @@ async def test_a_transient_failure_is_retried_after_its_back_off_with_the_same_k
     assert [e.attempt for e in executing] == [1, 2, 3]
     for p, nxt in zip(pending, executing[1:], strict=True):
         assert nxt.at >= p.not_before, "never before the recorded time"
+        if where.virtual:  # and, on a clock nothing else moves, not a moment later
+            assert nxt.at == p.not_before
     (done,) = of(ToolCompleted, log)
     assert (done.attempt, done.output, done.is_error) == (3, "done on attempt 3", False)
 
 
-async def test_attempts_run_out_and_the_model_reads_the_last_error(tmp_path: Path) -> None:
-    log, outcome = await run(tmp_path, [flaky], [ToolUse("flaky", {"fails": 5})])
+async def test_attempts_run_out_and_the_model_reads_the_last_error(
+    where: Where, clock: MockClock
+) -> None:
+    log, outcome = await run(where, [flaky], [ToolUse("flaky", {"fails": 5})])
     assert outcome is not None and outcome.status == "completed", "the run goes on"
     assert len(SEEN) == 3
     (done,) = of(ToolCompleted, log)
@@ -127,14 +137,16 @@ async def test_attempts_run_out_and_the_model_reads_the_last_error(tmp_path: Pat
     assert "RetryableError: 503 on attempt 3" in done.output
 
 
-async def test_an_exception_the_policy_lists_is_retried(tmp_path: Path) -> None:
-    log, _ = await run(tmp_path, [reader], [ToolUse("reader")])
+async def test_an_exception_the_policy_lists_is_retried(where: Where, clock: MockClock) -> None:
+    log, _ = await run(where, [reader], [ToolUse("reader")])
     assert [c.attempt for c in SEEN] == [1, 2]
     assert "Blip: connection reset" in of(ToolRetryPending, log)[0].error
     assert of(ToolCompleted, log)[0].output == "read"
 
 
-async def test_cancel_during_a_long_back_off_ends_the_run_without_waiting(tmp_path: Path) -> None:
+async def test_cancel_during_a_long_back_off_ends_the_run_without_waiting(
+    where: Where, clock: MockClock
+) -> None:
     @tool(replay=ReplayPolicy.KEYED, retry=QUICK)
     async def busy(ctx: ToolContext) -> str:
         """Always asks to come back in ten minutes."""
@@ -146,20 +158,25 @@ async def test_cancel_during_a_long_back_off_ends_the_run_without_waiting(tmp_pa
 
     with trio.fail_after(30):  # a back-off still waited for would take ten minutes
         log, outcome = await run(
-            tmp_path, [busy], [ToolUse("busy")], during=cancel_in_back_off, idle_timeout=0.2
+            where, [busy], [ToolUse("busy")], during=cancel_in_back_off, idle_timeout=0.2
         )
     assert outcome is not None and outcome.status == "cancelled"
     assert len(of(ToolExecuting, log)) == 1
 
 
-async def test_a_cancelled_back_off_does_not_keep_the_session_in_memory(tmp_path: Path) -> None:
+async def test_a_cancelled_back_off_does_not_keep_the_session_in_memory(
+    where: Where, clock: MockClock
+) -> None:
     @tool(replay=ReplayPolicy.KEYED, retry=QUICK)
     async def busy(ctx: ToolContext) -> str:
         """Always asks to come back in ten minutes."""
         raise RetryableError("busy", retry_after=600)
 
     async with perdure.open_runtime(
-        tmp_path / "log", provider=provider([ToolUse("busy")]), tools=[busy], idle_timeout=0.2
+        where.open(),
+        provider=provider([ToolUse("busy")]),
+        tools=[busy],
+        **where.options(idle_timeout=0.2),
     ) as rt:
         await rt.create_session(SESSION)
         await rt.submit(SESSION, "go", request_id="r1")
@@ -188,9 +205,9 @@ async def crawl(ctx: ToolContext, pages: int) -> str:
 
 
 async def test_heartbeats_are_committed_throttled_latest_wins_and_the_last_is_kept(
-    tmp_path: Path,
+    where: Where, clock: MockClock
 ) -> None:
-    log, _ = await run(tmp_path, [crawl], [ToolUse("crawl", {"pages": 150})])
+    log, _ = await run(where, [crawl], [ToolUse("crawl", {"pages": 150})])
     beats = [b for b in of(ToolHeartbeat, log) if b.attempt == 1]
     assert 2 <= len(beats) < 150 / 10, f"{len(beats)} heartbeats committed for 150 reported"
     pages = [b.details["page"] for b in beats]
@@ -198,13 +215,18 @@ async def test_heartbeats_are_committed_throttled_latest_wins_and_the_last_is_ke
     assert pages[-1] == 150, "the heartbeat just before the failure was not lost"
     for earlier, later in itertools.pairwise(beats[:-1]):
         assert later.at - earlier.at >= 0.9, "at most about one commit a second"
+    if where.virtual:
+        # 150 pages of 10 ms: the first report committed at once, the next one a second
+        # after it (the latest report by then), the last flushed when the attempt failed.
+        start = of(ToolExecuting, log)[0].at
+        assert [b.at - start for b in beats] == pytest.approx([0.01, 1.01, 1.5])
     # The retry resumed from the last committed heartbeat, not from scratch.
     assert [c.attempt for c in SEEN] == [1, 2]
     assert SEEN[1].last_heartbeat == {"page": 150}
     assert of(ToolCompleted, log)[0].output == "crawled from page 151"
 
 
-async def test_heartbeats_reach_the_event_stream(tmp_path: Path) -> None:
+async def test_heartbeats_reach_the_event_stream(where: Where, clock: MockClock) -> None:
     @tool(replay=ReplayPolicy.SAFE)
     async def one_beat(ctx: ToolContext) -> str:
         """Reports once."""
@@ -216,7 +238,7 @@ async def test_heartbeats_reach_the_event_stream(tmp_path: Path) -> None:
     async def watch(rt: perdure.Runtime) -> None:
         seen.append(await wait_for_record(rt, ToolHeartbeat))
 
-    await run(tmp_path, [one_beat], [ToolUse("one_beat")], during=watch)
+    await run(where, [one_beat], [ToolUse("one_beat")], during=watch)
     assert seen[0].details == {"stage": "indexing"}
 
 
@@ -230,7 +252,7 @@ async def test_a_heartbeat_from_a_worker_thread_and_a_bad_one(tmp_path: Path) ->
         return "ok"
 
     uses = [ToolUse("threaded", {"bad": False}), ToolUse("threaded", {"bad": True})]
-    log, _ = await run(tmp_path, [threaded], uses)
+    log, _ = await run(Where.real(tmp_path), [threaded], uses)  # a thread: real time only
     beats = of(ToolHeartbeat, log)
     assert [(b.call_id, b.details) for b in beats] == [(call_id(1), {"from": "thread"})]
     bad = next(r for r in of(ToolCompleted, log) if r.call_id == call_id(2))
@@ -258,19 +280,22 @@ async def push(ctx: ToolContext) -> str:
     return "never"
 
 
-async def test_a_hung_keyed_tool_is_stopped_and_retried(tmp_path: Path) -> None:
-    log, _ = await run(tmp_path, [sync_mirror], [ToolUse("sync_mirror")])
+async def test_a_hung_keyed_tool_is_stopped_and_retried(where: Where, clock: MockClock) -> None:
+    log, _ = await run(where, [sync_mirror], [ToolUse("sync_mirror")])
     (pending,) = of(ToolRetryPending, log)
     assert "sent no heartbeat for 0.5s" in pending.error
+    if where.virtual:  # stopped exactly one watchdog period after its last heartbeat
+        first_beat = of(ToolHeartbeat, log)[0]
+        assert pending.at - first_beat.at == pytest.approx(0.5)
     assert [c.attempt for c in SEEN] == [1, 2]
     assert SEEN[1].last_heartbeat == {"step": 1}
     assert of(ToolCompleted, log)[0].output == "mirrored"
 
 
 async def test_a_hung_never_tool_is_stopped_and_reported_unknown_never_retried(
-    tmp_path: Path,
+    where: Where, clock: MockClock
 ) -> None:
-    log, outcome = await run(tmp_path, [push], [ToolUse("push")])
+    log, outcome = await run(where, [push], [ToolUse("push")])
     assert outcome is not None and outcome.status == "completed"
     assert len(SEEN) == 1 and len(of(ToolExecuting, log)) == 1
     (unknown,) = of(ToolOutcomeUnknown, log)
@@ -300,7 +325,7 @@ async def pay(ctx: ToolContext, cents: int) -> str:
     ],
 )
 async def test_a_call_that_needs_a_person_waits_for_rt_resolve(
-    tmp_path: Path, action: Any, result: Any, expected: str, is_error: bool
+    where: Where, clock: MockClock, action: Any, result: Any, expected: str, is_error: bool
 ) -> None:
     async def resolve(rt: perdure.Runtime) -> None:
         waiting = await wait_for_record(rt, ToolAwaitingHuman)
@@ -311,7 +336,7 @@ async def test_a_call_that_needs_a_person_waits_for_rt_resolve(
         )
         assert again.duplicate
 
-    log, outcome = await run(tmp_path, [pay], [ToolUse("pay", {"cents": 5})], during=resolve)
+    log, outcome = await run(where, [pay], [ToolUse("pay", {"cents": 5})], during=resolve)
     assert outcome is not None and outcome.status == "completed"
     (done,) = of(ToolCompleted, log)
     assert expected in done.output and done.is_error is is_error
@@ -320,17 +345,21 @@ async def test_a_call_that_needs_a_person_waits_for_rt_resolve(
         assert SEEN[0].idempotency_key == SEEN[1].idempotency_key
 
 
-async def test_an_exception_the_tool_lists_waits_for_a_person_too(tmp_path: Path) -> None:
+async def test_an_exception_the_tool_lists_waits_for_a_person_too(
+    where: Where, clock: MockClock
+) -> None:
     async def skip(rt: perdure.Runtime) -> None:
         waiting = await wait_for_record(rt, ToolAwaitingHuman)
         assert waiting.reason == "PermissionError: the bank asks for a second factor"
         await rt.resolve(SESSION, waiting.call_id, action="skip", result="paid by the customer")
 
-    log, _ = await run(tmp_path, [pay], [ToolUse("pay", {"cents": 500})], during=skip)
+    log, _ = await run(where, [pay], [ToolUse("pay", {"cents": 500})], during=skip)
     assert of(ToolCompleted, log)[0].output == "paid by the customer"
 
 
-async def test_rt_resolve_refuses_bad_input_and_a_call_that_does_not_wait(tmp_path: Path) -> None:
+async def test_rt_resolve_refuses_bad_input_and_a_call_that_does_not_wait(
+    where: Where, clock: MockClock
+) -> None:
     async def misuse(rt: perdure.Runtime) -> None:
         waiting = await wait_for_record(rt, ToolAwaitingHuman)
         call = waiting.call_id
@@ -348,20 +377,24 @@ async def test_rt_resolve_refuses_bad_input_and_a_call_that_does_not_wait(tmp_pa
             await rt.resolve(SESSION, call, action="retry", request_id="h2")
         assert info.value.code == "invalid_state"
 
-    log, _ = await run(tmp_path, [pay], [ToolUse("pay", {"cents": 5})], during=misuse)
+    log, _ = await run(where, [pay], [ToolUse("pay", {"cents": 5})], during=misuse)
     assert len(SEEN) == 1, "nothing the refused calls asked for happened"
     assert of(ToolCompleted, log)[0].output == "ok"
 
 
 async def test_a_call_waiting_for_a_person_is_still_waiting_after_a_restart(
-    tmp_path: Path,
+    where: Where, clock: MockClock
 ) -> None:
     uses = [ToolUse("pay", {"cents": 5})]
-    async with perdure.open_runtime(tmp_path / "log", provider=provider(uses), tools=[pay]) as rt:
+    async with perdure.open_runtime(
+        where.open(), provider=provider(uses), tools=[pay], **where.options()
+    ) as rt:
         await rt.create_session(SESSION)
         await rt.submit(SESSION, "go", request_id="r1")
         waiting = await wait_for_record(rt, ToolAwaitingHuman)
-    async with perdure.open_runtime(tmp_path / "log", provider=provider(uses), tools=[pay]) as rt:
+    async with perdure.open_runtime(
+        where.open(), provider=provider(uses), tools=[pay], **where.options()
+    ) as rt:
         assert rt.recovered_sessions == [SESSION]
         await rt.resolve(SESSION, waiting.call_id, action="retry")
         with trio.fail_after(30):
@@ -374,7 +407,7 @@ async def test_a_call_waiting_for_a_person_is_still_waiting_after_a_restart(
 
 
 async def test_a_running_tool_stopped_by_a_cancel_keeps_its_last_heartbeat(
-    tmp_path: Path,
+    where: Where, clock: MockClock
 ) -> None:
     @tool(replay=ReplayPolicy.SAFE)  # SAFE: cancellable while it runs
     async def scan(ctx: ToolContext) -> str:
@@ -388,7 +421,7 @@ async def test_a_running_tool_stopped_by_a_cancel_keeps_its_last_heartbeat(
         await wait_for_record(rt, ToolHeartbeat)
         await rt.cancel(SESSION, request_id="k1")
 
-    log, outcome = await run(tmp_path, [scan], [ToolUse("scan")], during=cancel_while_running)
+    log, outcome = await run(where, [scan], [ToolUse("scan")], during=cancel_while_running)
     assert outcome is not None and outcome.status == "cancelled"
     (cancelled,) = of(ToolCancelled, log)
     assert cancelled.while_executing

@@ -1,12 +1,17 @@
-"""Produce the golden logs of the current record format, and their expected plans.
+"""Produce the golden logs of the current build's record format, and what they must give.
 
     python -m tests.golden.make_golden
 
-Run it when a record format version is released (and commit the result under
-``tests/golden/v<N>/``). Each scenario runs the child runtime and kills it in a
-different crash window, leaving a log whose recovery has work to do. Logs of
-every released version stay in the repository: every later build must read them
-and decide the same recovery plan (``test_golden.py``).
+Run it when a version is released and commit the result under
+``tests/golden/perdure-<version>/`` (an existing directory is never rewritten:
+its logs are the record of what that release wrote). Each crash scenario runs the
+child runtime and kills it in a different crash window, leaving a log whose
+recovery has work to do; the ``features`` log (``features.py``) holds every newer
+kind of fact: reasoning blocks, model and tool retries, heartbeats, a budget, a
+fallback, calls that wait for a person. Logs of every release stay in the
+repository (``v1/`` is the first record format, before releases were named):
+every later build must read them, fold them and decide the same recovery plan
+(``test_golden.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from perdure.storage.records import RECORD_VERSIONS
+from perdure.storage.lmdb_log import LmdbLog
+from tests.golden.features import describe, write_features_log
 from tests.golden.plan import recovery_plan
 from tests.support.procs import run_child
 
@@ -82,10 +89,27 @@ SCENARIOS: dict[str, tuple[list[dict[str, Any]], str, list[dict[str, Any]]]] = {
 }
 
 
+def _keep(log: Path, out: Path) -> None:
+    """Copy the log's data file to ``out`` with its expected plan and replay."""
+    out.mkdir(parents=True)
+    shutil.copy(log / "data.mdb", out / "data.mdb")
+    expected = recovery_plan(out)
+    assert expected, f"{out.name}: nothing to recover"
+    (out / "expected_plan.json").write_text(json.dumps(expected, indent=1, sort_keys=True))
+    reader = LmdbLog(out, readonly=True)
+    try:
+        replay = describe(reader.read_global())
+    finally:
+        reader.close()
+    (out / "expected_replay.json").write_text(json.dumps(replay, indent=1, sort_keys=True))
+    (out / "lock.mdb").unlink(missing_ok=True)
+    print(f"{out.relative_to(HERE)}: {(out / 'data.mdb').stat().st_size} bytes")
+
+
 def main() -> None:
-    versions = set(RECORD_VERSIONS.values())
-    assert len(versions) == 1, "mixed record versions: name the golden directory by hand"
-    target = HERE / f"v{versions.pop()}"
+    target = HERE / f"perdure-{version('perdure')}"
+    if target.exists():
+        raise SystemExit(f"{target} exists: the golden logs of a release are never rewritten")
     for name, (script, fault, actions) in SCENARIOS.items():
         work = Path(tempfile.mkdtemp())
         (work / "ws").mkdir()
@@ -100,16 +124,12 @@ def main() -> None:
             "actions": actions,
         }
         assert run_child(plan, fault=fault).killed, name
-        out = target / name
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        shutil.copy(work / "log" / "data.mdb", out / "data.mdb")
-        expected = recovery_plan(out)
-        (out / "lock.mdb").unlink(missing_ok=True)
-        assert expected, f"{name}: nothing to recover"
-        (out / "expected_plan.json").write_text(json.dumps(expected, indent=1, sort_keys=True))
+        _keep(work / "log", target / name)
         shutil.rmtree(work)
-        print(f"{out.relative_to(HERE)}: {(out / 'data.mdb').stat().st_size} bytes")
+    work = Path(tempfile.mkdtemp())
+    write_features_log(work / "log")
+    _keep(work / "log", target / "features")
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":

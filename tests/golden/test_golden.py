@@ -1,9 +1,14 @@
 """Every build reads the logs of every released record format and decides the same.
 
-The fixtures under ``tests/golden/v<N>/`` are real LMDB logs left by killed
-runtimes (``make_golden.py`` made them). Reading them checks the storage layout
-and every record's decoding; recomputing their recovery plan checks that a new
-build would continue an old log exactly as the build that wrote it would have.
+The fixtures under ``tests/golden/`` are real LMDB logs: ``v1/`` of the first
+record format, ``perdure-<version>/`` of each release (``make_golden.py`` made
+them; the crash scenarios were left by killed runtimes, ``features`` by a runtime
+over the real providers, holding reasoning blocks, retries, heartbeats, a budget,
+a fallback and calls waiting for a person). Reading them checks the storage layout
+and decodes every record (checksums included); folding them checks that today's
+state machine accepts yesterday's facts and reads them the same
+(``expected_replay.json``); recomputing their recovery plan checks that a new build
+would continue an old log exactly as the build that wrote it would have.
 """
 
 from __future__ import annotations
@@ -14,20 +19,75 @@ from pathlib import Path
 
 import pytest
 
+from perdure.storage.lmdb_log import LmdbLog
+from perdure.storage.records import (
+    Committed,
+    GenerationCompleted,
+    InputAccepted,
+    RedactedThinkingBlock,
+    RetryPending,
+    RunFinished,
+    ThinkingBlock,
+)
+from tests.golden.features import REQUIRED_TYPES, describe
 from tests.golden.plan import recovery_plan
 
 HERE = Path(__file__).resolve().parent
-FIXTURES = sorted(p for p in HERE.glob("v*/*") if (p / "data.mdb").exists())
+FIXTURES = sorted(p for p in HERE.glob("*/*") if (p / "data.mdb").exists())
+CURRENT = HERE / "perdure-0.1.0"
+
+
+def _copy(fixture: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "log"
+    copy.mkdir()
+    shutil.copy(fixture / "data.mdb", copy / "data.mdb")
+    return copy
+
+
+def _records(log_dir: Path) -> list[Committed]:
+    reader = LmdbLog(log_dir, readonly=True)
+    try:
+        return reader.read_global()
+    finally:
+        reader.close()
 
 
 def test_there_are_golden_logs() -> None:
-    assert len(FIXTURES) >= 6
+    assert len([f for f in FIXTURES if f.parent.name == "v1"]) >= 6
+    assert len([f for f in FIXTURES if f.parent == CURRENT]) >= 7
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_golden_log_gives_the_same_recovery_plan(fixture: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "log"
-    copy.mkdir()
-    shutil.copy(fixture / "data.mdb", copy / "data.mdb")
     expected = json.loads((fixture / "expected_plan.json").read_text())
-    assert recovery_plan(copy) == expected
+    assert recovery_plan(_copy(fixture, tmp_path)) == expected
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_golden_log_decodes_and_folds_the_same(fixture: Path, tmp_path: Path) -> None:
+    records = _records(_copy(fixture, tmp_path))
+    assert [c.seq for c in records] == list(range(1, len(records) + 1))
+    expected = json.loads((fixture / "expected_replay.json").read_text())
+    assert json.loads(json.dumps(describe(records))) == expected
+
+
+def test_the_current_golden_log_holds_every_newer_kind_of_fact(tmp_path: Path) -> None:
+    records = [c.record for c in _records(_copy(CURRENT / "features", tmp_path))]
+    assert {type(r).__name__ for r in records} >= REQUIRED_TYPES
+    blocks = {type(b) for r in records if isinstance(r, GenerationCompleted) for b in r.thinking}
+    assert blocks == {ThinkingBlock, RedactedThinkingBlock}
+    assert all(
+        b.signature
+        for r in records
+        if isinstance(r, GenerationCompleted)
+        for b in r.thinking
+        if isinstance(b, ThinkingBlock)
+    )
+    retries = [r for r in records if isinstance(r, RetryPending)]
+    assert any(r.fallback and r.provider == "anthropic" for r in retries)
+    assert {r.provider for r in records if isinstance(r, GenerationCompleted)} == {
+        "anthropic",
+        "openai",
+    }
+    assert any(r.budget is not None for r in records if isinstance(r, InputAccepted))
+    assert "stopped" in {r.status for r in records if isinstance(r, RunFinished)}

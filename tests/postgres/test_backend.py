@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from perdure.storage.backend import LogBackend, is_postgres, open_log
+from perdure.storage import LogBackend, is_postgres, open_log
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.pg_log import PgLog
 from tests.support.procs import ROOT

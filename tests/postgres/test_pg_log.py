@@ -5,9 +5,9 @@ Against a real server (a throwaway cluster, a fresh database per test):
 * group commit through the Journal: concurrent appenders share transactions, each
   gets its own increasing seqs, and what callers were told is what every read path
   returns; every write transaction runs on the writer thread;
-* guards: a stale batch writes nothing and spares its transaction; a revision
-  earlier in the same transaction is in force; an unencodable batch fails alone;
-* the summaries (record counts, goal_rev) and the active index follow the records;
+* (guards, unencodable batches, the summaries and the active index, the writer
+  thread's confinement: the backend contract of ``tests/storage/test_contract.py``,
+  which runs against this backend too)
 * corrupt frames (a flipped bit, a frame under another seq or another session) are
   reported by every read path, naming the seq;
 * leases: a session leased by a live node is refused to another (``NotOwner`` names
@@ -31,14 +31,12 @@ import psycopg
 import pytest
 import trio
 
-from perdure.storage.backend import (
-    Guard,
+from perdure.storage import (
     LogError,
     LogUnavailable,
     NotOwner,
     SessionFenced,
     SessionInfo,
-    StaleGoal,
 )
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.journal import open_journal
@@ -48,9 +46,7 @@ from perdure.storage.records import (
     GoalRevised,
     InputAccepted,
     Record,
-    RunFinished,
     SessionCreated,
-    SessionParked,
     ToolCompleted,
     active_delta,
 )
@@ -152,96 +148,6 @@ async def test_concurrent_appends_share_transactions_and_get_their_own_seqs(
         assert [c.seq for c in outcome] == sorted(c.seq for c in outcome)
     everything = await trio.to_thread.run_sync(check_consistent, log)
     assert everything[1:] == told  # after the node's LogOpened
-
-
-def test_commit_is_refused_off_the_writer_thread(open_pg: Open) -> None:
-    log = open_pg()
-    log.acquire("s")
-    log.bind_writer(threading.Thread(target=lambda: None))
-    with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
-        log.commit([([tool_result("s", "rogue")], None)])
-    assert log.read_session("s") == []
-
-
-# -- guards and bad batches ----------------------------------------------------------------
-
-
-def test_stale_guard_writes_nothing_and_spares_its_transaction(open_pg: Open) -> None:
-    log = open_pg()
-    for sid in ("s1", "s2", "ghost"):
-        log.acquire(sid)
-    (opened,) = log.commit(
-        [([GoalRevised(session_id="s1", goal_rev=2, text="new", request_id="r", at=1.0)], None)]
-    )
-    assert isinstance(opened, list)
-    a = [tool_result("s1", "a1"), tool_result("s1", "a2")]
-    b = [tool_result("s1", "b1")]
-    c = [tool_result("s2", "c1")]
-    d = [tool_result("ghost", "d1")]
-    ra, rb, rc, rd = log.commit(
-        [(a, Guard("s1", 2)), (b, Guard("s1", 1)), (c, None), (d, Guard("ghost", 1))]
-    )
-    assert isinstance(ra, list)
-    assert isinstance(rc, list)
-    assert isinstance(rb, StaleGoal)
-    assert (rb.expected, rb.found) == (1, 2)
-    assert isinstance(rd, StaleGoal)
-    assert (rd.expected, rd.found) == (1, 0)
-    after = opened[0].seq
-    assert [x.record for x in log.read_global(after=after)] == a + c
-    assert [x.record for x in log.read_session("s1", after=after)] == a
-    assert log.session_info("ghost") is None
-    assert log.read_session("ghost") == []
-    check_consistent(log)
-
-
-def test_a_revision_earlier_in_the_same_transaction_is_in_force(open_pg: Open) -> None:
-    log = open_pg()
-    log.acquire("s1")
-    revise = [GoalRevised(session_id="s1", goal_rev=1, text="t", request_id="r1", at=1.0)]
-    late = [tool_result("s1", "late")]
-    fresh = [tool_result("s1", "fresh")]
-    r1, r2, r3 = log.commit(
-        [(revise, Guard("s1", 0)), (late, Guard("s1", 0)), (fresh, Guard("s1", 1))]
-    )
-    assert isinstance(r1, list)
-    assert isinstance(r2, StaleGoal)
-    assert isinstance(r3, list)
-    assert [x.record for x in log.read_session("s1")] == revise + fresh
-    check_consistent(log)
-
-
-def test_unencodable_batch_fails_alone_in_its_transaction(open_pg: Open) -> None:
-    log = open_pg()
-    log.acquire("s1")
-    log.acquire("s2")
-    good = [tool_result("s1", "g1")]
-    bad = [tool_result("s1", "b1"), tool_result("s1", "b2", at=float("nan"))]
-    also_good = [accepted("s2", "u")]
-    r1, r2, r3 = log.commit([(good, None), (bad, None), (also_good, None)])
-    assert isinstance(r2, ValueError)
-    assert isinstance(r1, list)
-    assert isinstance(r3, list)
-    assert [x.record for x in log.read_global(after=1)] == good + also_good
-    assert log.active_sessions() == ["s2"]
-    check_consistent(log)
-
-
-def test_active_index_follows_inputs_finishes_and_parking(open_pg: Open) -> None:
-    log = open_pg()
-    log.acquire("s")
-    log.commit([([accepted("s", "u1"), accepted("s", "u2")], None)])
-    assert log.active_sessions() == ["s"]
-    finished = RunFinished(
-        session_id="s", run_id="r1", submission_id="u1", status="completed", at=1.0
-    )
-    log.commit([([finished], None)])
-    assert log.session_info("s").open_submissions == 1  # type: ignore[union-attr]
-    log.commit([([SessionParked(session_id="s", reason="crashing", at=1.0)], None)])
-    assert log.active_sessions() == []
-    log.commit([([accepted("s", "u3")], None)])
-    assert log.active_sessions() == ["s"]
-    check_consistent(log)
 
 
 # -- corrupt frames ------------------------------------------------------------------------

@@ -7,8 +7,10 @@
   near-zero idle timeout are all answered, each input processed exactly once;
 * ``idle_timeout=None`` keeps every actor resident.
 
-Real time with short timeouts (the writer thread's commits would let a MockClock
-autojump past every deadline).
+Each test runs on a ``MemoryLog`` under an autojumping MockClock (the idle timer and
+the test's own waits read one virtual clock, so "six idle timeouts passed with
+nothing evicted" is exact, and the race below replays the same interleaving every
+time) and on a real LMDB log in real time (``tests/support/deterministic.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, ToolContext
 from perdure.actors.state import SessionState
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+from tests.support.deterministic import Where
 
 SID = "s"
 
@@ -51,7 +55,9 @@ def final_texts(state: SessionState) -> list[str]:
     return [run.finished.final_text for run in state.runs.values() if run.finished is not None]
 
 
-async def test_an_evicted_session_comes_back_with_its_history(log_dir: Path) -> None:
+async def test_an_evicted_session_comes_back_with_its_history(
+    where: Where, clock: MockClock
+) -> None:
     script = ScriptedProvider(
         [
             Reply(text="looking", tool_uses=[ToolUse("lookup", {"query": "a"})]),
@@ -60,7 +66,7 @@ async def test_an_evicted_session_comes_back_with_its_history(log_dir: Path) -> 
         ]
     )
     async with perdure.open_runtime(
-        log_dir, provider=script, tools=[lookup], idle_timeout=0.2
+        where.open(), provider=script, tools=[lookup], **where.options(idle_timeout=0.2)
     ) as rt:
         await rt.create_session(SID)
         first = await rt.submit(SID, "one", request_id="r1")
@@ -83,7 +89,7 @@ async def test_an_evicted_session_comes_back_with_its_history(log_dir: Path) -> 
         assert script.calls == 3  # nothing re-asked of the model
 
 
-async def test_work_in_flight_keeps_the_actor_resident(log_dir: Path) -> None:
+async def test_work_in_flight_keeps_the_actor_resident(where: Where, clock: MockClock) -> None:
     script = ScriptedProvider(
         [
             Reply(text="slow", tool_uses=[ToolUse("lookup", {"query": "a", "seconds": 0.6})]),
@@ -92,7 +98,7 @@ async def test_work_in_flight_keeps_the_actor_resident(log_dir: Path) -> None:
         ]
     )
     async with perdure.open_runtime(
-        log_dir, provider=script, tools=[lookup, deploy], idle_timeout=0.05
+        where.open(), provider=script, tools=[lookup, deploy], **where.options(idle_timeout=0.05)
     ) as rt:
         await rt.create_session(SID)
         await rt.submit(SID, "go", request_id="r1")
@@ -116,12 +122,12 @@ async def test_work_in_flight_keeps_the_actor_resident(log_dir: Path) -> None:
         await evicted(rt, 1)
 
 
-async def test_messages_racing_the_eviction_are_never_lost(log_dir: Path) -> None:
+async def test_messages_racing_the_eviction_are_never_lost(where: Where, clock: MockClock) -> None:
     n = 40
     script = ScriptedProvider([Reply(text=f"answer {i}") for i in range(n)])
     rng = random.Random(7)
     async with perdure.open_runtime(
-        log_dir, provider=script, tools=[lookup], idle_timeout=0.001
+        where.open(), provider=script, tools=[lookup], **where.options(idle_timeout=0.001)
     ) as rt:
         await rt.create_session(SID)
         with trio.fail_after(60):  # a message lost in a closed mailbox hangs its caller
@@ -147,9 +153,11 @@ async def test_messages_racing_the_eviction_are_never_lost(log_dir: Path) -> Non
         assert script.calls == n
 
 
-async def test_no_eviction_when_switched_off(log_dir: Path) -> None:
+async def test_no_eviction_when_switched_off(where: Where, clock: MockClock) -> None:
     script = ScriptedProvider([Reply(text="done")])
-    async with perdure.open_runtime(log_dir, provider=script, tools=[], idle_timeout=None) as rt:
+    async with perdure.open_runtime(
+        where.open(), provider=script, tools=[], **where.options(idle_timeout=None)
+    ) as rt:
         await rt.create_session(SID)
         await rt.submit(SID, "go", request_id="r1")
         with trio.fail_after(10):

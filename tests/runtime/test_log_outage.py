@@ -7,6 +7,10 @@ during COMMIT), and the log then refuses every read for more restarts than the
 parking limit allows. The session restarts from the log when it answers again,
 finishes its run, and is not parked. A session whose actor really keeps crashing
 is still parked.
+
+The first three tests run on a ``MemoryLog`` under an autojumping MockClock (the
+restart back-offs take virtual time only) and on a real LMDB log in real time
+(``tests/support/deterministic.py``); the boot test patches the LMDB class itself.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, ToolContext
 from perdure.actors.session import RELOAD_TRIES
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
-from perdure.storage.backend import CommitUnknown, LogUnavailable
+from perdure.storage import CommitUnknown, LogUnavailable
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import ToolCompleted
+from tests.support.deterministic import Where
 
 FAILED_READS = RELOAD_TRIES + 4
 
@@ -34,11 +40,13 @@ async def lookup(ctx: ToolContext, query: str) -> str:
     return f"found {query}"
 
 
-async def test_an_unreachable_log_is_waited_out(log_dir: Path) -> None:
+async def test_an_unreachable_log_is_waited_out(where: Where, clock: MockClock) -> None:
     script = ScriptedProvider(
         [Reply(text="looking", tool_uses=[ToolUse("lookup", {"query": "a"})]), Reply(text="done")]
     )
-    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup]) as rt:
+    async with perdure.open_runtime(
+        where.open(), provider=script, tools=[lookup], **where.options()
+    ) as rt:
         log: Any = rt.journal.log
         real_commit, real_read = log.commit, log.read_session
         failed_reads = 0
@@ -86,9 +94,11 @@ async def test_an_unreachable_log_is_waited_out(log_dir: Path) -> None:
         assert [t.phase for t in state.tasks.values()] == ["completed"]
 
 
-async def test_an_actor_that_keeps_crashing_is_still_parked(log_dir: Path) -> None:
+async def test_an_actor_that_keeps_crashing_is_still_parked(where: Where, clock: MockClock) -> None:
     script = ScriptedProvider([Reply(text="never used")])
-    async with perdure.open_runtime(log_dir, provider=script, tools=[lookup]) as rt:
+    async with perdure.open_runtime(
+        where.open(), provider=script, tools=[lookup], **where.options()
+    ) as rt:
         await rt.create_session("s")
         log: Any = rt.journal.log
         real_read = log.read_session
@@ -105,12 +115,12 @@ async def test_an_actor_that_keeps_crashing_is_still_parked(log_dir: Path) -> No
         assert e.value.code == "parked"
 
 
-async def test_callers_hear_of_an_outage_at_once(log_dir: Path) -> None:
+async def test_callers_hear_of_an_outage_at_once(where: Where, clock: MockClock) -> None:
     """Nobody waits through an outage: a command for a session that must start first
     fails with LogUnavailable right away, and records nothing."""
     script = ScriptedProvider([Reply(text="one"), Reply(text="two"), Reply(text="three")])
     async with perdure.open_runtime(
-        log_dir, provider=script, tools=[lookup], idle_timeout=0.05
+        where.open(), provider=script, tools=[lookup], **where.options(idle_timeout=0.05)
     ) as rt:
         await rt.create_session("evicted")
         await rt.submit("evicted", "go", request_id="r1")

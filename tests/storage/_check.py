@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from attrs import define, field
 
-from perdure.storage.lmdb_log import LmdbLog, SessionInfo
+from perdure.storage import SessionInfo
+from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import Committed, GoalRevised, LogOpened, active_delta
 
 

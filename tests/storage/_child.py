@@ -39,8 +39,9 @@ from typing import Any, Final
 
 import trio
 
+from perdure.storage import Guard, LogFenced, StaleGoal
 from perdure.storage.journal import open_journal
-from perdure.storage.lmdb_log import DEFAULT_MAP_SIZE, Guard, LmdbLog, LogFenced, StaleGoal
+from perdure.storage.lmdb_log import DEFAULT_MAP_SIZE, LmdbLog
 from perdure.storage.records import (
     GoalRevised,
     InputAccepted,

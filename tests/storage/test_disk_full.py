@@ -20,8 +20,9 @@ import lmdb
 import pytest
 import trio
 
+from perdure.storage import LogError, StorageFull
 from perdure.storage.journal import open_journal
-from perdure.storage.lmdb_log import LmdbLog, LogError, StorageFull, _is_disk_full
+from perdure.storage.lmdb_log import LmdbLog, _is_disk_full
 from perdure.storage.records import Committed, ToolCompleted
 from tests.storage._check import LogModel, check_log
 from tests.support.disk import fill

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from perdure.storage import StorageFull
 from perdure.storage.journal import open_journal
-from perdure.storage.lmdb_log import LmdbLog, StorageFull
+from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import Committed, Record, ToolCompleted
 from tests.storage._check import LogModel, check_log
 from tests.storage._procs import Child

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from perdure.storage import Guard, StaleGoal
 from perdure.storage.journal import Journal, open_journal
-from perdure.storage.lmdb_log import Guard, LmdbLog, StaleGoal
+from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
     Committed,
     GoalRevised,

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from perdure.storage.lmdb_log import LmdbLog, LogBusy
+from perdure.storage import LogBusy
+from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import LogOpened, ToolCompleted
 from tests.storage._check import LogModel, check_log
 from tests.storage._child import FENCED_EXIT

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from perdure.check import Report, check_log, check_records
-from perdure.storage.backend import is_postgres
+from perdure.storage import is_postgres
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import Committed, ToolExecuting
 from tests.support.ledger_tools import read_ledger

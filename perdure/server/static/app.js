@@ -441,9 +441,22 @@ async function refreshSummary() {
     box.append(el("div", "", `request in force (revision ${s.request.goal_rev}): ${s.request.text}`));
   }
   box.append(el("div", "", "next: " + s.next.join("; ")));
+  const unpriced = s.cost.unpriced_models.length
+    ? ` (no price for ${s.cost.unpriced_models.join(", ")})` : "";
+  const spend = el("div", "spend",
+    `tokens: ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ` +
+    `cost: $${s.cost.usd.toFixed(4)}${unpriced}`);
+  if (s.budget) spend.textContent += "; budget: " + describeBudget(s.budget);
+  box.append(spend);
   for (const u of s.unconfirmed) {
     box.append(el("div", "unconfirmed", `unconfirmed: ${u.tool} [${u.call_id}]: ${u.why}`));
   }
+}
+
+// The limits a session's budget sets, as "name value" pairs (unset limits are omitted).
+function describeBudget(b) {
+  return Object.entries(b).filter(([, v]) => v !== null).map(([k, v]) => `${k} ${v}`).join(", ")
+    || "none";
 }
 
 // -- forms -------------------------------------------------------------------------------

@@ -1,0 +1,278 @@
+"""A log in this process's memory: the ``LogBackend`` for deterministic runtime tests.
+
+``MemoryLog`` keeps what the LMDB log keeps — the CRC-framed records under
+gap-free sequence numbers, each session's index, its ``SessionInfo`` summary (the
+active index included), an owner epoch — in Python containers, and applies the
+same rules: a batch's guard is checked in the transaction, an unencodable batch
+fails alone, a ``LogOpened`` record marks every open, and a handle whose epoch is
+no longer the store's is fenced (``LogFenced``). Records are stored encoded and
+decoded on read, so what a test reads back went through the codec exactly as it
+would on disk.
+
+It never blocks, so it says ``inline``: the Journal commits it on the trio thread
+and reads it there, with no thread at all, and a runtime over it runs under
+``trio.testing.MockClock(autojump_threshold=0)`` with every back-off, heartbeat and
+timeout decided by the clock alone.
+
+A restart is simulated on the same store: ``log.reopen()`` (after ``close``) is a
+new process opening the log; ``log.reopen(takeover=True)`` takes it from an owner
+that is still open, which is then fenced. Nothing survives the Python process:
+this backend is for tests, never a deployment.
+
+``open_log(":memory:")`` returns a new, empty one; ``open_log(log)`` (or
+``open_runtime(log)``) returns the object itself, so a test can keep it across
+runtimes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import attrs
+
+from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
+from perdure.storage.codec import CorruptRecord, decode, encode
+from perdure.storage.common import claim_writer
+from perdure.storage.errors import LogBusy, LogError, LogFenced, StaleGoal
+from perdure.storage.records import Committed, LogOpened
+
+LOCATION = ":memory:"
+
+
+@attrs.define
+class _Store:
+    """What a log holds; shared by every handle reopened on it."""
+
+    frames: dict[int, bytes] = attrs.field(factory=dict)  # seq -> framed record
+    by_session: dict[str, list[int]] = attrs.field(factory=dict)  # "" holds system records
+    summaries: dict[str, SessionInfo] = attrs.field(factory=dict)
+    epoch: int = 0
+    owner: MemoryLog | None = None
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    @property
+    def next_seq(self) -> int:
+        return len(self.frames) + 1  # gap-free: a refused batch draws no number
+
+
+class MemoryLog:
+    """A log in memory (module docstring). ``MemoryLog()`` is a new, empty log, owned."""
+
+    multi_node = False
+    inline = True
+    lease_ttl = float("inf")
+    poll_interval = float("inf")
+
+    def __init__(
+        self,
+        *,
+        durability: Durability = "full",
+        clock: Callable[[], float] = time.time,
+        readonly: bool = False,
+        takeover: bool = False,
+        _store: _Store | None = None,
+    ) -> None:
+        if durability not in ("full", "fast"):
+            raise ValueError(f"durability must be 'full' or 'fast', not {durability!r}")
+        self.durability = durability
+        self.readonly = readonly
+        self._clock = clock
+        self._store = _store if _store is not None else _Store()
+        self._writer: threading.Thread | None = None
+        self._closed = False
+        self.write_threads: set[int] = set()  # idents of threads that committed
+        self.epoch = 0
+        if not readonly:
+            self._claim(takeover)
+
+    def reopen(self, *, takeover: bool = False, readonly: bool = False) -> MemoryLog:
+        """A new handle on this log's records, as a restarted process would open it.
+
+        Refused with ``LogBusy`` while an owner is open, unless ``takeover`` (the old
+        owner is then fenced) or ``readonly`` (a reader beside the owner).
+        """
+        return MemoryLog(
+            durability=self.durability,
+            clock=self._clock,
+            readonly=readonly,
+            takeover=takeover,
+            _store=self._store,
+        )
+
+    def _claim(self, takeover: bool) -> None:
+        store = self._store
+        with store.lock:
+            if store.owner is not None and not takeover:
+                raise LogBusy(
+                    f"the in-memory log is owned by the handle of epoch {store.owner.epoch}; "
+                    "close it first, or reopen with takeover=True"
+                )
+            store.epoch += 1
+            store.owner = self
+            self.epoch = store.epoch
+            seq = store.next_seq
+            opened = LogOpened(
+                epoch=self.epoch, pid=os.getpid(), host=socket.gethostname(), at=self._clock()
+            )
+            store.frames[seq] = encode(opened, seq)
+            store.by_session.setdefault("", []).append(seq)
+
+    def close(self) -> None:
+        with self._store.lock:
+            self._closed = True
+            if self._store.owner is self:
+                self._store.owner = None
+
+    # -- the LogBackend face ---------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        return LOCATION
+
+    @property
+    def node_id(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def acquire(self, session_id: str) -> None:
+        """Every session is this handle's: the store's epoch already fences."""
+
+    def release_session(self, session_id: str) -> None:
+        """Nothing to give up: ownership covers every session."""
+
+    def claim(self) -> list[str]:
+        return self.active_sessions()
+
+    def renew(self) -> list[str]:
+        return []
+
+    def confirm(self, session_id: str) -> bool:
+        return True
+
+    def is_fresh(self, session_id: str) -> bool:
+        return True
+
+    def listen(self, wake: Wake, stop: threading.Event) -> None:
+        """Nobody else writes this log: there is nothing to listen to."""
+
+    # -- writing -----------------------------------------------------------------------
+
+    def bind_writer(self, thread: threading.Thread) -> None:
+        """From now on, only ``thread`` may call ``commit`` (inline: the trio thread)."""
+        self._writer = thread
+
+    def commit(self, batches: Sequence[Batch]) -> CommitResult:
+        """Write every batch as one transaction; per batch, its records or why not.
+
+        The same rules as the LMDB log: a stale guard (``StaleGoal``) or an
+        unencodable record fails that batch alone; a fenced handle writes nothing.
+        """
+        if self.readonly:
+            raise LogError("the log was opened read-only")
+        claim_writer(self._writer, self.write_threads, "in-memory")
+        store = self._store
+        with store.lock:
+            self._check_open()
+            if store.epoch != self.epoch:
+                raise LogFenced(
+                    f"this handle (epoch {self.epoch}) no longer owns the in-memory log: it "
+                    f"was taken over (epoch {store.epoch}); stopping"
+                )
+            results: CommitResult = []
+            seq = store.next_seq
+            infos: dict[str, SessionInfo] = {}  # this transaction's summaries
+            frames: dict[int, bytes] = {}
+            index: list[tuple[str, int]] = []
+
+            def info_of(sid: str) -> SessionInfo:
+                if sid not in infos:
+                    infos[sid] = store.summaries.get(sid) or SessionInfo.empty(sid)
+                return infos[sid]
+
+            for records, guard in batches:
+                if guard is not None:
+                    found = info_of(guard.session_id).goal_rev
+                    if found != guard.goal_rev:
+                        results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
+                        continue
+                try:
+                    encoded = [encode(record, seq + i) for i, record in enumerate(records)]
+                except Exception as exc:  # nothing of this batch was written yet
+                    results.append(exc)
+                    continue
+                committed = []
+                for record, frame in zip(records, encoded, strict=True):
+                    sid = record.session_id
+                    frames[seq] = frame
+                    index.append((sid, seq))
+                    if sid:
+                        infos[sid] = info_of(sid).advanced(seq, record)
+                    committed.append(Committed(seq, record))
+                    seq += 1
+                results.append(committed)
+            # The transaction's end: everything at once, or (on an exception above) nothing.
+            store.frames.update(frames)
+            for sid, at in index:
+                store.by_session.setdefault(sid, []).append(at)
+            store.summaries.update(
+                (sid, info) for sid, info in infos.items() if info.records
+            )  # a session only guarded, never written, does not come to exist
+            return results
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogError("the in-memory log handle is closed")
+
+    # -- reading (any thread) -------------------------------------------------------------
+
+    def _decode(self, seq: int) -> Committed:
+        frame = self._store.frames.get(seq)
+        if frame is None:
+            raise CorruptRecord(seq, "indexed but missing from the records")
+        return Committed(seq, decode(seq, frame))
+
+    def read_session(
+        self, session_id: str, after: int = 0, limit: int | None = None
+    ) -> list[Committed]:
+        """The session's records with seq > ``after``, in order (at most ``limit``)."""
+        with self._store.lock:
+            self._check_open()
+            seqs = [s for s in self._store.by_session.get(session_id, ()) if s > after]
+            return [self._decode(s) for s in seqs[:limit]]
+
+    def read_system(self, after: int = 0) -> list[Committed]:
+        """The system records (``LogOpened``) with seq > ``after``."""
+        return self.read_session("", after)
+
+    def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
+        """All records with seq > ``after`` in order, system records included."""
+        with self._store.lock:
+            self._check_open()
+            last = len(self._store.frames)
+            end = last if limit is None else min(last, after + limit)
+            return [self._decode(s) for s in range(after + 1, end + 1)]
+
+    def last_seq(self) -> int:
+        with self._store.lock:
+            return len(self._store.frames)
+
+    def scan_frames(self) -> Iterator[tuple[int, bytes]]:
+        """Every stored frame in order, undecoded (for ``perdure check``)."""
+        with self._store.lock:
+            frames = sorted(self._store.frames.items())
+        yield from frames
+
+    def active_sessions(self) -> list[str]:
+        with self._store.lock:
+            return sorted(s for s, i in self._store.summaries.items() if i.open_submissions > 0)
+
+    def sessions(self) -> list[SessionInfo]:
+        with self._store.lock:
+            return [self._store.summaries[s] for s in sorted(self._store.summaries)]
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        with self._store.lock:
+            return self._store.summaries.get(session_id)
