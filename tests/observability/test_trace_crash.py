@@ -10,7 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from perdure.storage.records import RecoveryDecision, RunStarted, ToolOutcomeUnknown
+from perdure.storage.records import (
+    InputAccepted,
+    RecoveryDecision,
+    RunStarted,
+    ToolOutcomeUnknown,
+)
 from tests.observability.spans import read_spans
 from tests.support.checker import assert_sound, read_log
 from tests.support.procs import run_child
@@ -84,3 +89,26 @@ def test_spans_survive_a_sigkill_in_one_trace_linked_to_the_interrupted_run(
     # The final reply belongs to the resumed run.
     (final,) = [s for s in after if s["name"].startswith("chat")]
     assert final["parent_id"] == run["context"]["span_id"]
+
+
+def test_a_resumed_run_stays_the_child_of_the_callers_span(make_plan: Any, tmp_path: Path) -> None:
+    caller_trace, caller_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    first_file, second_file = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    plan = make_plan(SCRIPT)
+    traceparent = f"00-{caller_trace}-{caller_span}-01"
+    plan["sessions"]["s1"][0]["traceparent"] = traceparent
+    first = run_child({**plan, "trace_file": str(first_file)}, fault="tool.after:send_note")
+    assert first.killed, first.stderr
+    second = run_child({**plan, "trace_file": str(second_file)})
+    assert second.outcome("s1")["status"] == "completed"
+
+    log = [c.record for c in read_log(Path(plan["log"]))]
+    (accepted,) = [r for r in log if isinstance(r, InputAccepted)]
+    assert accepted.traceparent == traceparent
+    interrupted, _ = [r for r in log if isinstance(r, RunStarted)]
+    for span in read_spans(first_file) + read_spans(second_file):
+        assert span["context"]["trace_id"] == "0x" + caller_trace, span["name"]
+    (run,) = [s for s in read_spans(second_file) if s["name"] == "invoke_agent"]
+    assert run["parent_id"] == "0x" + caller_span
+    (link,) = run["links"]
+    assert link["context"]["span_id"] == "0x" + interrupted.traceparent.split("-")[2]

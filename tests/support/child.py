@@ -81,7 +81,12 @@ async def main(plan: dict[str, Any]) -> None:
         for sid, inputs in sessions.items():
             await rt.create_session(sid, system=plan.get("system"))
             for item in inputs:
-                await rt.submit(sid, item["text"], request_id=item["request_id"])
+                await rt.submit(
+                    sid,
+                    item["text"],
+                    request_id=item["request_id"],
+                    traceparent=item.get("traceparent"),
+                )
         for action in plan.get("actions", []):
             try:
                 await _act(rt, action)
