@@ -9,6 +9,7 @@
     python bench/perdure_bench.py recover LOG SESSIONS K
     python bench/perdure_bench.py memory LOG SESSIONS K
     python bench/perdure_bench.py stream LOG SESSIONS SUBSCRIBERS_PER_SESSION K
+    python bench/perdure_bench.py tracing LOG K off|noop|on
 
 Each prints one JSON object on its last stdout line (``build-interrupted`` prints
 ``{"ready": true}`` once every session is blocked inside its tool, and waits to be
@@ -90,6 +91,73 @@ async def turns(log: str, k: int) -> dict[str, Any]:
     result["records"] = after.records - records0
     result["commits_per_turn"] = (after.transactions - txns0) / k
     return result
+
+
+# -- the cost of tracing (perdure.observability) ---------------------------------------------
+
+
+def _tracing(mode: str) -> tuple[Any, Callable[[], int]]:
+    """The ``telemetry`` option of a mode, and how to count the spans it exported.
+
+    ``off``: no observer. ``noop``: the OpenTelemetry API with no provider installed
+    (what an application that does not trace pays). ``on``: the SDK, a batch span
+    processor into an in-memory exporter, and an in-memory metric reader.
+    """
+    if mode == "off":
+        return None, lambda: 0
+    if mode == "noop":
+        return "auto", lambda: 0
+    if mode != "on":
+        raise SystemExit(f"unknown tracing mode {mode!r}")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from perdure.observability.tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+    def exported() -> int:
+        tracer_provider.force_flush()
+        return len(exporter.get_finished_spans())
+
+    tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    return tracing, exported
+
+
+async def tracing(log: str, k: int, mode: str) -> dict[str, Any]:
+    """Per-turn latency and process CPU per turn of one session, in the given mode."""
+    telemetry, exported = _tracing(mode)
+    provider = BenchProvider(k)
+    async with perdure.open_runtime(
+        log, provider=provider, tools=[lookup], telemetry=telemetry, **runtime_options(k)
+    ) as rt:
+        await _warm_up(rt, provider)
+        sid = await rt.create_session("turns")
+        spans0 = exported()
+        cpu = time.process_time()  # every thread: the batch processor's exporter too
+        await rt.submit(sid, workload.USER_TEXT, request_id="turns-1")
+        outcome = await rt.wait_idle(sid)
+        spans = exported() - spans0  # flushed inside the measured span of CPU
+        cpu = time.process_time() - cpu
+    assert outcome is not None and outcome.status == "completed", outcome
+    starts = provider.starts[sid]
+    assert len(starts) == k + 1, len(starts)
+    if mode == "on":  # a run span, K + 1 chat spans and K tool spans
+        assert spans == 2 * k + 2, spans
+    stats = workload.turn_stats(starts)
+    return {
+        "system": f"perdure tracing {mode}",
+        "k": k,
+        "median_ms": stats["median_ms"],
+        "cpu_ms_per_turn": cpu / (k + 1) * 1e3,
+        "spans": spans,
+    }
 
 
 # -- where a turn's time goes (instrumented, not used for the headline figures) -------------
@@ -450,7 +518,7 @@ def _run(fn: Callable[..., Any], *args: Any) -> Any:
 
 def main(argv: list[str]) -> None:
     cmd, log, *rest = argv
-    nums = [int(x) for x in rest]
+    nums = [int(x) for x in rest] if cmd != "tracing" else []
     if cmd == "turns":
         emit(_run(turns, log, *nums))
     elif cmd == "breakdown":
@@ -469,6 +537,8 @@ def main(argv: list[str]) -> None:
         emit(_run(memory, log, *nums))
     elif cmd == "stream":
         emit(_run(stream, log, *nums))
+    elif cmd == "tracing":
+        emit(_run(tracing, log, int(rest[0]), rest[1]))
     else:
         raise SystemExit(f"unknown command {cmd!r}")
 

@@ -45,6 +45,7 @@ DEFAULT_PEERS = "/tmp/bench-peers/bin/python"
 
 FULL: dict[str, Any] = {
     "trials": 7,
+    "tracing_trials": 5,
     "floor_turns": 200,
     "k_small": 50,
     "k_large": 500,
@@ -67,6 +68,7 @@ FULL: dict[str, Any] = {
 
 QUICK: dict[str, Any] = {
     "trials": 1,
+    "tracing_trials": 1,
     "floor_turns": 20,
     "k_small": 10,
     "k_large": 30,
@@ -93,6 +95,7 @@ TARGETS = {
     "growth": 1.2,  # last 10 turns <= 1.2 x the first 10 (K large)
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
     "recovery": 1.2,  # with 10,000 finished sessions <= 1.2 x with none
+    "tracing": 1.10,  # CPU per turn with tracing on <= 1.1 x with it off
 }
 
 
@@ -318,6 +321,33 @@ class Suite:
         self.breakdown = {key: median([r[key] for r in breakdown]) for key in keys}
         self.breakdown["trials"] = breakdown
         return {name: summarize_trials(runs) for name, runs in trials.items()}
+
+    def tracing(self) -> dict[str, Any]:
+        """Per-turn cost and CPU with tracing off, through the no-op API, and on (SDK):
+        trials interleaved, so the baseline is measured in the same run."""
+        k = self.cfg["k_small"]
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "noop": [], "on": []}
+        for t in range(self.cfg["tracing_trials"]):
+            log(f"tracing trial {t + 1}/{self.cfg['tracing_trials']} (K={k})")
+            for mode, trials in runs.items():
+                trials.append(self.run("perdure_bench.py", "tracing", self.path("tr"), k, mode))
+        out: dict[str, Any] = {}
+        for mode, trials in runs.items():
+            good = [r for r in trials if "error" not in r]
+            if not good:
+                return {"error": trials[0]["error"], "trials": runs}
+            out[mode] = {
+                "median_ms": median([r["median_ms"] for r in good]),
+                "cpu_ms_per_turn": median([r["cpu_ms_per_turn"] for r in good]),
+                "spans": good[0]["spans"],
+                "trials": trials,
+            }
+        for mode in ("noop", "on"):
+            out[f"{mode}_over_off_cpu"] = (
+                out[mode]["cpu_ms_per_turn"] / out["off"]["cpu_ms_per_turn"]
+            )
+            out[f"{mode}_over_off_turn"] = out[mode]["median_ms"] / out["off"]["median_ms"]
+        return out
 
     def concurrency(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -582,6 +612,30 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
                 None,
                 "below 1: even with no waiting at all, the target needs less CPU per turn",
             )
+    tr = results.get("tracing", {})
+    if "error" in tr or not tr:
+        row(
+            f"CPU per turn, tracing on / off (K={k})",
+            None,
+            f"<= {TARGETS['tracing']}",
+            None,
+            "error" if tr else "not measured",
+        )
+    else:
+        v = tr["on_over_off_cpu"]
+        row(
+            f"CPU per turn, tracing on / off (K={k}, SDK, batch processor, in-memory exporter)",
+            v,
+            f"<= {TARGETS['tracing']}",
+            v <= TARGETS["tracing"],
+            f"per-turn latency on / off: {tr['on_over_off_turn']:.2f}",
+        )
+        row(
+            f"CPU per turn, OpenTelemetry API without a provider / off (K={k})",
+            tr["noop_over_off_cpu"],
+            "(info)",
+            None,
+        )
     rec = results["recovery"]
     v = rec["with_finished"]["last_rerun_ms"] / rec["without"]["last_rerun_ms"]
     row(
@@ -802,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("per_turn", lambda: suite.per_turn(sizes)),
             ("breakdown", lambda: suite.breakdown),
+            ("tracing", suite.tracing),
             ("concurrency", suite.concurrency),
             ("recovery", suite.recovery),
             ("memory", suite.memory),

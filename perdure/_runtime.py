@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import random
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -25,7 +26,7 @@ from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import attrs
 import trio
@@ -39,6 +40,12 @@ from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
+from perdure.observability.hooks import (
+    CommitObserver,
+    TransactionObserver,
+    auto_observers,
+    check_traceparent,
+)
 from perdure.providers.base import Message, Provider
 from perdure.storage import (
     MEMORY,
@@ -85,11 +92,14 @@ class Runtime:
         journal: Journal,
         ctx: ActorContext,
         mcp: McpHub | None = None,
+        caller_trace: Callable[[], str] | None = None,
     ) -> None:
         self._sup = supervisor
         self.journal = journal
         self._ctx = ctx
         self._mcp = mcp
+        # The caller's current trace context, when tracing is on (perdure.observability).
+        self._caller_trace = caller_trace
 
     @property
     def mcp(self) -> McpHub:
@@ -241,6 +251,7 @@ class Runtime:
         request_id: str | None = None,
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
+        traceparent: str | None = None,
     ) -> protocol.Accepted:
         """Queue user input; returns once it is durable. Same ``request_id`` -> same answer.
 
@@ -252,9 +263,15 @@ class Runtime:
         next; ``"reject"`` raises ``Refused("busy")`` and records nothing; ``"steer"``
         revises the running request with it (as ``revise``). The answer's
         ``disposition`` says which happened (``queued``, ``interrupted``, ``steered``).
+        ``traceparent`` (a W3C trace context) makes the input's runs children of that
+        span; by default, with tracing on, the caller's current span.
         """
         policy = protocol.check_if_busy(if_busy)
-        command = protocol.Submit(request_id or _rid(), text, budget, policy)
+        if traceparent is None:
+            traceparent = self._caller_trace() if self._caller_trace is not None else ""
+        elif traceparent:
+            check_traceparent(traceparent)
+        command = protocol.Submit(request_id or _rid(), text, budget, policy, traceparent)
         return await self._sup.ask(session_id, lambda: CommandMsg[protocol.Accepted](command))
 
     async def cancel(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
@@ -672,6 +689,7 @@ async def open_runtime(
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
     mcp_servers: Sequence[McpServer] = (),
+    telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -695,12 +713,18 @@ async def open_runtime(
     (``perdure.tools.mcp.McpServer``, the ``mcp`` extra) are connected and listed before
     recovery runs; their tools join ``tools`` as ``<server>__<tool>``, and the
     connections are closed when the runtime exits.
+    replaces the built-in price table used for cost. ``telemetry`` observes every
+    commit (``perdure.observability``): ``"auto"`` traces through the application's
+    OpenTelemetry providers when ``opentelemetry-api`` is installed (a no-op until
+    the application installs one) and does nothing otherwise; ``None`` turns it off;
+    or pass observers, e.g. ``perdure.observability.tracing.Tracing(...)``.
     """
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
             f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
         )
     by_name = registry(tools)
+    observers = _observers(telemetry)
     opened = partial(
         open_log,
         log,
@@ -718,6 +742,9 @@ async def open_runtime(
     root = None if workspace is None else await trio.Path(workspace).resolve()
     try:
         async with _mcp_connections(mcp_servers, seed) as hub, open_journal(the_log) as journal:
+            for observer in observers:
+                if isinstance(observer, TransactionObserver):
+                    journal.commit_listeners.append(observer.on_commit)
             ctx = ActorContext(
                 journal=journal,
                 provider=provider,
@@ -734,9 +761,10 @@ async def open_runtime(
                 forget_settled=durability == "full",
                 budget=budget,
                 prices=dict(DEFAULT_PRICES if prices is None else prices),
+                observers=observers,
             )
             supervisor = Supervisor(ctx)
-            runtime = Runtime(supervisor, journal, ctx, hub)
+            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers))
             ctx.agents = runtime._run_child
             body_error: BaseException | None = None
             try:
@@ -762,6 +790,10 @@ async def open_runtime(
             if body_error is not None:
                 raise body_error
     finally:
+        for observer in observers:
+            close = getattr(observer, "close", None)
+            if close is not None:
+                close()
         if the_log.inline:
             the_log.close()
         else:
@@ -789,3 +821,25 @@ def _with_mcp(native: dict[str, Tool], hub: McpHub) -> dict[str, Tool]:
     from perdure.tools.mcp import merge
 
     return registry(merge(native.values(), hub.tools()))
+
+
+def _observers(
+    telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None,
+) -> tuple[CommitObserver, ...]:
+    if telemetry is None:
+        return ()
+    if telemetry == "auto":
+        return auto_observers()
+    if isinstance(telemetry, str):
+        raise ValueError(f"telemetry must be 'auto', None or observers, not {telemetry!r}")
+    if hasattr(telemetry, "after_commit"):
+        return (cast(CommitObserver, telemetry),)
+    return tuple(telemetry)
+
+
+def _caller_trace(observers: tuple[CommitObserver, ...]) -> Callable[[], str] | None:
+    """How ``submit`` reads the caller's span, if a tracing observer is in use."""
+    tracing = sys.modules.get("perdure.observability.tracing")  # imported if one is in use
+    if tracing is None or not any(isinstance(o, tracing.Tracing) for o in observers):
+        return None
+    return cast(Callable[[], str], tracing.current_traceparent)

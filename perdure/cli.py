@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -187,6 +188,20 @@ def demo(keep: bool) -> None:
     help="Seconds before an idle session's actor leaves memory (0: never).",
 )
 @mcp_config_option
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Also serve Prometheus GET /metrics without the token on this port, on "
+    "127.0.0.1 only (GET /metrics on the API port always needs the token).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per log line, with session, run and call ids.",
+)
 def serve(
     log_dir: str,
     host: str,
@@ -202,9 +217,16 @@ def serve(
     durability: str,
     idle_timeout: float,
     mcp_config: Path | None,
+    metrics_port: int | None,
+    log_format: str,
 ) -> None:
     """Serve the HTTP API, event streams and web page; recover interrupted runs first."""
     import trio
+
+    if log_format == "json":
+        from perdure.observability.logs import use_json_logs
+
+        use_json_logs()
 
     from perdure._setup import SetupError
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
@@ -216,6 +238,10 @@ def serve(
         token, source, show = resolve_token(log_dir, token_file, os.environ, host)
         token_key, _ = resolve_token_key(log_dir, token_key_file, os.environ, token)
         check_port(host, port)
+        if metrics_port is not None:
+            if importlib.util.find_spec("prometheus_client") is None:
+                raise SetupError("--metrics-port needs prometheus-client: perdure[metrics]")
+            check_port("127.0.0.1", metrics_port)
     except SetupError as exc:
         _fail(str(exc), 2)
     prov, tools = _setup(provider, model, tool_specs)
@@ -240,6 +266,7 @@ def serve(
         durability="fast" if durability == "fast" else "full",
         idle_timeout=idle_timeout or None,
         mcp_servers=servers,
+        metrics_port=metrics_port,
     )
     try:
         trio.run(lambda: serve_daemon(opts, _say, show_token=show))
@@ -247,6 +274,8 @@ def serve(
         _fail(f"{exc} (perdure serve --takeover takes it over)")
     except LogError as exc:
         _fail(str(exc))
+    except SetupError as exc:
+        _fail(str(exc), 2)
     except Exception as exc:
         if servers:
             _fail_mcp_start(exc)

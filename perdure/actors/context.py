@@ -10,6 +10,7 @@ from typing import Any
 from attrs import define, field
 
 from perdure.budget import DEFAULT_PRICES, Budget, Price
+from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
 from perdure.storage.journal import Journal
 from perdure.storage.records import ToolExecuting
@@ -59,3 +60,5 @@ class ActorContext:
     # owns the sessions. Called with (the call's executing record, its n-th sub-agent,
     # task, system, tools, whether the call was told to stop).
     agents: AgentRunner | None = None
+    # Telemetry (perdure.observability): shown every commit; they never decide anything.
+    observers: tuple[CommitObserver, ...] = ()

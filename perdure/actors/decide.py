@@ -1162,6 +1162,7 @@ def _accept(s: SessionState, env: Env, cmd: Submit, interrupts: str | None = Non
         body_hash=cmd.body_hash,
         budget=cmd.budget,
         interrupts=interrupts,
+        traceparent=cmd.traceparent,
         at=env.now,
     )
 

@@ -98,6 +98,9 @@ class Submit:
     text: str
     budget: Budget | None = None  # replaces the session's budget from this input on
     if_busy: IfBusy | None = None
+    # The caller's W3C trace context; not part of the body (a retry from another span
+    # is the same request).
+    traceparent: str = ""
 
     @property
     def body_hash(self) -> str:

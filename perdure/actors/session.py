@@ -22,7 +22,7 @@ committed before the call's result).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -34,8 +34,9 @@ from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
 from perdure.errors import Refused, SessionParkedError
+from perdure.observability import logs
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, RunFinished
+from perdure.storage.records import Committed, Record, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -163,6 +164,7 @@ class SessionActor:
     # -- lifecycle ------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        logs.bind(session_id=self.session_id)  # on every line of this actor and its children
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.state = await self._load()
@@ -420,20 +422,47 @@ class SessionActor:
         step = decide.settle(state, self._env(), self._view(), first, recovering=recovering)
         committed: list[Committed] = []
         if step.records:
+            records = self._observe_before(state, step.records)
             try:
                 committed = await self.ctx.journal.append(
-                    step.records, guard=Guard(self.session_id, rev_before)
+                    records, guard=Guard(self.session_id, rev_before)
                 )
             except LogError as exc:
+                self._observe_failed(state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
                 raise
             for c in committed:
                 state.note_committed(c)
+            self._observe_after(state, committed)
         for effect in step.effects:
             self._perform(effect)
         return committed
+
+    # -- observers (perdure.observability): telemetry never stops a session ------------
+
+    def _observe_before(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+        for observer in self.ctx.observers:
+            try:
+                records = observer.before_commit(state, records)
+            except Exception:
+                log.exception("session %s: an observer failed before a commit", self.session_id)
+        return records
+
+    def _observe_after(self, state: SessionState, committed: Sequence[Committed]) -> None:
+        for observer in self.ctx.observers:
+            try:
+                observer.after_commit(state, committed)
+            except Exception:
+                log.exception("session %s: an observer failed after a commit", self.session_id)
+
+    def _observe_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+        for observer in self.ctx.observers:
+            try:
+                observer.commit_failed(state, records)
+            except Exception:
+                log.exception("session %s: an observer failed on a failed commit", self.session_id)
 
     async def _back_off(self, effect: protocol.BackOff, scope: trio.CancelScope) -> None:
         """Sleep until the back-off's wall-clock ``not_before``, then say so."""
@@ -463,6 +492,19 @@ class SessionActor:
 
     def _perform(self, effect: protocol.Effect) -> None:
         """Start what a durable step asks for; each effect carries what it needs."""
+        # The tasks started here inherit these ids: their log lines carry them.
+        ids: dict[str, str] = {}
+        if self.state.run is not None:
+            ids["run_id"] = self.state.run.run_id
+        executing = getattr(effect, "executing", None)
+        if executing is not None:
+            ids.update(run_id=executing.run_id, call_id=executing.call_id)
+        if isinstance(effect, protocol.CallModel):
+            ids["generation_id"] = effect.generation_id
+        with logs.bound(**ids):
+            self._start(effect)
+
+    def _start(self, effect: protocol.Effect) -> None:
         nursery = self._nursery
         assert nursery is not None
         ctx, outbox = self.ctx, self.mailbox.send

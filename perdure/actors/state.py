@@ -151,6 +151,7 @@ class Run:
     finished: RunFinished | None = None
     usage: Usage = field(factory=Usage)
     spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
+    traceparent: str = ""  # the trace context of the run's span (perdure.observability)
 
 
 @define
@@ -164,6 +165,7 @@ class Submission:
     runs: list[str] = field(factory=list)
     generations: list[str] = field(factory=list)
     outcome: RunFinished | None = None
+    traceparent: str = ""  # the caller's trace context, if it gave one
 
 
 @define
@@ -336,7 +338,7 @@ class SessionState:
 
     def _input_accepted(self, r: InputAccepted) -> None:
         self.submissions[r.submission_id] = Submission(
-            r.submission_id, r.request_id, r.text, r.body_hash, r.at
+            r.submission_id, r.request_id, r.text, r.body_hash, r.at, traceparent=r.traceparent
         )
         if r.interrupts is None:
             self.queue.append(r.submission_id)
@@ -351,6 +353,7 @@ class SessionState:
 
     def _run_started(self, r: RunStarted) -> None:
         run = Run(r.run_id, r.submission_id, r.goal_rev, r.resume_attempt, r.resumed_from, r.at)
+        run.traceparent = r.traceparent
         self.run = self.runs[r.run_id] = run
         sub = self.submissions[r.submission_id]
         sub.runs.append(r.run_id)

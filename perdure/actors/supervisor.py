@@ -52,6 +52,7 @@ from perdure.errors import (
     UnknownSession,
     find_exception,
 )
+from perdure.observability import logs
 from perdure.storage import (
     LogError,
     LogUnavailable,
@@ -60,6 +61,7 @@ from perdure.storage import (
     StorageFull,
     check_session_id,
 )
+from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import Budget, SessionCreated, SessionForked, SessionParked
 
 log = logging.getLogger("perdure.supervisor")
@@ -182,7 +184,9 @@ class Supervisor:
         try:
             await self.mailbox(session_id)
         except Refused as exc:
-            log.error("session %s not started: %s", session_id, exc)
+            log.error(
+                "session %s not started: %s", session_id, exc, extra={"session_id": session_id}
+            )
         except (LogUnavailable, StorageFull) as exc:
             # Its work must go on by itself: keep trying in the background, without
             # holding up the start of the others (or of the runtime).
@@ -342,9 +346,11 @@ class Supervisor:
     async def _supervise(
         self, session_id: str, box: Mailbox, *, task_status: trio.TaskStatus[Any]
     ) -> None:
+        logs.bind(session_id=session_id)
         status: trio.TaskStatus[Any] = task_status
         failures: list[float] = []
         outages = 0  # consecutive restarts because the log could not be reached
+        told: set[str] = set()  # crashes already logged with their traceback
         while True:
             actor = SessionActor(session_id, self.ctx, box)
             self.actors[session_id] = actor
@@ -396,13 +402,25 @@ class Supervisor:
                 now = self.ctx.clock()
                 failures = [t for t in failures if now - t < self.ctx.restart_window] + [now]
                 summary = _summary(exc)
-                log.error(
-                    "session %s actor crashed (%d in %.0fs): %s\n%s",
+                # A damaged record is one clear line (the error names its seq), and a
+                # crash that repeats is told once with its traceback, then in one line.
+                damaged = find_exception(exc, CorruptRecord) is not None
+                detail = (
+                    ""
+                    if damaged or summary in told
+                    else "\n" + "".join(traceback.format_exception(exc))
+                )
+                # Repeats say nothing new: below the error level (the parking says it).
+                level = logging.INFO if summary in told else logging.ERROR
+                told.add(summary)
+                log.log(
+                    level,
+                    "session %s actor crashed (%d in %.0fs): %s%s",
                     session_id,
                     len(failures),
                     self.ctx.restart_window,
                     summary,
-                    "".join(traceback.format_exception(exc)),
+                    detail,
                 )
                 actor.fail_pending(SessionRestarting(session_id, summary))
                 if len(failures) > self.ctx.max_restarts:
@@ -466,6 +484,7 @@ class Supervisor:
             status.started(_Lost(reason))
 
     async def _park(self, session_id: str, reason: str) -> None:
+        log.error("session %s parked: %s", session_id, reason)
         self.parked[session_id] = reason
         self.mailboxes.pop(session_id, None)
         self.actors.pop(session_id, None)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from importlib import resources
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from starlette.applications import Starlette
@@ -44,6 +44,7 @@ from perdure import Done, __version__
 from perdure._runtime import Runtime
 from perdure.actors.protocol import check_if_busy
 from perdure.inspect import summarize
+from perdure.observability.hooks import check_traceparent
 from perdure.server import frontends, tokens
 from perdure.server.auth import (
     COOKIE,
@@ -85,6 +86,9 @@ from perdure.server.payloads import (
 )
 from perdure.server.streams import EventStreamResponse, FrameCache, Streams
 from perdure.server.tokens import TokenSigner
+
+if TYPE_CHECKING:
+    from perdure.observability.metrics import RuntimeMetrics
 
 _STATIC: Final = {
     "app.js": "text/javascript; charset=utf-8",
@@ -244,7 +248,11 @@ class Api:
         sid = path_session(request)
         body = await read_body(request, SubmitBody, self.max_body)
         accepted = await self.rt.submit(
-            sid, body.text, request_id=body.request_id, if_busy=check_if_busy(body.if_busy)
+            sid,
+            body.text,
+            request_id=body.request_id,
+            if_busy=check_if_busy(body.if_busy),
+            traceparent=_trace(request),
         )
         answer = MessageAccepted(
             accepted.submission_id, accepted.seq, accepted.duplicate, accepted.disposition
@@ -362,6 +370,15 @@ class Api:
         return await self.chats.ag_ui_run(sid, data)
 
 
+def _trace(request: Request) -> str | None:
+    """The W3C ``traceparent`` header, if well formed (else ignored, as W3C asks)."""
+    value = request.headers.get("traceparent", "").strip()
+    try:
+        return check_traceparent(value) if value else None
+    except ValueError:
+        return None
+
+
 def _recorded(done: Done) -> dict[str, Any]:
     """The fields every command's answer shares, from the runtime's ``Done``."""
     return {"seq": done.seq or None, "recorded": bool(done.seq), "duplicate": done.duplicate}
@@ -375,8 +392,11 @@ def create_app(
     heartbeat: float = 15.0,
     max_body: int = MAX_BODY,
     token_key: bytes | None = None,
+    metrics: RuntimeMetrics | None = None,
 ) -> ASGIApp:
     """The ASGI application: routes, JSON errors, and the auth middleware around them.
+
+    With ``metrics``, ``GET /metrics`` (behind the token like the rest) serves them.
 
     ``token_key`` signs scoped session tokens (``perdure.server.tokens``).
     """
@@ -411,5 +431,7 @@ def create_app(
         Route(s + "/chat/{chat_id}/stream", api.chat_stream, methods=["GET"]),
         Route(s + "/ag-ui", api.ag_ui, methods=["POST"]),
     ]
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics.scrape, methods=["GET"]))
     app = Starlette(routes=routes, exception_handlers=dict(HANDLERS))
     return AuthMiddleware(app, api.auth, api.login)

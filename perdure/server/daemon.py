@@ -25,7 +25,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import hypercorn.trio
 import trio
@@ -36,10 +36,14 @@ from hypercorn.typing import ASGIFramework
 from perdure._runtime import open_runtime
 from perdure._setup import SetupError
 from perdure.errors import find_exception
+from perdure.observability.hooks import auto_observers
 from perdure.providers.base import Provider
 from perdure.server.app import create_app
 from perdure.storage import Durability, LogError, is_postgres
 from perdure.tools.contract import Tool
+
+if TYPE_CHECKING:
+    from perdure.observability.metrics import RuntimeMetrics
 
 TOKEN_FILE: Final = "daemon.token"
 Say = Callable[[str, str], None]  # (text, style)
@@ -62,6 +66,10 @@ class ServeOptions:
     shutdown_grace: float = 10.0
     idle_timeout: float | None = 300.0
     mcp_servers: Sequence[Any] = ()  # perdure.tools.mcp.McpServer (the mcp extra)
+    # Prometheus /metrics: on the API port behind the token, or (also) without the
+    # token on this separate port, bound to loopback only. Needs perdure[metrics].
+    metrics: bool = True
+    metrics_port: int | None = None
 
 
 def is_loopback(host: str) -> bool:
@@ -177,7 +185,22 @@ async def _on_signals(
             return
 
 
+def _metrics(opts: ServeOptions) -> RuntimeMetrics | None:
+    if not opts.metrics and opts.metrics_port is None:
+        return None
+    try:
+        from perdure.observability.metrics import RuntimeMetrics
+    except ImportError:
+        if opts.metrics_port is not None:
+            raise SetupError(
+                "--metrics-port needs prometheus-client: pip install 'perdure[metrics]'"
+            ) from None
+        return None  # the extra is absent: no /metrics route
+    return RuntimeMetrics()
+
+
 async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: bool) -> None:
+    metrics = _metrics(opts)
     async with open_runtime(
         opts.log,
         provider=opts.provider,
@@ -188,7 +211,10 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         shutdown_grace=opts.shutdown_grace,
         idle_timeout=opts.idle_timeout,
         mcp_servers=opts.mcp_servers,
+        telemetry=auto_observers() + ((metrics,) if metrics is not None else ()),
     ) as rt:
+        if metrics is not None:
+            metrics.attach(rt)
         recovered = rt.recovered_sessions
         say(
             f"perdure serve: log {rt.location} (epoch {rt.epoch}); "
@@ -209,6 +235,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
             closing=closing,
             heartbeat=opts.heartbeat,
             token_key=opts.token_key,
+            metrics=metrics if opts.metrics else None,
         )
         app = cast(ASGIFramework, await trio.to_thread.run_sync(build))
         config = Config()
@@ -225,6 +252,19 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
             )
             url = binds[0] if binds else f"http://{config.bind[0]}"
             say(f"perdure serve: listening on {url}", "title")
+            if metrics is not None and opts.metrics_port is not None:
+                side = Config()
+                side.bind = [_bind("127.0.0.1", opts.metrics_port)]
+                side.accesslog = None
+                side.include_server_header = False
+                side.errorlog = config.errorlog
+                scrape = cast(ASGIFramework, metrics.asgi_app())
+                serving = partial(
+                    hypercorn.trio.serve, scrape, side, shutdown_trigger=closing.wait, mode="asgi"
+                )
+                side_binds: list[str] = await nursery.start(serving)
+                where = side_binds[0] if side_binds else f"http://{side.bind[0]}"
+                say(f"perdure serve: metrics on {where}/metrics", "plain")
             if show_token:
                 say(f"perdure serve: web page: {url}/?token={opts.token}", "plain")
         say("perdure serve: HTTP stopped; waiting for running tools", "plain")

@@ -57,6 +57,7 @@ class Subscription:
             self._send.send_nowait(event)
         except trio.WouldBlock:
             self.lagged = True
+            self._bus.lagged += 1
             self._send.close()
         except trio.ClosedResourceError:
             pass
@@ -90,6 +91,17 @@ class EventBus:
     def __init__(self, buffer: int = 4096) -> None:
         self.buffer = buffer
         self._by_session: dict[str | None, set[Subscription]] = {}
+        self.lagged = 0  # subscribers dropped for falling behind, since the bus opened
+
+    def subscriptions(self) -> list[Subscription]:
+        """Every live subscription (event streams: SSE clients, ``Runtime.events``)."""
+        return [sub for subs in self._by_session.values() for sub in subs]
+
+    def backlog(self) -> int:
+        """Events waiting in the fullest subscriber's buffer (how far behind it is)."""
+        return max(
+            (s._recv.statistics().current_buffer_used for s in self.subscriptions()), default=0
+        )
 
     def subscribe(self, session_id: str | None, buffer: int | None = None) -> Subscription:
         sub = Subscription(self, session_id, buffer or self.buffer)

@@ -86,6 +86,9 @@ class Journal:
         self._listen_stop = threading.Event()
         self._listener: threading.Thread | None = None
         self._inline = log.inline
+        # Called on the trio thread after each durable transaction with its records
+        # (every session's) and the seconds the backend's commit took (metrics).
+        self.commit_listeners: list[Callable[[Sequence[Committed], float], None]] = []
 
     # -- writing ---------------------------------------------------------------------
 
@@ -105,7 +108,7 @@ class Journal:
             return []
         request = _Append(records, guard)
         if self._inline:
-            self._deliver([request], self._commit([request]))
+            self._deliver([request], *self._commit([request]))
             # A schedule point, as the threaded wait is, and like it not a cancel point:
             # the caller learns the outcome of a commit that happened.
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -121,16 +124,19 @@ class Journal:
         assert request.result is not None
         return request.result
 
-    def _commit(self, requests: list[_Append]) -> list[Any]:
-        """One transaction for ``requests``: per request, its records or its error."""
+    def _commit(self, requests: list[_Append]) -> tuple[list[Any], float]:
+        """One transaction for ``requests``: per request, its records or its error; and
+        the seconds the backend took."""
+        began = time.perf_counter()
         try:
             results: list[Any] = self.log.commit([(r.records, r.guard) for r in requests])
         except BaseException as exc:  # every caller of this transaction must hear it
-            return [exc] * len(requests)
+            return [exc] * len(requests), time.perf_counter() - began
+        took = time.perf_counter() - began
         if _faults.ACTIVE:  # counts durable appends: refused ones are not
             durable = sum(isinstance(result, list) for result in results)
             _faults.hit("commit", count=durable)
-        return results
+        return results, took
 
     def _writer(self) -> None:
         while True:
@@ -146,15 +152,15 @@ class Journal:
             if requests:
                 if _faults.SLOW_COMMIT:
                     time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
-                results = self._commit(requests)
+                results, took = self._commit(requests)
                 assert self._token is not None
-                self._token.run_sync_soon(self._deliver, requests, results)
+                self._token.run_sync_soon(self._deliver, requests, results, took)
             if stop:
                 assert self._token is not None
                 self._token.run_sync_soon(self._stopped.set)
                 return
 
-    def _deliver(self, requests: list[_Append], results: list[Any]) -> None:
+    def _deliver(self, requests: list[_Append], results: list[Any], took: float = 0.0) -> None:
         # Runs on the trio thread, in commit order.
         committed_any = False
         for request, result in zip(requests, results, strict=True):
@@ -186,6 +192,10 @@ class Journal:
                             bus.publish(Event(sid, type(c.record).__name__, c.seq, c.record))
             stats.records += size
             stats.largest_transaction = max(stats.largest_transaction, size)
+            if self.commit_listeners:
+                done = [c for result in results if isinstance(result, list) for c in result]
+                for listener in self.commit_listeners:
+                    listener(done, took)
 
     # -- reading ---------------------------------------------------------------------
 

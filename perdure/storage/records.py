@@ -186,6 +186,9 @@ class InputAccepted:
     # The run this input interrupted (if_busy="interrupt"): its CancelRequested is in the
     # same commit. None for an input that waited its turn.
     interrupts: str | None = None
+    # The caller's W3C trace context (a ``traceparent``), if it gave one: the runs of
+    # this input are children of the caller's span (perdure.observability).
+    traceparent: str = ""
     at: float
 
 
@@ -199,6 +202,10 @@ class RunStarted:
     goal_rev: int
     resumed_from: str | None = None
     resume_attempt: int = 0
+    # The W3C trace context of this run's span, stamped by the shell's tracing when
+    # the run starts ("" without tracing), so that a process resuming the run after a
+    # crash continues the same trace and links to this span.
+    traceparent: str = ""
     at: float
 
 

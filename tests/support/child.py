@@ -53,6 +53,11 @@ async def main(plan: dict[str, Any]) -> None:
             for t in tools
         ]
     options = plan.get("options", {})
+    telemetry: Any = "auto"
+    if plan.get("trace_file"):  # spans exported to a file as each ends (SIGKILL-proof)
+        from tests.observability.spans import file_tracing
+
+        telemetry = file_tracing(plan["trace_file"])
     log_options = {k: options[k] for k in ("node_id", "lease_ttl", "takeover") if k in options}
     async with perdure.open_runtime(
         plan["log"],
@@ -63,6 +68,7 @@ async def main(plan: dict[str, Any]) -> None:
         resume_budget=options.get("resume_budget", 3),
         shutdown_grace=options.get("shutdown_grace", 10.0),
         budget=perdure.Budget(**options["budget"]) if "budget" in options else None,
+        telemetry=telemetry,
         **log_options,
     ) as rt:
         started = {
@@ -76,7 +82,12 @@ async def main(plan: dict[str, Any]) -> None:
         for sid, inputs in sessions.items():
             await rt.create_session(sid, system=plan.get("system"))
             for item in inputs:
-                await rt.submit(sid, item["text"], request_id=item["request_id"])
+                await rt.submit(
+                    sid,
+                    item["text"],
+                    request_id=item["request_id"],
+                    traceparent=item.get("traceparent"),
+                )
         for action in plan.get("actions", []):
             try:
                 await _act(rt, action)

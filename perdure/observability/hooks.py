@@ -1,0 +1,84 @@
+"""The one seam between the runtime and its observers: records around each commit.
+
+An observer sees what a session actor commits, never what it merely decides:
+``before_commit`` gets the records about to be appended (and may only stamp a
+``RunStarted`` with the trace context of the span it opens for the run, so the log
+keeps it for a process that resumes the run after a crash); ``after_commit`` gets
+them back with their sequence numbers once they are durable, with the session's
+state already folded over them (``SessionState`` is part of the public face:
+``Runtime.load_state``). Observers must be quick and must not raise; the shell
+logs and ignores an observer's error, since telemetry never stops a run.
+
+This module imports nothing optional: the tracing observer (OpenTelemetry) and the
+Prometheus one live in their own modules and are imported only when used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from perdure.storage.records import Committed, Record
+
+if TYPE_CHECKING:
+    from perdure.actors.state import SessionState
+
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+
+
+def check_traceparent(value: str) -> str:
+    """``value`` if it is a W3C ``traceparent`` (version 00 form), else a clear ValueError."""
+    found = _TRACEPARENT.match(value)
+    if (
+        found is None
+        or found.group(1) == "ff"
+        or set(found.group(2)) == {"0"}
+        or set(found.group(3)) == {"0"}
+    ):
+        raise ValueError(
+            f"not a W3C traceparent: {value!r} (expected 00-<32 hex>-<16 hex>-<2 hex>, "
+            "lower case, ids not all zero)"
+        )
+    return value
+
+
+class CommitObserver(Protocol):
+    def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+        """Return ``records`` unchanged, or with ``RunStarted.traceparent`` stamped."""
+        ...
+
+    def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+        """The records are durable; ``state`` includes them."""
+        ...
+
+    def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+        """The append of ``records`` failed: nothing of it is in the log."""
+        ...
+
+
+@runtime_checkable
+class TransactionObserver(Protocol):
+    """An observer that also wants every durable transaction of the log (any session's).
+
+    ``open_runtime`` registers an observer's ``on_commit`` with the Journal before
+    recovery, so the commits of recovery are counted too.
+    """
+
+    def on_commit(self, committed: Sequence[Committed], took: float) -> None:
+        """Called on the trio thread; ``took``: seconds the backend's commit took."""
+        ...
+
+
+def auto_observers() -> tuple[CommitObserver, ...]:
+    """Tracing through the application's OpenTelemetry providers, if the API is installed.
+
+    Until the application installs a provider, the API's tracer and meter are no-ops.
+    Without ``opentelemetry-api`` (the ``perdure[otel]`` extra) this is empty.
+    """
+    try:
+        from perdure.observability.tracing import Tracing
+    except ImportError:
+        return ()
+    return (Tracing(),)

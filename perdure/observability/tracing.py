@@ -1,0 +1,546 @@
+"""OpenTelemetry traces and GenAI client metrics, read from the records a session commits.
+
+``Tracing`` is a commit observer (``perdure.observability.hooks``). It follows the
+OpenTelemetry GenAI semantic conventions:
+
+* a run is an ``invoke_agent`` span, opened when its ``RunStarted`` is committed and
+  ended at its ``RunFinished``; ``gen_ai.conversation.id`` is the session id;
+* each model attempt is a ``chat {model}`` span (CLIENT), built from the log once
+  the attempt is over (``GenerationCompleted`` or ``RetryPending``): it starts when
+  the attempt started (the turn's ``GenerationStarted``, or the end of the previous
+  attempt's back-off) and ends when its outcome was committed;
+* each tool attempt is an ``execute_tool {name}`` span, from its ``ToolExecuting``
+  to the record that ended it, with the call's replay policy, attempt and outcome
+  (``unknown`` included);
+* recovery decisions and retries are span events on the run's span.
+
+Spans are built from durable facts, so what a trace shows is what the log says.
+The run's span context is stamped on its ``RunStarted`` (a W3C ``traceparent``):
+a process that resumes the run after a crash opens the resumed run's span in the
+same trace and links it to the interrupted one, and puts the spans of work the
+dead process had started (a call it was running) under the interrupted run's span.
+A caller's ``traceparent`` (``Runtime.submit(traceparent=...)``, or the HTTP header)
+makes the run a child of the caller's span.
+
+The tracer and meter come from the providers given, or from the application's
+global ones (OpenTelemetry's API returns no-op ones until the application installs
+a provider); perdure never installs a provider. Message content (the user's input,
+the model's reply, tool arguments and results) is recorded only with
+``capture_content=True``.
+
+Requires ``opentelemetry-api`` (the ``perdure[otel]`` extra); this module is imported
+only when tracing is used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from perdure.storage.records import (
+    Committed,
+    GenerationCompleted,
+    GenerationStarted,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    RunStarted,
+    SessionParked,
+    ToolAwaitingHuman,
+    ToolCancelled,
+    ToolCompleted,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+    ToolRetryPending,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import SpanContext, TracerProvider
+
+    from perdure.actors.state import SessionState
+
+__all__ = ["Tracing", "current_traceparent"]
+
+SCOPE = "perdure"
+_W3C = TraceContextTextMapPropagator()
+_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
+_ERROR_WORD = re.compile(r"^([A-Za-z_][\w.]{0,63}):")
+
+
+def _ns(at: float) -> int:
+    return int(at * 1e9)
+
+
+def _context_of(traceparent: str) -> SpanContext | None:
+    """The span context of a W3C ``traceparent``, or None if it is empty or malformed."""
+    if not traceparent:
+        return None
+    ctx = _W3C.extract({"traceparent": traceparent})
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def _traceparent(span_context: SpanContext) -> str:
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, trace.set_span_in_context(NonRecordingSpan(span_context)))
+    return carrier.get("traceparent", "")
+
+
+def current_traceparent() -> str:
+    """The ``traceparent`` of the caller's current span ("" outside any span)."""
+    span_context = trace.get_current_span().get_span_context()
+    return _traceparent(span_context) if span_context.is_valid else ""
+
+
+def _error_type(message: str) -> str:
+    """A low-cardinality ``error.type`` for a provider's error text."""
+    found = _ERROR_WORD.match(message)
+    return found.group(1) if found else "_OTHER"
+
+
+def _usage_attributes(usage: Usage) -> dict[str, int]:
+    found = {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+    }
+    # Cache counts only where caching happened (each attribute costs the SDK a check).
+    if usage.cache_creation_input_tokens:
+        found["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_creation_input_tokens
+    if usage.cache_read_input_tokens:
+        found["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_input_tokens
+    return found
+
+
+@attrs.define
+class _Attempt:
+    """When the current model attempt of a turn started (from the log)."""
+
+    started: float
+    run_id: str
+
+
+class Tracing:
+    """The OpenTelemetry observer. Pass it to ``open_runtime(telemetry=...)``.
+
+    ``tracer_provider`` / ``meter_provider`` default to the application's global ones.
+    ``capture_content`` records message content on the spans (off by default: it may
+    hold personal data).
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool = False,
+    ) -> None:
+        self.capture_content = capture_content
+        self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
+        self._token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+        )
+        self._duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+        )
+        self._runs: dict[tuple[str, str], Span] = {}  # live run spans, by (session, run)
+        self._current: dict[str, Span] = {}  # the live run span of each session
+        self._contexts: dict[tuple[str, str], otel_context.Context] = {}  # of live runs
+        self._attempts: dict[tuple[str, str], _Attempt] = {}  # by (session, generation)
+
+    # -- the observer ---------------------------------------------------------------
+
+    def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+        if not any(isinstance(r, RunStarted) and not r.traceparent for r in records):
+            return records
+        out: list[Record] = []
+        for record in records:
+            if isinstance(record, RunStarted) and not record.traceparent:
+                record = self._open_run(state, record)
+            out.append(record)
+        return out
+
+    def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+        for c in committed:
+            record = c.record
+            handler = _HANDLERS.get(type(record))
+            if handler is not None:
+                handler(self, state, record)
+
+    def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+        for record in records:
+            if isinstance(record, RunStarted):
+                span = self._runs.pop((record.session_id, record.run_id), None)
+                self._contexts.pop((record.session_id, record.run_id), None)
+                if span is not None:
+                    if self._current.get(record.session_id) is span:
+                        del self._current[record.session_id]
+                    span.set_status(Status(StatusCode.ERROR, "the run's start was not committed"))
+                    span.end()
+
+    def close(self) -> None:
+        """End the spans of runs still open (the runtime stops; a later one resumes them)."""
+        for span in self._runs.values():
+            span.add_event("perdure.shutdown")
+            span.end()
+        self._runs.clear()
+        self._current.clear()
+        self._contexts.clear()
+
+    # -- runs -----------------------------------------------------------------------
+
+    def _open_run(self, state: SessionState, r: RunStarted) -> RunStarted:
+        sub = state.submissions.get(r.submission_id)
+        caller = _context_of(sub.traceparent) if sub is not None else None
+        links: list[Link] = []
+        parent = caller
+        if r.resumed_from is not None:
+            interrupted = self._run_context(state, r.session_id, r.resumed_from)
+            if interrupted is not None:
+                links.append(Link(interrupted, {"perdure.link": "resumed_from"}))
+                # Without a caller's span, the interrupted run is the one parent that
+                # keeps the resumed run in the same trace.
+                parent = parent or interrupted
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.conversation.id": r.session_id,
+            "perdure.run.id": r.run_id,
+            "perdure.submission.id": r.submission_id,
+            "perdure.goal_rev": r.goal_rev,
+            "perdure.resume_attempt": r.resume_attempt,
+        }
+        if r.resumed_from is not None:
+            attributes["perdure.resumed_from"] = r.resumed_from
+        if self.capture_content and sub is not None:
+            attributes["gen_ai.input.messages"] = json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": sub.text}]}]
+            )
+        parent_ctx = (
+            trace.set_span_in_context(NonRecordingSpan(parent), otel_context.Context())
+            if parent is not None
+            else otel_context.Context()  # a root: never the ambient context of the actor
+        )
+        span = self._tracer.start_span(
+            "invoke_agent",
+            context=parent_ctx,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            links=links,
+            start_time=_ns(r.at),
+        )
+        self._runs[(r.session_id, r.run_id)] = span
+        self._current[r.session_id] = span
+        own = span.get_span_context()
+        # A no-op tracer hands back the parent's context: nothing of ours to record.
+        if not own.is_valid or (parent is not None and own.span_id == parent.span_id):
+            return r
+        return attrs.evolve(r, traceparent=_traceparent(own))
+
+    def _run_context(self, state: SessionState, session_id: str, run_id: str) -> SpanContext | None:
+        live = self._runs.get((session_id, run_id))
+        if live is not None:
+            return live.get_span_context()
+        run = state.runs.get(run_id)
+        return _context_of(run.traceparent) if run is not None else None
+
+    def _parent(self, state: SessionState, session_id: str, run_id: str) -> otel_context.Context:
+        """The context to open a child of ``run_id``'s span in (live or from the log)."""
+        live = self._runs.get((session_id, run_id))
+        if live is not None:  # the common case: built once per run
+            found = self._contexts.get((session_id, run_id))
+            if found is None:
+                found = trace.set_span_in_context(live, otel_context.Context())
+                self._contexts[(session_id, run_id)] = found
+            return found
+        span_context = self._run_context(state, session_id, run_id)
+        if span_context is None:
+            return otel_context.Context()
+        return trace.set_span_in_context(NonRecordingSpan(span_context), otel_context.Context())
+
+    def _run_finished(self, state: SessionState, r: RunFinished) -> None:
+        span = self._runs.pop((r.session_id, r.run_id), None)
+        self._contexts.pop((r.session_id, r.run_id), None)
+        ended = [
+            k for k, a in self._attempts.items() if k[0] == r.session_id and a.run_id == r.run_id
+        ]
+        for key in ended:
+            del self._attempts[key]  # turns the run left unanswered (cancelled, failed)
+        if span is None:
+            return  # started by a process that died; its span went with it
+        if self._current.get(r.session_id) is span:
+            del self._current[r.session_id]
+        run = state.runs.get(r.run_id)
+        usage = run.usage if run is not None else Usage()
+        span.set_attributes({"perdure.run.status": r.status, **_usage_attributes(usage)})
+        if r.status == "failed":
+            span.set_status(Status(StatusCode.ERROR, r.reason or "failed"))
+            span.set_attribute("error.type", "perdure.run_failed")
+        if self.capture_content and r.final_text:
+            span.set_attribute(
+                "gen_ai.output.messages",
+                json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "text", "content": r.final_text}]}]
+                ),
+            )
+        span.end(end_time=max(_ns(r.at), _start_ns(span)))
+
+    def _event(self, session_id: str, name: str, attributes: dict[str, Any], at: float) -> None:
+        span = self._current.get(session_id)
+        if span is not None:
+            span.add_event(name, attributes, timestamp=_ns(at))
+
+    def _recovery(self, state: SessionState, r: RecoveryDecision) -> None:
+        self._event(
+            r.session_id,
+            "perdure.recovery",
+            {
+                "perdure.recovery.subject": r.subject,
+                "perdure.recovery.found": r.found,
+                "perdure.recovery.action": r.action,
+                "perdure.recovery.reason": r.reason,
+            },
+            r.at,
+        )
+
+    def _parked(self, state: SessionState, r: SessionParked) -> None:
+        self._event(r.session_id, "perdure.session_parked", {"perdure.reason": r.reason}, r.at)
+
+    # -- model attempts -------------------------------------------------------------
+
+    def _generation_started(self, state: SessionState, r: GenerationStarted) -> None:
+        self._attempts[(r.session_id, r.generation_id)] = _Attempt(r.at, r.run_id)
+
+    def _attempt(self, state: SessionState, session_id: str, generation_id: str) -> _Attempt:
+        found = self._attempts.get((session_id, generation_id))
+        if found is not None:
+            return found
+        gen = state.generations.get(generation_id)
+        run_id = gen.run_id if gen is not None else ""
+        if gen is not None and gen.failures:  # begun by a dead process: after its back-off
+            last = gen.failures[-1]
+            return _Attempt(max(last.not_before, last.at), run_id)
+        run = state.runs.get(run_id)
+        return _Attempt(run.started_at if run is not None else 0.0, run_id)
+
+    def _chat(
+        self,
+        state: SessionState,
+        session_id: str,
+        generation_id: str,
+        attempt_no: int,
+        attributes: dict[str, Any],
+        at: float,
+        error: str | None,
+    ) -> None:
+        attempt = self._attempt(state, session_id, generation_id)
+        gen = state.generations.get(generation_id)
+        run_id = gen.run_id if gen is not None else attempt.run_id
+        model = attributes.get("gen_ai.request.model") or ""
+        start = min(attempt.started, at)
+        span = self._tracer.start_span(
+            f"chat {model}".strip(),
+            context=self._parent(state, session_id, run_id),
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.conversation.id": session_id,
+                "perdure.generation.id": generation_id,
+                "perdure.attempt": attempt_no,
+                **attributes,
+            },
+            start_time=_ns(start),
+        )
+        metric_attrs = {
+            k: v
+            for k, v in attributes.items()
+            if k
+            in (
+                "gen_ai.provider.name",
+                "gen_ai.request.model",
+                "gen_ai.response.model",
+            )
+            and v
+        }
+        metric_attrs["gen_ai.operation.name"] = "chat"
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+            metric_attrs["error.type"] = attributes["error.type"]
+        span.end(end_time=_ns(at))
+        self._duration.record(max(0.0, at - start), metric_attrs)
+
+    def _tokens(self, usage: Usage, attributes: dict[str, Any]) -> None:
+        base = {"gen_ai.operation.name": "chat"}
+        base.update(
+            {
+                k: v
+                for k, v in attributes.items()
+                if k in ("gen_ai.provider.name", "gen_ai.request.model", "gen_ai.response.model")
+                and v
+            }
+        )
+        if usage.input_tokens:
+            self._token_usage.record(usage.input_tokens, {**base, "gen_ai.token.type": "input"})
+        if usage.output_tokens:
+            self._token_usage.record(usage.output_tokens, {**base, "gen_ai.token.type": "output"})
+
+    def _retry_pending(self, state: SessionState, r: RetryPending) -> None:
+        error_type = _error_type(r.error)
+        attributes: dict[str, Any] = {"error.type": error_type}
+        if r.provider:
+            attributes["gen_ai.provider.name"] = r.provider
+        if r.model:
+            attributes["gen_ai.request.model"] = r.model
+        if r.usage != Usage():
+            attributes.update(_usage_attributes(r.usage))
+        self._chat(state, r.session_id, r.generation_id, r.attempt, attributes, r.at, r.error)
+        self._tokens(r.usage, attributes)
+        self._event(
+            r.session_id,
+            "gen_ai.retry",
+            {
+                "perdure.generation.id": r.generation_id,
+                "perdure.attempt": r.attempt,
+                "error.type": error_type,
+                "perdure.retry.delay": max(0.0, r.not_before - r.at),
+                "perdure.fallback": r.fallback,
+            },
+            r.at,
+        )
+        run_id = self._attempt(state, r.session_id, r.generation_id).run_id
+        self._attempts[(r.session_id, r.generation_id)] = _Attempt(max(r.not_before, r.at), run_id)
+
+    def _generation_completed(self, state: SessionState, r: GenerationCompleted) -> None:
+        gen = state.generations.get(r.generation_id)
+        asked = gen.failures[-1].model if gen is not None and gen.failures else ""
+        attributes: dict[str, Any] = {
+            "gen_ai.request.model": asked or r.model,
+            "gen_ai.response.model": r.model,
+            "gen_ai.response.id": r.response_id,
+            "gen_ai.response.finish_reasons": [r.stop_reason],
+            **_usage_attributes(r.usage),
+        }
+        if r.provider:
+            attributes["gen_ai.provider.name"] = r.provider
+        if self.capture_content:
+            parts: list[dict[str, Any]] = []
+            if r.text:
+                parts.append({"type": "text", "content": r.text})
+            parts.extend(
+                {"type": "tool_call", "id": c.call_id, "name": c.name, "arguments": c.input}
+                for c in r.tool_calls
+            )
+            attributes["gen_ai.output.messages"] = json.dumps(
+                [{"role": "assistant", "parts": parts, "finish_reason": r.stop_reason}]
+            )
+        self._chat(state, r.session_id, r.generation_id, r.attempt, attributes, r.at, None)
+        self._tokens(r.usage, attributes)
+        self._attempts.pop((r.session_id, r.generation_id), None)
+
+    # -- tool attempts --------------------------------------------------------------
+
+    def _tool(
+        self,
+        state: SessionState,
+        session_id: str,
+        call_id: str,
+        outcome: str,
+        at: float,
+        error: str | None = None,
+        output: str | None = None,
+    ) -> None:
+        task = state.tasks.get(call_id)
+        executing: ToolExecuting | None = task.executing if task is not None else None
+        if executing is None:
+            return  # never executed (invalid arguments, denied, cancelled before dispatch)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.conversation.id": session_id,
+            "gen_ai.tool.name": executing.tool_name,
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.type": "function",
+            "perdure.replay_policy": executing.replay,
+            "perdure.attempt": executing.attempt,
+            "perdure.outcome": outcome,
+        }
+        if error is not None:
+            attributes["error.type"] = error
+        if self.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = json.dumps(executing.args)
+            if output is not None:
+                attributes["gen_ai.tool.call.result"] = output
+        span = self._tracer.start_span(
+            f"execute_tool {executing.tool_name}",
+            context=self._parent(state, session_id, executing.run_id),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=_ns(min(executing.at, at)),
+        )
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=_ns(at))
+
+    def _tool_completed(self, state: SessionState, r: ToolCompleted) -> None:
+        outcome = "ok" if not r.is_error else r.kind if r.kind != "ok" else "error"
+        error = None if not r.is_error else r.kind if r.kind != "ok" else "error"
+        self._tool(state, r.session_id, r.call_id, outcome, r.at, error, r.output)
+
+    def _tool_unknown(self, state: SessionState, r: ToolOutcomeUnknown) -> None:
+        self._tool(state, r.session_id, r.call_id, "unknown", r.at, None, r.output)
+
+    def _tool_cancelled(self, state: SessionState, r: ToolCancelled) -> None:
+        if r.while_executing:
+            self._tool(state, r.session_id, r.call_id, "cancelled", r.at, None, r.output)
+
+    def _tool_retry(self, state: SessionState, r: ToolRetryPending) -> None:
+        self._tool(state, r.session_id, r.call_id, "retry", r.at, _error_type(r.error) or "error")
+        self._event(
+            r.session_id,
+            "perdure.tool.retry",
+            {
+                "gen_ai.tool.call.id": r.call_id,
+                "perdure.attempt": r.attempt,
+                "perdure.retry.delay": max(0.0, r.not_before - r.at),
+            },
+            r.at,
+        )
+
+    def _tool_awaiting_human(self, state: SessionState, r: ToolAwaitingHuman) -> None:
+        self._tool(state, r.session_id, r.call_id, "awaiting_human", r.at)
+
+
+def _start_ns(span: Span) -> int:
+    start = getattr(span, "start_time", None)  # the SDK's spans know it; the API's may not
+    return start if isinstance(start, int) else 0
+
+
+_HANDLERS: dict[type, Any] = {
+    RunFinished: Tracing._run_finished,
+    RecoveryDecision: Tracing._recovery,
+    SessionParked: Tracing._parked,
+    GenerationStarted: Tracing._generation_started,
+    RetryPending: Tracing._retry_pending,
+    GenerationCompleted: Tracing._generation_completed,
+    ToolCompleted: Tracing._tool_completed,
+    ToolOutcomeUnknown: Tracing._tool_unknown,
+    ToolCancelled: Tracing._tool_cancelled,
+    ToolRetryPending: Tracing._tool_retry,
+    ToolAwaitingHuman: Tracing._tool_awaiting_human,
+}
