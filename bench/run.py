@@ -62,6 +62,7 @@ FULL: dict[str, Any] = {
     "memory_k": 10,
     "stream": [(1, 100, 50), (100, 1, 10)],  # (sessions, subscribers per session, K)
     "sse": (100, 20),  # SSE clients of one session on the daemon, K
+    "sse_trials": 3,  # each variant of the SSE measurement, interleaved
     "embed_calls": 5000,  # calls through perdure.embed (asyncio) and on trio directly
     "timeout": 1800,
 }
@@ -85,6 +86,7 @@ QUICK: dict[str, Any] = {
     "memory_k": 3,
     "stream": [(1, 10, 10)],
     "sse": (10, 5),
+    "sse_trials": 1,
     "embed_calls": 200,
     "timeout": 120,
 }
@@ -96,6 +98,17 @@ TARGETS = {
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
     "recovery": 1.2,  # with 10,000 finished sessions <= 1.2 x with none
     "tracing": 1.10,  # CPU per turn with tracing on <= 1.1 x with it off
+    "sse_daemon_ms": 5.0,  # SSE: the daemon's share (decision -> socket) at p50 <= 5 ms
+}
+
+# The SSE measurement's variants (bench/sse.py flags): who reads, and whether the
+# daemon is probed. The unprobed one is the headline (comparable with earlier runs);
+# the probed ones split each delivery into the daemon's share and the client's.
+SSE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "python": ("--probe",),  # the clients in one Python process, as the headline
+    "python_4procs": ("--probe", "--procs", "4"),  # the same clients over 4 processes
+    "curl": ("--probe", "--curl"),  # one curl process per client: no Python reader
+    "one_client": ("--probe",),  # a single client: the floor of the path
 }
 
 
@@ -440,8 +453,7 @@ class Suite:
 
     def streaming(self) -> dict[str, Any]:
         subscribers, k = self.cfg["sse"]
-        log(f"streaming (daemon, SSE): {subscribers} subscribers")
-        out: dict[str, Any] = {"sse": self.run("sse.py", self.path("sse"), subscribers, k)}
+        out: dict[str, Any] = {"sse": self.sse(subscribers, k)}
         for sessions, per, k in self.cfg["stream"]:
             log(f"streaming (in-process): {sessions} session(s) x {per} subscriber(s)")
             out[f"inprocess_{sessions}x{per}"] = self.run(
@@ -449,9 +461,74 @@ class Suite:
             )
         return out
 
+    def sse(self, subscribers: int, k: int) -> dict[str, Any]:
+        """The daemon's SSE: the headline (unprobed) and the probed variants, their
+        trials interleaved; medians across trials of each figure."""
+        variants = dict(SSE_VARIANTS)
+        if shutil.which("curl") is None:
+            variants.pop("curl")
+        runs: dict[str, list[dict[str, Any]]] = {"headline": [], **{v: [] for v in variants}}
+        for t in range(self.cfg["sse_trials"]):
+            log(f"streaming (daemon, SSE) trial {t + 1}/{self.cfg['sse_trials']}")
+            for name in runs:
+                flags = () if name == "headline" else variants[name]
+                count = 1 if name == "one_client" else subscribers
+                runs[name].append(self.run("sse.py", self.path("sse"), count, k, *flags))
+        headline = summarize_sse(runs.pop("headline"))
+        headline["split"] = {name: summarize_sse(trials) for name, trials in runs.items()}
+        if "curl" not in variants:
+            headline["split"]["curl"] = {"skipped": "curl is not installed"}
+        return headline
+
     def embedding(self) -> dict[str, Any]:
         log(f"embedding in asyncio (perdure.embed): {self.cfg['embed_calls']} calls per way")
         return self.run("embed_call.py", self.path("embed"), self.cfg["embed_calls"])
+
+
+def _sse_summary(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"- SSE on the daemon (`perdure serve`), one session, {r['subscribers']} clients "
+        f"(lean Python readers in one process), {_fmt(r['deliveries'], 0)} deliveries, from "
+        f"a record's decision (just before its commit) to the client: p50 "
+        f"{_fmt(r['p50_ms'])} ms, p99 {_fmt(r['p99_ms'])} ms; daemon CPU "
+        f"{_fmt(r['daemon_cpu_us_per_delivery'], 0)} us per delivery"
+    ]
+    labels = {
+        "python": f"{r['subscribers']} Python clients, one process",
+        "python_4procs": f"{r['subscribers']} Python clients over 4 processes",
+        "curl": f"{r['subscribers']} curl clients",
+        "one_client": "one Python client",
+    }
+    split = r.get("split", {})
+    if not split:
+        return lines
+    lines.append("")
+    lines.append(
+        "  Where it goes (daemon probed, `bench/sse_probe.py`; p50 of each stage over the "
+        "deliveries, median of the trials; the stages' p50s do not add up to the total's):"
+    )
+    lines.append("")
+    lines.append(
+        "  | clients | commit | hand-off | fan-out | HTTP stack | **daemon share** | "
+        "of which after the commit | client's share | end to end | daemon CPU us/delivery |"
+    )
+    lines.append("  |---|---|---|---|---|---|---|---|---|---|")
+    for name, label in labels.items():
+        v = split.get(name)
+        if v is None:
+            continue
+        if "skipped" in v:
+            lines.append(f"  | {label} | skipped: {v['skipped']} | | | | | | | | |")
+            continue
+        stage = {k: s.get("p50_ms") for k, s in v.get("stages", {}).items()}
+        lines.append(
+            f"  | {label} | {_fmt(stage.get('commit'))} | {_fmt(stage.get('handoff'))} | "
+            f"{_fmt(stage.get('fanout'))} | {_fmt(stage.get('http'))} | "
+            f"**{_fmt(stage.get('daemon'))}** | {_fmt(stage.get('streaming'))} | "
+            f"{_fmt(stage.get('client'))} | "
+            f"{_fmt(v['p50_ms'])} | {_fmt(v['daemon_cpu_us_per_delivery'], 0)} |"
+        )
+    return lines
 
 
 def _pg_summary(pg: dict[str, Any]) -> list[str]:
@@ -488,6 +565,28 @@ def copy_synced(source: Path, target: Path) -> None:
 
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def summarize_sse(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """One SSE variant across its trials: the first trial's shape, every figure the
+    median of the trials' (p50s of p50s), and the trials themselves."""
+    first = trials[0]
+    out: dict[str, Any] = {key: first[key] for key in ("subscribers", "clients", "procs", "k")}
+    out["trials"] = trials
+    for key in ("deliveries", "p50_ms", "p99_ms", "daemon_cpu_us_per_delivery"):
+        values = [r[key] for r in trials if r.get(key) is not None]
+        out[key] = median(values) if values else None
+    if "stages" in first:
+        out["stages"] = {}
+        for stage in first["stages"]:
+            if not isinstance(first["stages"][stage], dict):
+                continue
+            figures = {}
+            for q in ("p50_ms", "p99_ms"):
+                values = [r["stages"][stage][q] for r in trials]
+                figures[q] = median(values) if None not in values else None
+            out["stages"][stage] = figures
+    return out
 
 
 def summarize_trials(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -636,6 +735,25 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             "(info)",
             None,
         )
+    sse = results["streaming"]["sse"]
+    split = sse.get("split", {})
+    daemon = split.get("python", {}).get("stages", {}).get("daemon", {}).get("p50_ms")
+    client = split.get("python", {}).get("stages", {}).get("client", {}).get("p50_ms")
+    curl = split.get("curl", {}).get("stages", {}).get("daemon", {}).get("p50_ms")
+    after = split.get("python", {}).get("stages", {}).get("streaming", {}).get("p50_ms")
+    notes = [f"clients' share p50 {client:.2f} ms" if client is not None else ""]
+    if after is not None:
+        notes.append(f"after the commit (durable -> socket) {after:.2f} ms")
+    if curl is not None:
+        notes.append(f"with curl clients {curl:.2f} ms")
+    row(
+        f"daemon share of SSE p50 ({sse['subscribers']} clients of one session; "
+        "decision -> bytes into the client's socket)",
+        daemon,
+        f"<= {TARGETS['sse_daemon_ms']} ms",
+        None if daemon is None else daemon <= TARGETS["sse_daemon_ms"],
+        "; ".join(n for n in notes if n),
+    )
     rec = results["recovery"]
     v = rec["with_finished"]["last_rerun_ms"] / rec["without"]["last_rerun_ms"]
     row(
@@ -780,12 +898,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     st = results["streaming"]
     for key, r in st.items():
         if key == "sse":
-            lines.append(
-                f"- SSE on the daemon (`perdure serve`), one session, {r['subscribers']} "
-                f"clients, {r['deliveries']} deliveries, from a record's decision (just "
-                f"before its commit) to the client: p50 {_fmt(r['p50_ms'], 2)} ms, "
-                f"p99 {_fmt(r['p99_ms'], 2)} ms"
-            )
+            lines += _sse_summary(r)
             continue
         lines.append(
             f"- commit -> subscriber delay, in-process `rt.events` (not SSE), {r['sessions']} "
