@@ -16,7 +16,7 @@ daemon, each of which stamps the wall clock (the clock of a record's ``at``):
 Connections are named by the client's port, so ``sse.py`` joins these stamps with
 its clients' arrival times. The stamps are written to OUT.json when the daemon exits
 (it stops on SIGTERM). This is a benchmark's instrument, kept out of the product: it
-wraps private methods and costs a regex search per written chunk.
+wraps private methods and keeps a reference to every chunk it sees.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from starlette.types import Message
 
 from perdure.server.streams import EventStreamResponse
 from perdure.storage.bus import Event, EventBus
@@ -39,10 +40,12 @@ _FRAME_ID = re.compile(rb"(?:^|\n)id: (\d+)\n")
 
 durable: dict[int, float] = {}
 published: dict[int, float] = {}
-handed: dict[int, list[tuple[int, float]]] = {}  # client port -> (seq, time)
-written: dict[int, list[tuple[int, float]]] = {}
-writes: dict[int, int] = {}  # client port -> body writes (with or without records)
 at: dict[int, float] = {}  # the record's decision time, for clients that time nothing
+# While the daemon runs, only (time, bytes) per connection: the frames' ids are
+# found at exit, so that the probe adds little to what it measures.
+handed_raw: dict[int, list[tuple[float, bytes]]] = {}  # client port -> stamps
+written_raw: dict[int, list[tuple[float, bytes]]] = {}  # client port -> stamps
+_ports: dict[trio.SocketStream, int] = {}  # one getpeername per connection
 
 
 def _seqs(chunk: bytes) -> list[int]:
@@ -80,14 +83,11 @@ def install() -> None:
     async def timed_response(
         self: EventStreamResponse, scope: Any, receive: Any, send: Any
     ) -> None:
-        port = scope["client"][1]
-        stamps = handed.setdefault(port, [])
+        stamps = handed_raw.setdefault(scope["client"][1], [])
 
-        async def timed_send(message: dict[str, Any]) -> None:
+        async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.body":
-                writes[port] = writes.get(port, 0) + 1
-                now = time.time()
-                stamps.extend((seq, now) for seq in _seqs(message.get("body", b"")))
+                stamps.append((time.time(), message.get("body", b"")))
             await send(message)
 
         await respond(self, scope, receive, timed_send)
@@ -100,14 +100,18 @@ def install() -> None:
         # Stamped before the call: trio's send makes the system call at once and only
         # then yields, so a stamp after the await would also count the wait to be
         # scheduled again (by then the client may have read the bytes already).
-        seqs = _seqs(bytes(data))
-        if seqs:
-            now = time.time()
-            port = self.socket.getpeername()[1]
-            written.setdefault(port, []).extend((seq, now) for seq in seqs)
+        now = time.time()
+        port = _ports.get(self)
+        if port is None:
+            port = _ports[self] = self.socket.getpeername()[1]
+        written_raw.setdefault(port, []).append((now, data))
         await send_all(self, data)
 
     trio.SocketStream.send_all = timed_send_all  # type: ignore[method-assign]
+
+
+def _by_seq(stamps: list[tuple[float, bytes]]) -> list[tuple[int, float]]:
+    return [(seq, t) for t, data in stamps for seq in _seqs(bytes(data))]
 
 
 def dump(out: Path) -> None:
@@ -116,10 +120,10 @@ def dump(out: Path) -> None:
             {
                 "durable": durable,
                 "published": published,
-                "handed": handed,
-                "written": written,
                 "at": at,
-                "writes": writes,
+                "handed": {port: _by_seq(stamps) for port, stamps in handed_raw.items()},
+                "written": {port: _by_seq(stamps) for port, stamps in written_raw.items()},
+                "writes": {port: len(stamps) for port, stamps in handed_raw.items()},
             }
         )
     )
