@@ -735,25 +735,7 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             "(info)",
             None,
         )
-    sse = results["streaming"]["sse"]
-    split = sse.get("split", {})
-    daemon = split.get("python", {}).get("stages", {}).get("daemon", {}).get("p50_ms")
-    client = split.get("python", {}).get("stages", {}).get("client", {}).get("p50_ms")
-    curl = split.get("curl", {}).get("stages", {}).get("daemon", {}).get("p50_ms")
-    after = split.get("python", {}).get("stages", {}).get("streaming", {}).get("p50_ms")
-    notes = [f"clients' share p50 {client:.2f} ms" if client is not None else ""]
-    if after is not None:
-        notes.append(f"after the commit (durable -> socket) {after:.2f} ms")
-    if curl is not None:
-        notes.append(f"with curl clients {curl:.2f} ms")
-    row(
-        f"daemon share of SSE p50 ({sse['subscribers']} clients of one session; "
-        "decision -> bytes into the client's socket)",
-        daemon,
-        f"<= {TARGETS['sse_daemon_ms']} ms",
-        None if daemon is None else daemon <= TARGETS["sse_daemon_ms"],
-        "; ".join(n for n in notes if n),
-    )
+    rows.append(sse_ratio(results["streaming"]["sse"]))
     rec = results["recovery"]
     v = rec["with_finished"]["last_rerun_ms"] / rec["without"]["last_rerun_ms"]
     row(
@@ -765,6 +747,33 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
     v = rec["with_finished"]["peak_rss_mib"] / rec["without"]["peak_rss_mib"]
     row("recovery peak RSS, with finished sessions / with none", v, "(info)", None)
     return rows
+
+
+def sse_ratio(sse: dict[str, Any]) -> dict[str, Any]:
+    """The target row of the daemon's SSE: its share of the p50 (decision -> socket)."""
+    split = sse.get("split", {})
+
+    def p50(variant: str, stage: str) -> float | None:
+        value: float | None = split.get(variant, {}).get("stages", {}).get(stage, {}).get("p50_ms")
+        return value
+
+    daemon, client = p50("python", "daemon"), p50("python", "client")
+    after, curl = p50("python", "streaming"), p50("curl", "daemon")
+    notes = []
+    if client is not None:
+        notes.append(f"clients' share p50 {client:.2f} ms")
+    if after is not None:
+        notes.append(f"after the commit (durable -> socket) {after:.2f} ms")
+    if curl is not None:
+        notes.append(f"with curl clients {curl:.2f} ms")
+    return {
+        "ratio": f"daemon share of SSE p50 ({sse['subscribers']} clients of one session; "
+        "decision -> bytes into the client's socket)",
+        "value": daemon,
+        "target": f"<= {TARGETS['sse_daemon_ms']} ms",
+        "met": None if daemon is None else daemon <= TARGETS["sse_daemon_ms"],
+        "note": "; ".join(notes),
+    }
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -943,12 +952,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup-peers", action="store_true", help="create the peers' venv")
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="results directory")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory")
+    parser.add_argument(
+        "--only",
+        choices=["sse"],
+        help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table",
+    )
     args = parser.parse_args(argv)
     if args.setup_peers:
         setup_peers(args.peers_python)
         return 0
     mode = "quick" if args.quick else "full"
     cfg = QUICK if args.quick else FULL
+    if args.only == "sse":
+        return only_sse(cfg, mode, args.out, args.workdir)
     peers, why = (None, "--no-peers") if args.no_peers else peers_status(args.peers_python)
     if peers is None:
         print(f"peers skipped: {why}", flush=True)
@@ -992,6 +1008,44 @@ def main(argv: list[str] | None = None) -> int:
     summary = "summary.md" if mode == "full" else "summary-quick.md"
     (args.out / summary).write_text(f"# perdure benchmarks\n\n{text}\n{caveat()}\n")
     print(f"wrote {args.out / (mode + '.json')} and {args.out / summary}")
+    return 0
+
+
+def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) -> int:
+    """The daemon's SSE part alone (its variants interleaved, as in the full run)."""
+    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
+    started = time.perf_counter()
+    try:
+        results: dict[str, Any] = {
+            "mode": mode,
+            "part": "sse",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": {k: cfg[k] for k in ("sse", "sse_trials")},
+            "versions": perdure_versions(),
+            "sse": Suite(cfg, scratch, None).sse(*cfg["sse"]),
+        }
+        results["machine"]["loadavg_end"] = os.getloadavg()
+        results["ratio"] = sse_ratio(results["sse"])
+        results["elapsed_s"] = time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    m, r = results["machine"], results["ratio"]
+    met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+    lines = [
+        f"perdure SSE benchmark, {mode} run, {results['date']}, {m['cpu']} x{m['cpus']}, "
+        f"load avg at start {_fmt(m['loadavg_start'][0])}, at end "
+        f"{_fmt(m['loadavg_end'][0])}",
+        "",
+        *_sse_summary(results["sse"]),
+        "",
+        f"{r['ratio']}: {_fmt(r['value'])} ms, target {r['target']}, met: {met} ({r['note']})",
+    ]
+    print("\n".join(lines))
+    out.mkdir(parents=True, exist_ok=True)
+    name = "sse.json" if mode == "full" else "sse-quick.json"
+    (out / name).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out / name}")
     return 0
 
 
