@@ -63,6 +63,7 @@ FULL: dict[str, Any] = {
     "stream": [(1, 100, 50), (100, 1, 10)],  # (sessions, subscribers per session, K)
     "sse": (100, 20),  # SSE clients of one session on the daemon, K
     "sse_trials": 3,  # each variant of the SSE measurement, interleaved
+    "sse_floor_bursts": 100,  # one event to every client, one burst at a time
     "embed_calls": 5000,  # calls through perdure.embed (asyncio) and on trio directly
     "timeout": 1800,
 }
@@ -87,6 +88,7 @@ QUICK: dict[str, Any] = {
     "stream": [(1, 10, 10)],
     "sse": (10, 5),
     "sse_trials": 1,
+    "sse_floor_bursts": 10,
     "embed_calls": 200,
     "timeout": 120,
 }
@@ -465,19 +467,33 @@ class Suite:
         """The daemon's SSE: the headline (unprobed) and the probed variants, their
         trials interleaved; medians across trials of each figure."""
         variants = dict(SSE_VARIANTS)
-        if shutil.which("curl") is None:
+        curl = shutil.which("curl") is not None
+        if not curl:
             variants.pop("curl")
         runs: dict[str, list[dict[str, Any]]] = {"headline": [], **{v: [] for v in variants}}
+        floors: dict[str, list[dict[str, Any]]] = {"hypercorn": [], "perdure": []} if curl else {}
+        bursts = self.cfg["sse_floor_bursts"]
         for t in range(self.cfg["sse_trials"]):
             log(f"streaming (daemon, SSE) trial {t + 1}/{self.cfg['sse_trials']}")
             for name in runs:
                 flags = () if name == "headline" else variants[name]
                 count = 1 if name == "one_client" else subscribers
                 runs[name].append(self.run("sse.py", self.path("sse"), count, k, *flags))
+            for server, trials in floors.items():
+                path = self.path("sse-floor")
+                trials.append(self.run("sse_floor.py", path, server, subscribers, bursts))
         headline = summarize_sse(runs.pop("headline"))
         headline["split"] = {name: summarize_sse(trials) for name, trials in runs.items()}
-        if "curl" not in variants:
+        if not curl:
             headline["split"]["curl"] = {"skipped": "curl is not installed"}
+            headline["floor"] = {"skipped": "curl is not installed"}
+            return headline
+        headline["floor"] = {}
+        for server, trials in floors.items():
+            figures = ("first_client_ms", "median_client_ms", "last_client_ms")
+            summary = {key: median([r[key] for r in trials]) for key in figures}
+            summary["cpu_us_per_write"] = median([r["cpu_us_per_write"] for r in trials])
+            headline["floor"][server] = summary | {"bursts": bursts, "trials": trials}
         return headline
 
     def embedding(self) -> dict[str, Any]:
@@ -499,6 +515,21 @@ def _sse_summary(r: dict[str, Any]) -> list[str]:
         "curl": f"{r['subscribers']} curl clients",
         "one_client": "one Python client",
     }
+    floor = r.get("floor", {})
+    if "hypercorn" in floor:
+        bare, ours = floor["hypercorn"], floor["perdure"]
+        lines.append(
+            f"- SSE floor (`bench/sse_floor.py`: one event to {r['subscribers']} curl clients, "
+            f"one burst at a time, {bare['bursts']} bursts; when the first / median / last "
+            f"client's bytes went into its socket): bare Hypercorn forwarding bytes "
+            f"{_fmt(bare['first_client_ms'])} / {_fmt(bare['median_client_ms'])} / "
+            f"{_fmt(bare['last_client_ms'])} ms, {_fmt(bare['cpu_us_per_write'], 0)} us CPU "
+            f"per write; perdure's daemon app {_fmt(ours['first_client_ms'])} / "
+            f"{_fmt(ours['median_client_ms'])} / {_fmt(ours['last_client_ms'])} ms, "
+            f"{_fmt(ours['cpu_us_per_write'], 0)} us per write"
+        )
+    elif floor:
+        lines.append(f"- SSE floor: skipped ({floor['skipped']})")
     split = r.get("split", {})
     if not split:
         return lines
@@ -766,6 +797,12 @@ def sse_ratio(sse: dict[str, Any]) -> dict[str, Any]:
         notes.append(f"after the commit (durable -> socket) {after:.2f} ms")
     if curl is not None:
         notes.append(f"with curl clients {curl:.2f} ms")
+    bare = sse.get("floor", {}).get("hypercorn")
+    if bare is not None:
+        notes.append(
+            f"bare Hypercorn reaches the median of {sse['subscribers']} clients in "
+            f"{bare['median_client_ms']:.2f} ms per event"
+        )
     return {
         "ratio": f"daemon share of SSE p50 ({sse['subscribers']} clients of one session; "
         "decision -> bytes into the client's socket)",
@@ -1021,7 +1058,7 @@ def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) ->
             "part": "sse",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(scratch),
-            "config": {k: cfg[k] for k in ("sse", "sse_trials")},
+            "config": {k: cfg[k] for k in ("sse", "sse_trials", "sse_floor_bursts")},
             "versions": perdure_versions(),
             "sse": Suite(cfg, scratch, None).sse(*cfg["sse"]),
         }

@@ -87,6 +87,12 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     assert sse["split"]["one_client"]["subscribers"] == 1
     curl = sse["split"]["curl"]
     assert "skipped" in curl or _positive(curl["stages"]["daemon"]["p50_ms"])
+    floor = sse["floor"]  # bare Hypercorn and perdure's app, one event at a time
+    if "skipped" not in floor:
+        for server in ("hypercorn", "perdure"):
+            f = floor[server]
+            assert 0 < f["first_client_ms"] <= f["median_client_ms"] <= f["last_client_ms"]
+            assert _positive(f["cpu_us_per_write"])
     ratios = {r["ratio"]: r for r in results["ratios"]}
     assert any(name.startswith("perdure per turn / floor") for name in ratios)
     assert all(r["met"] in (True, False, None) for r in ratios.values())
