@@ -210,11 +210,17 @@ UPDATE perdure_leases
 RETURNING epoch
 """
 
-# The active sessions whose unexpired lease names this node: handed to it by a peer.
-_HANDED_HERE: Final = """
-SELECT s.session_id
-  FROM perdure_sessions s JOIN perdure_leases l USING (session_id)
- WHERE s.open_submissions > 0 AND l.owner = %s AND l.expires_at > statement_timestamp()
+# Take, in one statement, the active sessions whose unexpired lease names this node
+# but that it does not hold yet: handed to it by a peer. The epoch is bumped once more,
+# so the taking is this node's own (as ``_ACQUIRE`` does for a lease already its own).
+_ACCEPT: Final = """
+UPDATE perdure_leases AS l
+   SET epoch = l.epoch + 1, expires_at = statement_timestamp() + %(ttl)s * interval '1 second'
+  FROM perdure_sessions s
+ WHERE s.session_id = l.session_id AND s.open_submissions > 0
+   AND l.owner = %(node)s AND l.expires_at > statement_timestamp()
+   AND NOT (l.session_id = ANY(%(held)s::text[]))
+RETURNING l.session_id, l.epoch
 """
 
 
@@ -1017,18 +1023,12 @@ class PgLog:
     def accept(self) -> list[str]:
         """Take the active sessions other nodes handed to this one (``hand_over``)."""
         asked_at = time.monotonic()
+        params = {"node": self._node_id, "ttl": self._lease_ttl, "held": sorted(self.held())}
         with self._reader() as conn:
-            rows = conn.execute(_HANDED_HERE, (self._node_id,)).fetchall()
-            held = self.held()
-            taken: list[str] = []
-            for (sid,) in rows:
-                if sid in held:
-                    continue
-                epoch = self._try_acquire(conn, sid)
-                if epoch is not None:
-                    self._hold(sid, epoch, asked_at)
-                    taken.append(sid)
-        return sorted(taken)
+            rows = conn.execute(_ACCEPT, params).fetchall()
+        for sid, epoch in rows:
+            self._hold(sid, int(epoch), asked_at)
+        return sorted(sid for sid, _ in rows)
 
     def lease_rows(self) -> list[dict[str, Any]]:
         """Every lease as stored (for tests and ``perdure`` diagnostics)."""
