@@ -24,11 +24,12 @@ same for one owner (LMDB, where every lease is granted) and for many nodes
 (PostgreSQL). A session's actor starts only once this process holds its lease;
 a command for a session another live node holds is refused with ``not_owner``
 naming that node. With a multi-node log a heartbeat renews the leases every
-third of their TTL and claims orphaned active sessions (a dead node's); a
-session whose lease is lost (the heartbeat says so, or a commit is fenced) has
-its actor stopped at once, its callers refused, and nothing else is touched.
+third of their TTL, on a fixed cadence and doing nothing else; a second task, at
+the same period, claims orphaned active sessions (a dead node's). A session whose
+lease is lost (the heartbeat says so, or a commit is fenced) has its actor stopped
+at once, its callers refused, and nothing else is touched.
 
-Rebalancing (multi-node, ``ctx.rebalance``): at each heartbeat the node also takes
+Rebalancing (multi-node, ``ctx.rebalance``): each period the second task also takes
 the sessions peers handed to it (``accept``), surveys the cluster, and sheds what
 ``perdure.actors.balance.plan`` gives it. A session to shed is asked to hand over
 (``HandOver``): its actor finishes the current step, starts nothing new, and stops
@@ -45,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -149,7 +150,8 @@ class Supervisor:
             self.recovered = claimed
             task_status.started()
             if self.journal.log.multi_node:
-                await self._heartbeat()
+                nursery.start_soon(self._keep_leases)
+                await self._take_and_shed()
             await trio.sleep_forever()
 
     async def _boot(self, sessions: list[str]) -> None:
@@ -171,22 +173,32 @@ class Supervisor:
                 log.error("session %s not started: %s", session_id, exc)
                 return
 
-    async def _heartbeat(self) -> None:
-        """Renew the leases, stop sessions whose lease is gone, run the sessions handed
-        to us and the orphans we claim, then shed what rebalancing asks."""
+    async def _keep_leases(self) -> None:
+        """The lease heartbeat: every third of the TTL, renew this node's entry and its
+        leases, and stop the sessions whose lease is gone. It runs on a fixed cadence and
+        does nothing else, so that claiming and rebalancing never delay a renewal."""
         period = self.journal.log.lease_ttl / 3
-        while True:
-            await trio.sleep(period)
+        async for _ in _ticks(period):
             try:
                 lost = await self.journal.renew()
-                for session_id in lost:
-                    self._lose(session_id, "its lease expired and another node took it over")
-                if self._draining:
-                    continue  # shutting down: keep what we hold, take nothing new
+            except LogError as exc:
+                log.warning("lease heartbeat failed (%s); retrying", exc)
+                continue
+            for session_id in lost:
+                self._lose(session_id, "its lease expired and another node took it over")
+
+    async def _take_and_shed(self) -> None:
+        """Every third of the TTL: run the sessions handed to us and the orphans we
+        claim, then shed what rebalancing asks."""
+        period = self.journal.log.lease_ttl / 3
+        async for _ in _ticks(period):
+            if self._draining:
+                continue  # shutting down: keep what we hold, take nothing new
+            try:
                 received = await self.journal.accept() if self.ctx.rebalance else []
                 claimed = await self.journal.claim()
             except LogError as exc:
-                log.warning("lease heartbeat failed (%s); retrying", exc)
+                log.warning("claiming sessions failed (%s); retrying", exc)
                 continue
             now = trio.current_time()
             for session_id in received + claimed:
@@ -253,6 +265,7 @@ class Supervisor:
                     settled_for=float("inf") if arrived is None else now - arrived,
                     # A sub-agent's parent waits for it through this node's actor.
                     pinned=state.parent is not None,
+                    calling_model=actor.calling_model(),
                 )
             )
         return found
@@ -727,6 +740,16 @@ class Supervisor:
             return
         with contextlib.suppress(Refused, SessionRestarting, LogError):
             await message.reply.wait()
+
+
+async def _ticks(period: float) -> AsyncIterator[None]:
+    """Yield every ``period`` seconds on a fixed cadence: work that takes a while does
+    not push the next tick back (a tick that fell behind comes at once, never two)."""
+    due = trio.current_time()
+    while True:
+        due = max(due + period, trio.current_time())
+        await trio.sleep_until(due)
+        yield
 
 
 def _refuse_queued(box: Mailbox, error: BaseException) -> None:
