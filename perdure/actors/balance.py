@@ -27,7 +27,8 @@ The rule:
 * A session that arrived on this node (or whose hand-over gave up) less than
   ``cooldown`` ago stays, as does a pinned one (a sub-agent whose parent's tool waits
   for it on this node). Sessions at rest (nothing in flight) go first, since they
-  move at once; then busy ones, which move at their next safe point.
+  move at once; then busy ones, which move at their next safe point: first those
+  whose step is ending (only tool calls running), then those waiting for the model.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Candidate:
     at_rest: bool  # nothing in flight on this node right now: it can go at once
     settled_for: float  # seconds since it arrived here, or a hand-over of it gave up
     pinned: bool = False  # it must stay here (a sub-agent its parent waits for)
+    # A model call is in flight: its safe point is a whole step away (the reply, then
+    # its tool calls), not just the end of the tool calls running now.
+    calling_model: bool = False
 
 
 @frozen(kw_only=True)
@@ -125,6 +129,6 @@ def plan(
     budget = max(0, policy.max_moves - handing)
     movable = sorted(
         (c for c in candidates if not c.pinned and c.settled_for >= policy.cooldown),
-        key=lambda c: (not c.at_rest, c.session_id),
+        key=lambda c: (not c.at_rest, c.calling_model, c.session_id),
     )
     return [Move(c.session_id, t) for c, t in zip(movable, targets[:budget], strict=False)]

@@ -242,6 +242,10 @@ class SessionActor:
             and not self._pending
         )
 
+    def calling_model(self) -> bool:
+        """A model call is in flight (its reply, then its tool calls, are still to come)."""
+        return bool(self._models)
+
     def _hand_off(self) -> bool:
         """At a safe point of a hand-over, stop: close the mailbox and answer it.
 

@@ -106,14 +106,17 @@ def test_every_node_computes_the_same_allocation_from_the_same_survey() -> None:
     assert (targets.count("n4"), targets.count("n5")) == (55, 50)  # both up to their share
 
 
-def test_sessions_at_rest_go_first_then_busy_ones() -> None:
+def test_sessions_at_rest_go_first_then_those_whose_step_ends_soonest() -> None:
     held = [
         Candidate("b-busy", at_rest=False, settled_for=100),
         Candidate("a-busy", at_rest=False, settled_for=100),
+        Candidate("a-model", at_rest=False, settled_for=100, calling_model=True),
         Candidate("z-rest", at_rest=True, settled_for=100),
     ]
-    moves = plan(view(a=3, b=0, c=0), "a", held, handing=0, policy=POLICY)  # share 1: shed 2
-    assert moves == [Move("z-rest", "b"), Move("a-busy", "c")]
+    moves = plan(view(a=4, b=0, c=0, d=0), "a", held, handing=0, policy=POLICY)  # shed 3
+    assert moves == [Move("z-rest", "b"), Move("a-busy", "c"), Move("b-busy", "d")]
+    moves = plan(view(a=8, b=0, c=0, d=0), "a", held, handing=0, policy=POLICY)  # shed 6
+    assert [m.session_id for m in moves] == ["z-rest", "a-busy", "b-busy", "a-model"]
 
 
 def test_sessions_that_just_arrived_or_are_pinned_stay() -> None:
