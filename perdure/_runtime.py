@@ -146,6 +146,16 @@ class Runtime:
         return list(self._sup.taken_over)
 
     @property
+    def received_sessions(self) -> list[str]:
+        """Sessions other nodes handed to this one by rebalancing (PostgreSQL)."""
+        return list(self._sup.received)
+
+    @property
+    def handed_over_sessions(self) -> list[str]:
+        """Sessions this node handed to another one by rebalancing (PostgreSQL)."""
+        return list(self._sup.handed_over)
+
+    @property
     def resident_sessions(self) -> list[str]:
         """The sessions whose actor is in memory now (the others live in the log)."""
         return [sid for sid, box in self._sup.mailboxes.items() if not box.evicted]
@@ -715,6 +725,7 @@ async def open_runtime(
     node_id: str | None = None,
     lease_ttl: float | None = None,
     idle_timeout: float | None = 300.0,
+    rebalance: bool = True,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
     mcp_servers: Sequence[McpServer] = (),
@@ -731,7 +742,9 @@ async def open_runtime(
     started before this one, without waiting for their leases to expire; whoever is
     taken over is fenced and can never write again. PostgreSQL only: ``node_id``
     names this process among the nodes (default: host-pid-random), ``lease_ttl``
-    (seconds, default 10) is how long a dead node's sessions wait to be taken over.
+    (seconds, default 10) is how long a dead node's sessions wait to be taken over,
+    and ``rebalance`` (default True) moves sessions between live nodes, at safe
+    points, so that each runs its fair share (README, "Several nodes").
     ``map_size`` is LMDB's initial map size. A session left idle for
     ``idle_timeout`` seconds has its actor evicted from memory (and, with
     PostgreSQL, its lease given up); its next command starts it again from the log.
@@ -787,6 +800,7 @@ async def open_runtime(
                 retry_base=retry_base,
                 retry_cap=retry_cap,
                 idle_timeout=idle_timeout,
+                rebalance=rebalance,
                 forget_settled=durability == "full",
                 budget=budget,
                 prices=dict(DEFAULT_PRICES if prices is None else prices),

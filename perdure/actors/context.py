@@ -54,6 +54,9 @@ class ActorContext:
     # synced ("full" durability): a terminal record that a power loss could still undo
     # must not outlive the evidence its reconcile would need.
     forget_settled: bool = True
+    # With a multi-node log: move sessions between nodes so each runs its fair share
+    # (perdure.actors.balance); off, a node only gets orphans and what it starts.
+    rebalance: bool = True
     budget: Budget | None = None  # the default budget of every session (perdure.budget)
     prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
     # Runs a sub-agent for a tool call (``ctx.run_agent``): set by the runtime, which

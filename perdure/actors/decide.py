@@ -237,20 +237,20 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         return compensating
     run = s.run
     if run is None:
-        if s.queue and not (s.paused or view.draining):
+        if s.queue and not _holding(s, view):
             return _start_run(s, env)
         return NOTHING
     if run.cancel_requested:
         return _wind_down(s, env, view, "the run was cancelled")
     gen = s.current_generation()
     if gen is None:  # a new run: its first model turn
-        if s.paused or view.draining:
+        if _holding(s, view):
             return NOTHING
         return _budget_stop(s, env) or _next_generation(s, env, run.run_id, run.submission_id)
     if gen.goal_rev < s.goal_rev:
         return _apply_revision(s, env, view, gen)
     if gen.phase != "completed":  # a call to (re)make: a retry, or one a restart lost
-        if gen.generation_id in view.models or s.paused or view.draining:
+        if gen.generation_id in view.models or _holding(s, view):
             return NOTHING
         return _budget_stop(s, env) or Step(
             (), (CallModel(gen.generation_id, gen.attempt, gen.not_before),)
@@ -263,7 +263,11 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
                 dispatched += _dispatch(s, env, task)
             elif task.phase == "executing" and task.call_id not in view.tools:
                 dispatched += _recheck(s, env, task)
-            elif task.phase in BACKING_OFF_PHASES and task.call_id not in view.waiting:
+            elif (
+                task.phase in BACKING_OFF_PHASES
+                and task.call_id not in view.waiting
+                and not view.handing_over  # the next owner waits out the back-off's rest
+            ):
                 dispatched += _retry(s, env, task)
         if dispatched:
             return dispatched
@@ -273,7 +277,7 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     if not tasks:
         stop = gen.reply.stop_reason
         if stop == "pause_turn":  # the model is not done: its turn goes on, never "completed"
-            if s.paused or view.draining:
+            if _holding(s, view):
                 return NOTHING
             return _continue_turn(s, env, run.run_id, run.submission_id)
         note = {
@@ -285,9 +289,15 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         result = task.result
         if isinstance(result, ToolCompleted) and result.terminate:
             return _finish(s, env, "completed", text=result.output)
-    if s.paused or view.draining:
+    if _holding(s, view):
         return NOTHING
     return _continue_turn(s, env, run.run_id, run.submission_id)
+
+
+def _holding(s: SessionState, view: View) -> bool:
+    """Start no model call and no run: the session is paused, the process drains, or
+    the session is being handed to another node (its current tool calls still run)."""
+    return s.paused or view.draining or view.handing_over
 
 
 def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
@@ -298,7 +308,7 @@ def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
                 session_id=s.session_id, compensation_id=task.call_id, at=env.now
             )
             return Step((done,))
-        if s.paused or view.draining:
+        if _holding(s, view):
             continue
         if task.phase in DISPATCHABLE_PHASES:
             return _dispatch(s, env, task)
@@ -334,7 +344,7 @@ def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> S
     assert s.run is not None
     if gen.phase != "completed":
         stop = (CancelModel(gen.generation_id),) if gen.generation_id in view.models else ()
-        if s.paused or view.draining:
+        if _holding(s, view):
             return Step((), stop)
         return Step((), stop) + _continue_turn(s, env, s.run.run_id, s.run.submission_id)
     records: list[Record] = []
@@ -355,7 +365,7 @@ def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> S
             effects.append(CancelTool(task.call_id))
     if records or effects:
         return Step(tuple(records), tuple(effects))
-    if not all(t.terminal for t in s.tasks_of(gen)) or s.paused or view.draining:
+    if not all(t.terminal for t in s.tasks_of(gen)) or _holding(s, view):
         return NOTHING
     return _continue_turn(s, env, s.run.run_id, s.run.submission_id)
 
@@ -1560,6 +1570,7 @@ def settle(
             cancelling=frozenset(cancelling),
             waiting=frozenset(waiting),
             draining=view.draining,
+            handing_over=view.handing_over,
         )
         step = advance(s, env, current)
         if not step:

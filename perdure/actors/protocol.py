@@ -58,6 +58,9 @@ class View:
     cancelling: frozenset[str] = frozenset()  # call ids already told to stop
     waiting: frozenset[str] = frozenset()  # call ids whose retry back-off is being waited out
     draining: bool = False  # the process is shutting down: dispatch nothing new
+    # The session is being handed to another node: its current step's tool calls still
+    # run here, but no model call, retry or run starts (the next owner starts them).
+    handing_over: bool = False
 
 
 # -- commands: what callers ask -------------------------------------------------------------

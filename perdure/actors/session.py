@@ -100,12 +100,29 @@ class Drain:
     reply: Reply[None] = field(factory=Reply)
 
 
-Message = CommandMsg[Any] | WaitIdle | Query[Any] | Drain
+@define
+class HandOver:
+    """Move to node ``target``: finish the current step, start nothing new, and stop at
+    the next safe point (answered then); give up at ``deadline`` (trio clock)."""
+
+    target: str
+    deadline: float
+    reply: Reply[None] = field(factory=Reply)
+
+
+Message = CommandMsg[Any] | WaitIdle | Query[Any] | Drain | HandOver
 
 
 @define
 class _RetryResult:
     result: protocol.Result
+
+
+@define
+class _HandOverDue:
+    """The hand-over's deadline passed: if no safe point came, the session stays."""
+
+    handover: HandOver
 
 
 @define
@@ -129,12 +146,14 @@ class Mailbox:
     """A session's inbox; it outlives actor restarts so no message is lost.
 
     An evicted session's mailbox is closed (``evicted`` is set): a sender gets
-    ``BrokenResourceError`` and the supervisor starts a fresh actor and mailbox.
+    ``BrokenResourceError`` and the supervisor starts a fresh actor and mailbox. A
+    session handed over to another node is closed the same way (``handed_over``).
     """
 
     send: trio.MemorySendChannel[Any]
     receive: trio.MemoryReceiveChannel[Any]
     evicted: bool = False
+    handed_over: bool = False
 
     @classmethod
     def open(cls, size: int = 256) -> Mailbox:
@@ -153,11 +172,14 @@ class SessionActor:
         self._models: dict[str, trio.CancelScope] = {}
         self._tools: dict[str, trio.CancelScope] = {}
         self._waits: dict[str, trio.CancelScope] = {}  # retry back-offs being waited out
+        self._held_back: set[str] = set()  # ids of results held for a later commit
         self._beats: dict[str, _Throttle] = {}  # heartbeat throttles of running calls
         self._cancelling: set[str] = set()
         self._waiters: list[Reply[RunFinished | None]] = []
         self._drains: list[Reply[None]] = []
         self._draining = False
+        self._handover: HandOver | None = None  # asked to move to another node
+        self._handover_timer: trio.CancelScope | None = None
         self._pending: list[Reply[Any]] = []  # replies owed if this actor dies
         self._messages = conversation.MessageCache()  # the model's view, built incrementally
 
@@ -172,7 +194,7 @@ class SessionActor:
             self.started = True
             task_status.started()
             self._after_message()
-            while True:
+            while not self._hand_off():
                 message = await self._next_message()
                 if message is None:
                     return  # evicted: the supervisor forgets this actor
@@ -207,14 +229,49 @@ class SessionActor:
     def _evictable(self) -> bool:
         return (
             self.state.idle
-            and not (self._models or self._tools or self._cancelling)
-            and not (self._waits or self._beats)
-            and not (self._waiters or self._drains or self._pending or self._draining)
+            and self.at_rest()
+            and not (self._waiters or self._drains or self._draining or self._handover)
         )
+
+    def at_rest(self) -> bool:
+        """Nothing in flight on this node: no model call, tool, reconcile or cancel
+        running, no result held for a later commit, no back-off timer, no heartbeat
+        held back, no command being committed."""
+        return (
+            not (self._models or self._tools or self._cancelling or self._waits or self._beats)
+            and not self._pending
+        )
+
+    def calling_model(self) -> bool:
+        """A model call is in flight (its reply, then its tool calls, are still to come)."""
+        return bool(self._models)
+
+    def _hand_off(self) -> bool:
+        """At a safe point of a hand-over, stop: close the mailbox and answer it.
+
+        The safe point is ``at_rest`` with the mailbox empty (every message received
+        was handled), checked and acted on with no checkpoint in between, as eviction
+        is: a sender sees the mailbox closed and goes through the supervisor, which
+        gives the lease away only once this actor's task has ended.
+        """
+        handover = self._handover
+        if handover is None or not self.at_rest():
+            return False
+        if self.mailbox.receive.statistics().current_buffer_used:
+            return False
+        self.mailbox.evicted = self.mailbox.handed_over = True
+        self.mailbox.receive.close()
+        if self._handover_timer is not None:
+            self._handover_timer.cancel()
+        handover.reply.set(None)
+        return True
 
     def fail_pending(self, error: BaseException) -> None:
         """Called by the supervisor when this actor died: nobody may wait forever."""
-        for reply in self._pending + self._waiters + self._drains:
+        owed = self._pending + self._waiters + self._drains
+        if self._handover is not None:
+            owed.append(self._handover.reply)
+        for reply in owed:
             reply.fail(error)
 
     async def _load(self) -> SessionState:
@@ -249,6 +306,7 @@ class SessionActor:
             cancelling=frozenset(self._cancelling),
             waiting=frozenset(self._waits),
             draining=self._draining,
+            handing_over=self._handover is not None,
         )
 
     # -- the loop -------------------------------------------------------------------
@@ -288,8 +346,48 @@ class SessionActor:
         elif isinstance(message, Drain):
             self._draining = True
             self._drains.append(message.reply)
+        elif isinstance(message, HandOver):
+            self._start_hand_over(message)
+        elif isinstance(message, _HandOverDue):
+            if self._handover is message.handover:
+                target = message.handover.target
+                await self._keep(f"no safe point before the deadline (to node {target})")
         else:
             raise TypeError(f"session {self.session_id}: unexpected message {message!r}")
+
+    # -- hand-over to another node (perdure.actors.balance) -----------------------------
+
+    def _start_hand_over(self, handover: HandOver) -> None:
+        """From now on dispatch only the current step's tool calls (``View.handing_over``).
+
+        Back-off timers stop at once: a back-off's end is in the log (``not_before``),
+        so the next owner waits out the rest. A result held back for a later commit
+        (an outage) keeps its place, and the session is not at rest until it lands.
+        """
+        if self._handover is not None or self._draining:
+            handover.reply.fail(Refused("busy", "the session is already moving or stopping"))
+            return
+        self._handover = handover
+        for call_id, wait in list(self._waits.items()):
+            if call_id not in self._held_back:
+                wait.cancel()
+                del self._waits[call_id]
+        assert self._nursery is not None
+        self._handover_timer = trio.CancelScope(deadline=handover.deadline)
+        self._nursery.start_soon(self._hand_over_due, handover, self._handover_timer)
+
+    async def _hand_over_due(self, handover: HandOver, timer: trio.CancelScope) -> None:
+        with timer:
+            await trio.sleep_forever()
+        if self._handover is handover and not self.mailbox.handed_over:  # the deadline passed
+            await self.mailbox.send.send(_HandOverDue(handover))
+
+    async def _keep(self, why: str) -> None:
+        """The hand-over gave up: dispatch again what it held back."""
+        handover, self._handover = self._handover, None
+        assert handover is not None
+        handover.reply.fail(Refused("busy", f"session {self.session_id} stays: {why}"))
+        await self._commit(protocol.NOTHING)
 
     async def _command(self, message: CommandMsg[Any]) -> None:
         reply = message.reply
@@ -336,6 +434,7 @@ class SessionActor:
             self._models[result.generation_id] = placeholder
         elif isinstance(result, protocol.BackOffOver):
             self._waits[result.call_id] = placeholder
+            self._held_back.add(result.call_id)
         else:
             self._tools[result.call_id] = placeholder
 
@@ -344,6 +443,7 @@ class SessionActor:
             self._models.pop(result.generation_id, None)
         elif isinstance(result, protocol.BackOffOver):
             self._waits.pop(result.call_id, None)
+            self._held_back.discard(result.call_id)
         else:
             self._tools.pop(result.call_id, None)
 

@@ -24,9 +24,21 @@ same for one owner (LMDB, where every lease is granted) and for many nodes
 (PostgreSQL). A session's actor starts only once this process holds its lease;
 a command for a session another live node holds is refused with ``not_owner``
 naming that node. With a multi-node log a heartbeat renews the leases every
-third of their TTL and claims orphaned active sessions (a dead node's); a
-session whose lease is lost (the heartbeat says so, or a commit is fenced) has
-its actor stopped at once, its callers refused, and nothing else is touched.
+third of their TTL, on a fixed cadence and doing nothing else; a second task, at
+the same period, claims orphaned active sessions (a dead node's). A session whose
+lease is lost (the heartbeat says so, or a commit is fenced) has its actor stopped
+at once, its callers refused, and nothing else is touched.
+
+Rebalancing (multi-node, ``ctx.rebalance``): each period the second task also takes
+the sessions peers handed to it (``accept``), surveys the cluster, and sheds what
+``perdure.actors.balance.plan`` gives it. A session to shed is asked to hand over
+(``HandOver``): its actor finishes the current step, starts nothing new, and stops
+at the next safe point (nothing in flight; see ``SessionActor.at_rest``). Only once
+the actor's task has ended is the lease given to the target (``hand_over``: a new
+epoch, so this node is fenced from the session from then on). Commands that arrive
+meanwhile are served by the actor as usual; those that arrive after it stopped
+wait for the lease to go, then hear ``not_owner`` naming the new owner. A hand-over
+that finds no safe point within two lease TTLs gives up, and the session stays.
 """
 
 from __future__ import annotations
@@ -34,18 +46,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 import trio
 
 from perdure import retention
-from perdure.actors import decide
+from perdure.actors import balance, decide
 from perdure.actors.context import ActorContext
 from perdure.actors.protocol import Forked
-from perdure.actors.session import Drain, Mailbox, Reply, SessionActor
+from perdure.actors.session import Drain, HandOver, Mailbox, Reply, SessionActor
 from perdure.errors import (
     NotOwnerRefused,
+    PerdureError,
     Refused,
     SessionParkedError,
     SessionRestarting,
@@ -93,6 +106,14 @@ class _Unreachable:
         self.error = error
 
 
+class _Handing:
+    """A hand-over under way: its target, and the start gate it holds until it ends."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.gate = trio.Event()
+
+
 class Supervisor:
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx
@@ -107,6 +128,13 @@ class Supervisor:
         self._lost: dict[str, str] = {}
         self.recovered: list[str] = []
         self.taken_over: list[str] = []  # sessions claimed by the heartbeat after start
+        self.received: list[str] = []  # sessions other nodes handed to this one
+        self.handed_over: list[str] = []  # sessions this node handed to another one
+        self._handing: dict[str, _Handing] = {}
+        self._arrived: dict[str, float] = {}  # trio time a session came from another node
+        ttl = self.journal.log.lease_ttl
+        self._balance = balance.Policy.for_lease_ttl(ttl)
+        self._handover_timeout = 2 * ttl
         self._draining = False
         self.evictions = 0  # idle session actors evicted so far
         # Sessions whose running actor stopped because the log could not be reached,
@@ -122,7 +150,8 @@ class Supervisor:
             self.recovered = claimed
             task_status.started()
             if self.journal.log.multi_node:
-                await self._heartbeat()
+                nursery.start_soon(self._keep_leases)
+                await self._take_and_shed()
             await trio.sleep_forever()
 
     async def _boot(self, sessions: list[str]) -> None:
@@ -144,25 +173,166 @@ class Supervisor:
                 log.error("session %s not started: %s", session_id, exc)
                 return
 
-    async def _heartbeat(self) -> None:
-        """Renew the leases, stop sessions whose lease is gone, run orphans we claim."""
+    async def _keep_leases(self) -> None:
+        """The lease heartbeat: every third of the TTL, renew this node's entry and its
+        leases, and stop the sessions whose lease is gone. It runs on a fixed cadence and
+        does nothing else, so that claiming and rebalancing never delay a renewal."""
         period = self.journal.log.lease_ttl / 3
-        while True:
-            await trio.sleep(period)
+        async for _ in _ticks(period):
             try:
                 lost = await self.journal.renew()
-                for session_id in lost:
-                    self._lose(session_id, "its lease expired and another node took it over")
-                if self._draining:
-                    continue  # shutting down: keep what we hold, take nothing new
-                claimed = await self.journal.claim()
             except LogError as exc:
                 log.warning("lease heartbeat failed (%s); retrying", exc)
                 continue
+            for session_id in lost:
+                self._lose(session_id, "its lease expired and another node took it over")
+
+    async def _take_and_shed(self) -> None:
+        """Every third of the TTL: run the sessions handed to us and the orphans we
+        claim, then shed what rebalancing asks."""
+        period = self.journal.log.lease_ttl / 3
+        async for _ in _ticks(period):
+            if self._draining:
+                continue  # shutting down: keep what we hold, take nothing new
+            try:
+                received = await self.journal.accept() if self.ctx.rebalance else []
+                claimed = await self.journal.claim()
+            except LogError as exc:
+                log.warning("claiming sessions failed (%s); retrying", exc)
+                continue
+            now = trio.current_time()
+            for session_id in received + claimed:
+                self._arrived[session_id] = now
+            if received:
+                log.info("received sessions %s", received)
+                self.received += received
+                self._nursery_start(self._boot, received)
             if claimed:
                 log.info("took over sessions %s", claimed)
                 self.taken_over += claimed
                 self._nursery_start(self._boot, claimed)
+            if self.ctx.rebalance:
+                await self._rebalance()
+
+    # -- rebalancing: hand sessions over to other nodes --------------------------------
+
+    async def _rebalance(self) -> None:
+        """Survey the cluster and ask for this node's part of the moves."""
+        try:
+            view = await self.journal.survey()
+        except LogError as exc:
+            log.warning("rebalancing survey failed (%s); retrying", exc)
+            return
+        moves = balance.plan(
+            view,
+            self.journal.log.node_id,
+            self._candidates(),
+            handing=len(self._handing),
+            policy=self._balance,
+        )
+        for move in moves:
+            if move.session_id in self._starting:
+                continue  # an actor is starting or going: not now
+            handing = self._handing[move.session_id] = _Handing(move.target)
+            # Held until the hand-over ends: once the actor has stopped, a command waits
+            # for the lease to go, then hears who has it.
+            self._starting[move.session_id] = handing.gate
+            self._nursery_start(self._hand_over, move.session_id, handing)
+        if moves:
+            log.info("handing over %d sessions (survey: %s)", len(moves), view)
+
+    def _candidates(self) -> list[balance.Candidate]:
+        """The running sessions with unfinished work that could move."""
+        now = trio.current_time()
+        cooled = [sid for sid, t in self._arrived.items() if now - t > self._balance.cooldown]
+        for session_id in cooled:  # settled long enough: nothing to remember
+            del self._arrived[session_id]
+        found = []
+        for session_id, actor in self.actors.items():
+            box = self.mailboxes.get(session_id)
+            if box is None or box.evicted or not actor.started:
+                continue
+            if session_id in self._handing or session_id in self.unreachable:
+                continue
+            state = actor.state
+            if state.idle or state.parked:
+                continue
+            arrived = self._arrived.get(session_id)
+            found.append(
+                balance.Candidate(
+                    session_id,
+                    at_rest=actor.at_rest(),
+                    settled_for=float("inf") if arrived is None else now - arrived,
+                    # A sub-agent's parent waits for it through this node's actor.
+                    pinned=state.parent is not None,
+                    calling_model=actor.calling_model(),
+                )
+            )
+        return found
+
+    async def _hand_over(self, session_id: str, handing: _Handing) -> None:
+        """Ask the actor to stop at its next safe point (``_finish_hand_over`` then
+        gives the lease away); if it cannot, the session stays and cools down."""
+        message = HandOver(handing.target, trio.current_time() + self._handover_timeout)
+        handed = False
+        try:
+            box = self.mailboxes.get(session_id)
+            if box is None or box.evicted:
+                return
+            await box.send.send(message)
+            await message.reply.wait()
+            handed = True
+        except trio.BrokenResourceError:
+            pass  # the session went away meanwhile
+        except (PerdureError, LogError) as exc:
+            log.info("session %s not handed over: %s", session_id, exc)
+            self._arrived[session_id] = trio.current_time()  # not again for a while
+        finally:
+            if not handed:
+                self._end_handing(session_id, handing)
+
+    async def _finish_hand_over(
+        self, session_id: str, actor: SessionActor, box: Mailbox, scope: trio.CancelScope
+    ) -> None:
+        """The actor stopped at a safe point: give the lease to the target now."""
+        handing = self._handing.get(session_id)
+        if self.mailboxes.get(session_id) is box:
+            del self.mailboxes[session_id]
+        self._drop(session_id, actor, scope)
+        target = handing.target if handing is not None else ""
+        moved = False
+        try:
+            if actor.state.idle or handing is None:  # its work ended meanwhile: just go
+                await self.journal.release_session(session_id)
+            else:
+                moved = await self.journal.hand_over(session_id, target)
+        except LogError as exc:
+            # It is no longer renewed here: the lease lapses within a TTL for a claim.
+            log.warning("session %s: could not hand its lease over: %s", session_id, exc)
+        if moved:
+            self.handed_over.append(session_id)
+            log.info("session %s handed over to node %s", session_id, target)
+            error = NotOwnerRefused(
+                f"session {session_id} is no longer run by this node: it moved to node "
+                f"{target}; send its commands there",
+                target,
+            )
+        else:
+            error = NotOwnerRefused(
+                f"session {session_id} is no longer run by this node: its lease was "
+                "released for another node to take; retry"
+            )
+        actor.fail_pending(error)
+        _refuse_queued(box, error)
+        if handing is not None:
+            self._end_handing(session_id, handing)
+
+    def _end_handing(self, session_id: str, handing: _Handing) -> None:
+        if self._handing.get(session_id) is handing:
+            del self._handing[session_id]
+        if self._starting.get(session_id) is handing.gate:
+            del self._starting[session_id]
+        handing.gate.set()
 
     def _nursery_start(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._nursery is not None
@@ -358,11 +528,15 @@ class Supervisor:
             try:
                 with scope:
                     await actor.run(task_status=status)
+                if box.handed_over:
+                    await self._finish_hand_over(session_id, actor, box, scope)
+                    return
                 if box.evicted:
                     await self._forget_evicted(session_id, actor, box, scope)
                     return
                 reason = self._lost.get(session_id, "its lease was lost")
                 self._release_lost(session_id, actor, box, status, reason)
+                await self._let_lease_go(session_id)
                 return
             except Exception as exc:
                 if self.journal.fence_error is not None:
@@ -371,6 +545,11 @@ class Supervisor:
                 if fenced is not None:
                     log.warning("session %s stopped: %s", session_id, fenced)
                     self._release_lost(session_id, actor, box, status, str(fenced))
+                    await self._let_lease_go(session_id)
+                    return
+                if box.handed_over:  # it had stopped at a safe point; a straggler failed
+                    log.warning("session %s: after its hand-over: %s", session_id, exc)
+                    await self._finish_hand_over(session_id, actor, box, scope)
                     return
                 if actor.started:
                     status = trio.TASK_STATUS_IGNORED
@@ -460,6 +639,24 @@ class Supervisor:
             del self._starting[session_id]
             gate.set()
 
+    async def _let_lease_go(self, session_id: str) -> None:
+        """The session stopped here as no longer ours: hold no lease on it any more.
+
+        Usually the lease is gone already. If this node still holds it (a check that
+        found it unsure), keeping it would renew a lease nobody runs, forever; released,
+        it is claimed like an orphan. A new actor starting here meanwhile keeps it.
+        """
+        if session_id in self._starting or session_id in self.mailboxes:
+            return
+        gate = self._starting[session_id] = trio.Event()
+        try:
+            await self.journal.release_session(session_id)
+        except LogError as exc:  # not renewed any more: it lapses within a TTL
+            log.warning("session %s: could not release its lease: %s", session_id, exc)
+        finally:
+            del self._starting[session_id]
+            gate.set()
+
     def _release_lost(
         self,
         session_id: str,
@@ -543,6 +740,16 @@ class Supervisor:
             return
         with contextlib.suppress(Refused, SessionRestarting, LogError):
             await message.reply.wait()
+
+
+async def _ticks(period: float) -> AsyncIterator[None]:
+    """Yield every ``period`` seconds on a fixed cadence: work that takes a while does
+    not push the next tick back (a tick that fell behind comes at once, never two)."""
+    due = trio.current_time()
+    while True:
+        due = max(due + period, trio.current_time())
+        await trio.sleep_until(due)
+        yield
 
 
 def _refuse_queued(box: Mailbox, error: BaseException) -> None:

@@ -16,10 +16,12 @@ from typing import Any, Final
 
 from perdure.storage.backend import (
     Batch,
+    ClusterView,
     CommitResult,
     Durability,
     Guard,
     LogBackend,
+    NodeLoad,
     SessionInfo,
     Wake,
 )
@@ -41,6 +43,7 @@ __all__ = [
     "MEMORY",
     "PG_SCHEMES",
     "Batch",
+    "ClusterView",
     "CommitResult",
     "CommitUnknown",
     "Durability",
@@ -50,6 +53,7 @@ __all__ = [
     "LogError",
     "LogFenced",
     "LogUnavailable",
+    "NodeLoad",
     "NotOwner",
     "SessionBusy",
     "SessionFenced",

@@ -35,6 +35,11 @@ Ownership hooks (the part that differs between one owner and many nodes):
                      active session; PostgreSQL: orphaned ones (lease free or
                      expired), up to a fair share over the live nodes.
 ``renew()``          extend the leases held; return the sessions whose lease was lost.
+``survey()``         the live nodes and how many active sessions each holds
+                     (``ClusterView``), for rebalancing. LMDB: an empty view.
+``hand_over(sid, to)`` give the session's lease to the live node ``to`` (it takes
+                     it with ``accept``); only a multi-node log is ever asked.
+``accept()``         take the leases other nodes handed to this one. LMDB: none.
 ``confirm(sid)``     whether the lease is certainly still held (checked before a
                      tool is started); LMDB: always. ``is_fresh(sid)`` is its
                      non-blocking part: True when no database call is needed.
@@ -96,6 +101,23 @@ class SessionInfo:
             goal_rev=record.goal_rev if isinstance(record, GoalRevised) else self.goal_rev,
             open_submissions=open_submissions,
         )
+
+
+@attrs.frozen
+class NodeLoad:
+    """One live node as a survey of the log sees it."""
+
+    node_id: str
+    sessions: int  # active sessions it holds an unexpired lease on (hand-overs to it included)
+    up_for: float  # seconds since it joined the cluster (or rejoined, after its entry lapsed)
+
+
+@attrs.frozen
+class ClusterView:
+    """The live nodes and the active sessions of the log, at one moment (``survey``)."""
+
+    nodes: tuple[NodeLoad, ...] = ()
+    active: int = 0  # sessions with unfinished work, whoever holds them (or nobody)
 
 
 Batch = tuple[Sequence[Record], Guard | None]
@@ -168,6 +190,14 @@ class LogBackend(Protocol):
     def claim(self) -> list[str]: ...
 
     def renew(self) -> list[str]: ...
+
+    def survey(self) -> ClusterView: ...
+
+    def hand_over(self, session_id: str, target: str) -> bool:
+        """Give the session's lease to the live node ``target``; False if it was not ours."""
+        ...
+
+    def accept(self) -> list[str]: ...
 
     def confirm(self, session_id: str) -> bool: ...
 

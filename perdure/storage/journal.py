@@ -40,7 +40,7 @@ import trio
 from attrs import define, field
 
 from perdure import _faults
-from perdure.storage.backend import Guard, LogBackend, SessionInfo
+from perdure.storage.backend import ClusterView, Guard, LogBackend, SessionInfo
 from perdure.storage.bus import Event, EventBus, Subscription
 from perdure.storage.errors import LogError, LogFenced, SessionFenced
 from perdure.storage.records import Committed, Record
@@ -245,6 +245,18 @@ class Journal:
     async def renew(self) -> list[str]:
         """Extend the leases held; return the sessions whose lease was lost."""
         return await self.run(self.log.renew)
+
+    async def survey(self) -> ClusterView:
+        """The live nodes and the active sessions each holds (for rebalancing)."""
+        return await self.run(self.log.survey)
+
+    async def hand_over(self, session_id: str, target: str) -> bool:
+        """Give the session's lease to the live node ``target`` (True once it holds it)."""
+        return await self.run(self.log.hand_over, session_id, target)
+
+    async def accept(self) -> list[str]:
+        """Take the sessions other nodes handed to this process (and now holds)."""
+        return await self.run(self.log.accept)
 
     async def confirm(self, session_id: str) -> bool:
         """Whether this process certainly still holds the session (before a tool starts)."""

@@ -40,7 +40,14 @@ from typing import Any, Final
 import attrs
 import lmdb
 
-from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
+from perdure.storage.backend import (
+    Batch,
+    ClusterView,
+    CommitResult,
+    Durability,
+    SessionInfo,
+    Wake,
+)
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import claim_writer
 from perdure.storage.errors import (
@@ -302,6 +309,17 @@ class LmdbLog:
         return self.active_sessions()
 
     def renew(self) -> list[str]:
+        return []
+
+    def survey(self) -> ClusterView:
+        """One owner: there is nothing to balance."""
+        return ClusterView()
+
+    def hand_over(self, session_id: str, target: str) -> bool:
+        """One owner: no other node to hand a session to."""
+        return False
+
+    def accept(self) -> list[str]:
         return []
 
     def confirm(self, session_id: str) -> bool:

@@ -34,7 +34,14 @@ from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 
-from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
+from perdure.storage.backend import (
+    Batch,
+    ClusterView,
+    CommitResult,
+    Durability,
+    SessionInfo,
+    Wake,
+)
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import claim_writer
 from perdure.storage.errors import LogBusy, LogError, LogFenced, SessionBusy, StaleGoal
@@ -149,6 +156,17 @@ class MemoryLog:
         return self.active_sessions()
 
     def renew(self) -> list[str]:
+        return []
+
+    def survey(self) -> ClusterView:
+        """One owner: there is nothing to balance."""
+        return ClusterView()
+
+    def hand_over(self, session_id: str, target: str) -> bool:
+        """One owner: no other node to hand a session to."""
+        return False
+
+    def accept(self) -> list[str]:
         return []
 
     def confirm(self, session_id: str) -> bool:

@@ -8,7 +8,8 @@ Tables (created and migrated by perdure itself, under an advisory lock):
 ``perdure_sessions`` one summary row per session: first/last seq, record count,
                      goal_rev (read by guards), open_submissions (the *active* index)
 ``perdure_leases``   session id -> owner node, epoch, expires_at (server clock)
-``perdure_nodes``    node id -> epoch (start order), pid, host, expires_at (liveness)
+``perdure_nodes``    node id -> epoch (start order), pid, host, started_at (when it
+                     joined, or rejoined after its entry lapsed), expires_at (liveness)
 ``perdure_schema``   the schema version
 
 Sequence numbers come from a PostgreSQL sequence: they increase but may have gaps
@@ -32,6 +33,12 @@ never dispatch a tool (dispatch is the commit of the ``executing`` record).
 nodes' clocks do not matter); ``claim`` takes orphaned active sessions (lease free
 or expired) up to a fair share over the live nodes. ``close`` releases every lease
 at once, so a clean shutdown hands sessions over without waiting for expiry.
+
+Rebalancing (the decision is ``perdure.actors.balance``; the supervisor drives it):
+``survey`` reports the live nodes and the active sessions each holds; ``hand_over``
+gives a lease this node holds to a live peer under a bumped epoch (fencing this node
+at once) with one TTL to take it; the peer's ``accept`` takes it (bumping it again).
+A handed lease the peer never takes lapses like any lease: an orphan to claim.
 
 A node stopped or cut off in the middle of a commit holds its lease rows locked;
 the server ends such a transaction after half a TTL idle, and a node that wants an
@@ -67,7 +74,15 @@ import attrs
 import psycopg
 import psycopg.errors
 
-from perdure.storage.backend import Batch, CommitResult, Durability, SessionInfo, Wake
+from perdure.storage.backend import (
+    Batch,
+    ClusterView,
+    CommitResult,
+    Durability,
+    NodeLoad,
+    SessionInfo,
+    Wake,
+)
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import claim_writer
 from perdure.storage.errors import (
@@ -148,6 +163,63 @@ UPDATE perdure_leases AS l
    SET expires_at = statement_timestamp() + %(ttl)s * interval '1 second'
   FROM unnest(%(sids)s::text[], %(epochs)s::bigint[]) AS h(sid, epoch)
  WHERE l.session_id = h.sid AND l.epoch = h.epoch AND l.owner = %(node)s
+RETURNING l.session_id, l.epoch
+"""
+
+
+# A node's heartbeat. A node whose entry had lapsed (it was stopped or cut off for a
+# TTL, and the others counted it gone) rejoins: its membership starts again, so it
+# waits out the joining grace before peers hand it sessions (``perdure.actors.balance``).
+_ALIVE: Final = """
+UPDATE perdure_nodes
+   SET started_at = CASE WHEN expires_at < statement_timestamp()
+                         THEN statement_timestamp() ELSE started_at END,
+       expires_at = statement_timestamp() + %s * interval '1 second'
+ WHERE node_id = %s
+"""
+
+# The live nodes, how long each has been a member, and how many active sessions each
+# holds an unexpired lease on (a lease handed to a node counts as its own at once).
+_SURVEY: Final = """
+WITH held AS (
+    SELECT l.owner, count(*) AS sessions
+      FROM perdure_sessions s JOIN perdure_leases l USING (session_id)
+     WHERE s.open_submissions > 0 AND l.expires_at > statement_timestamp()
+     GROUP BY l.owner)
+SELECT n.node_id,
+       extract(epoch FROM statement_timestamp() - n.started_at)::float8,
+       coalesce(held.sessions, 0),
+       (SELECT count(*) FROM perdure_sessions WHERE open_submissions > 0)
+  FROM perdure_nodes n LEFT JOIN held ON held.owner = n.node_id
+ WHERE n.expires_at > statement_timestamp()
+   AND NOT (%(takeover)s AND n.epoch < %(node_epoch)s)
+ ORDER BY n.node_id
+"""
+
+# Give a lease this node holds (at that epoch) to a live peer: the epoch is bumped,
+# so this node is fenced from it at once, and it expires after one TTL unless the
+# peer takes it (``accept``) — a hand-over to a node that dies meanwhile lapses like
+# any lease, and the session is an orphan for whoever is below its share.
+_HAND_OVER: Final = """
+UPDATE perdure_leases
+   SET owner = %(target)s, epoch = epoch + 1,
+       expires_at = statement_timestamp() + %(ttl)s * interval '1 second'
+ WHERE session_id = %(sid)s AND owner = %(node)s AND epoch = %(epoch)s
+   AND EXISTS (SELECT 1 FROM perdure_nodes
+                WHERE node_id = %(target)s AND expires_at > statement_timestamp())
+RETURNING epoch
+"""
+
+# Take, in one statement, the active sessions whose unexpired lease names this node
+# but that it does not hold yet: handed to it by a peer. The epoch is bumped once more,
+# so the taking is this node's own (as ``_ACQUIRE`` does for a lease already its own).
+_ACCEPT: Final = """
+UPDATE perdure_leases AS l
+   SET epoch = l.epoch + 1, expires_at = statement_timestamp() + %(ttl)s * interval '1 second'
+  FROM perdure_sessions s
+ WHERE s.session_id = l.session_id AND s.open_submissions > 0
+   AND l.owner = %(node)s AND l.expires_at > statement_timestamp()
+   AND NOT (l.session_id = ANY(%(held)s::text[]))
 RETURNING l.session_id, l.epoch
 """
 
@@ -733,7 +805,11 @@ class PgLog:
 
     def _hold(self, sid: str, epoch: int, asked_at: float) -> None:
         with self._lock:
-            self._held[sid] = _Held(epoch, asked_at + self._lease_ttl * _FRESH_MARGIN)
+            current = self._held.get(sid)
+            # Two takers on this node at once (a command, the heartbeat): the later
+            # epoch is the one in the database.
+            if current is None or current.epoch <= epoch:
+                self._held[sid] = _Held(epoch, asked_at + self._lease_ttl * _FRESH_MARGIN)
 
     def acquire(self, session_id: str) -> None:
         """Lease the session to this node, or raise ``NotOwner`` naming its live owner."""
@@ -828,11 +904,7 @@ class PgLog:
         with self._lock:
             items = [(sid, h.epoch) for sid, h in self._held.items()]
         with self._reader() as conn:
-            conn.execute(
-                "UPDATE perdure_nodes SET expires_at = statement_timestamp() + "
-                "%s * interval '1 second' WHERE node_id = %s",
-                (self._lease_ttl, self._node_id),
-            )
+            conn.execute(_ALIVE, (self._lease_ttl, self._node_id))
             kept: set[tuple[str, int]] = set()
             if items:
                 rows = conn.execute(
@@ -884,13 +956,17 @@ class PgLog:
                     "node": self._node_id,
                 },
             ).fetchone()
+        fresh = asked_at + self._lease_ttl * _FRESH_MARGIN
         with self._lock:
-            if self._held.get(session_id) != held:
-                return False
+            current = self._held.get(session_id)
+            if current is None or current.epoch != held.epoch:
+                return False  # given up or lost meanwhile (or taken again, under a new epoch)
             if row is None:
                 del self._held[session_id]
                 return False
-            self._held[session_id] = _Held(held.epoch, asked_at + self._lease_ttl * _FRESH_MARGIN)
+            # The heartbeat may have renewed it meanwhile: that is no reason to say no.
+            if current.fresh_until < fresh:
+                self._held[session_id] = _Held(held.epoch, fresh)
         return True
 
     def release_session(self, session_id: str) -> None:
@@ -905,6 +981,54 @@ class PgLog:
                 "WHERE session_id = %s AND owner = %s AND epoch = %s",
                 (session_id, self._node_id, held.epoch),
             )
+
+    # -- rebalancing: surveys and hand-overs ----------------------------------------
+
+    def survey(self) -> ClusterView:
+        """The live nodes (as ``claim`` counts them) and the active sessions each holds."""
+        params = {"takeover": self.takeover, "node_epoch": self.epoch}
+        with self._reader() as conn:
+            rows = conn.execute(_SURVEY, params).fetchall()
+        if not rows:
+            return ClusterView()
+        nodes = tuple(NodeLoad(node, int(held), float(up)) for node, up, held, _ in rows)
+        return ClusterView(nodes, int(rows[0][3]))
+
+    def hand_over(self, session_id: str, target: str) -> bool:
+        """Give the session's lease to the live node ``target``, which takes it with
+        ``accept``; from now on this node is fenced from the session. True once
+        ``target`` holds it; False if the lease was not ours any more, or if ``target``
+        is no longer live (then the lease is released, for whoever claims it)."""
+        with self._lock:
+            held = self._held.pop(session_id, None)
+        if held is None:
+            return False
+        params = {
+            "sid": session_id,
+            "target": target,
+            "node": self._node_id,
+            "epoch": held.epoch,
+            "ttl": self._lease_ttl,
+        }
+        with self._reader() as conn:
+            if conn.execute(_HAND_OVER, params).fetchone() is not None:
+                return True
+            conn.execute(
+                "UPDATE perdure_leases SET expires_at = '-infinity' "
+                "WHERE session_id = %(sid)s AND owner = %(node)s AND epoch = %(epoch)s",
+                params,
+            )
+        return False
+
+    def accept(self) -> list[str]:
+        """Take the active sessions other nodes handed to this one (``hand_over``)."""
+        asked_at = time.monotonic()
+        params = {"node": self._node_id, "ttl": self._lease_ttl, "held": sorted(self.held())}
+        with self._reader() as conn:
+            rows = conn.execute(_ACCEPT, params).fetchall()
+        for sid, epoch in rows:
+            self._hold(sid, int(epoch), asked_at)
+        return sorted(sid for sid, _ in rows)
 
     def lease_rows(self) -> list[dict[str, Any]]:
         """Every lease as stored (for tests and ``perdure`` diagnostics)."""

@@ -16,6 +16,11 @@ Against a real server (a throwaway cluster, a fresh database per test):
   ``renew`` reports the loss; ``claim`` takes a fair share of orphans; ``close``
   hands leases over at once; ``takeover`` takes them from older nodes; a transaction
   of an expired owner stuck on the lease row is ended by the taker, a live one's not;
+  ``confirm`` racing a renewal still answers yes;
+* rebalancing: ``survey`` counts the active sessions each live node holds;
+  ``hand_over`` fences the giver at once and names the target to its commands, the
+  target takes it with ``accept``; a hand-over to a node gone is a release, one the
+  target never takes lapses into an orphan; a node whose entry lapsed rejoins anew;
 * a write connection killed under the log fails one call, then the log reconnects;
 * the schema is created once under concurrent opens, and a newer one is refused;
 * LISTEN/NOTIFY tells a node which sessions another node committed.
@@ -23,9 +28,11 @@ Against a real server (a throwaway cluster, a fresh database per test):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -317,6 +324,106 @@ def test_takeover_takes_the_leases_of_older_nodes(open_pg: Open) -> None:
     newer = open_pg(node_id="newer", lease_ttl=30)
     with pytest.raises(NotOwner, match="node new"):
         newer.acquire("s1")  # without takeover, a younger live node is respected
+
+
+# -- rebalancing: surveys and hand-overs --------------------------------------------------
+
+
+def test_a_survey_counts_the_active_sessions_each_live_node_holds(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=30)
+    for i in range(3):
+        a.acquire(f"s{i}")
+        a.commit([([accepted(f"s{i}", "u")], None)])
+    a.acquire("idle")  # held, but no unfinished work: not load
+    a.commit([([SessionCreated(session_id="idle", at=1.0)], None)])
+    b = open_pg(node_id="b", lease_ttl=30)
+    survey = a.survey()
+    assert survey.active == 3
+    assert [(n.node_id, n.sessions) for n in survey.nodes] == [("a", 3), ("b", 0)]
+    assert all(0 <= n.up_for < 30 for n in survey.nodes)
+    assert b.survey().active == 3
+
+
+def test_a_hand_over_fences_the_giver_and_the_target_takes_it(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=30)
+    b = open_pg(node_id="b", lease_ttl=30)
+    a.acquire("s1")
+    a.commit([([accepted("s1", "u")], None)])
+    assert a.hand_over("s1", "b") is True
+    assert a.held() == {}
+    (fenced,) = a.commit([([tool_result("s1", "late")], None)])
+    assert isinstance(fenced, SessionFenced)  # the giver can never write again
+    with pytest.raises(NotOwner, match="owned by node b"):
+        a.acquire("s1")  # a command on the old node names the new owner at once
+    assert [(n.node_id, n.sessions) for n in a.survey().nodes] == [("a", 0), ("b", 1)]
+    assert a.claim() == [], "a lease handed over is not an orphan"
+    assert b.accept() == ["s1"]
+    assert b.held() == {"s1": 3}  # 1 (a), 2 (handed to b), 3 (taken by b)
+    assert b.accept() == []
+    (ok,) = b.commit([([tool_result("s1", "mine now")], None)])
+    assert isinstance(ok, list)
+    assert a.hand_over("s1", "b") is False  # not a's to give any more
+
+
+def test_a_hand_over_to_a_node_gone_releases_the_lease(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=30)
+    gone = open_pg(node_id="gone", lease_ttl=30)
+    gone.close()
+    a.acquire("s1")
+    a.commit([([accepted("s1", "u")], None)])
+    assert a.hand_over("s1", "gone") is False
+    assert a.held() == {}
+    c = open_pg(node_id="c", lease_ttl=30)
+    assert c.claim() == ["s1"]  # released: an orphan for whoever claims it
+
+
+def test_a_hand_over_the_target_never_takes_lapses_into_an_orphan(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=0.5)
+    target = open_pg(node_id="target", lease_ttl=0.5)  # it will never accept
+    c = open_pg(node_id="c", lease_ttl=30)
+    a.acquire("s1")
+    a.commit([([accepted("s1", "u")], None)])
+    assert a.hand_over("s1", "target")
+    assert c.claim() == []
+    time.sleep(0.7)  # one TTL: the offer lapses (and so do a and target)
+    assert c.claim() == ["s1"]
+    assert target.accept() == [], "too late: the lease is c's"
+
+
+def test_a_node_whose_entry_lapsed_rejoins_as_a_new_member(open_pg: Open) -> None:
+    a = open_pg(node_id="a", lease_ttl=0.5)
+    time.sleep(0.3)
+    a.renew()  # in time: still the same membership
+    (before,) = a.survey().nodes
+    assert before.up_for >= 0.3
+    time.sleep(0.7)  # cut off past its TTL: the others counted it gone
+    assert a.survey().nodes == ()
+    a.renew()
+    (after,) = a.survey().nodes
+    assert after.up_for < 0.2, "it waits out the joining grace again"
+
+
+def test_confirm_is_not_fooled_by_a_renewal_meanwhile(
+    open_pg: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = open_pg(node_id="a", lease_ttl=0.5)
+    a.acquire("s1")
+    time.sleep(0.45)  # no longer certainly fresh: confirm asks the database
+    real = a._reader
+    lost: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def renewing_meanwhile() -> Iterator[psycopg.Connection[Any]]:
+        if not lost:  # the heartbeat renews while confirm waits for the database
+            lost.append([])
+            lost[0] = a.renew()
+        with real() as conn:
+            yield conn
+
+    monkeypatch.setattr(a, "_reader", renewing_meanwhile)
+    assert a.confirm("s1") is True, "a renewal is no reason to say the lease is lost"
+    assert lost == [[]]
+    assert a.held() == {"s1": 1}
 
 
 # -- connections, schema, notifications ----------------------------------------------------

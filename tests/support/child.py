@@ -10,7 +10,8 @@ until every session is idle, prints one JSON line per session with its outcome,
 and exits 0. Faults come from PERDURE_FAULT in the environment.
 
 The log may be a directory or a ``postgresql://`` URL; then several children can
-run at once on it as nodes (options ``node_id``, ``lease_ttl``, ``takeover``). A
+run at once on it as nodes (options ``node_id``, ``lease_ttl``, ``takeover``,
+``rebalance``). A
 session taken over by another node while this one waits is reported as
 ``{"session": sid, "lost": why}``. With ``"linger": true`` the child stays up after
 its own sessions are idle, serving (taking over a dead node's sessions) until no
@@ -68,6 +69,7 @@ async def main(plan: dict[str, Any]) -> None:
         resume_budget=options.get("resume_budget", 3),
         shutdown_grace=options.get("shutdown_grace", 10.0),
         budget=perdure.Budget(**options["budget"]) if "budget" in options else None,
+        rebalance=options.get("rebalance", True),
         telemetry=telemetry,
         **log_options,
     ) as rt:
@@ -118,6 +120,8 @@ async def main(plan: dict[str, Any]) -> None:
         if plan.get("linger"):
             await _linger(rt, plan.get("expect_sessions", 0))
         print(json.dumps({"taken_over": rt.taken_over_sessions}), flush=True)
+        moved = {"received": rt.received_sessions, "handed_over": rt.handed_over_sessions}
+        print(json.dumps(moved), flush=True)
         print(json.dumps({"stats": [rt.stats().appends, rt.stats().transactions]}), flush=True)
 
 
