@@ -374,11 +374,22 @@ class Runtime:
                 raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
         child = child_session_id(call, n)
         parent = f"{call.session_id}/{call.call_id}"
-        await self._sup.create_session(child, system, None, None, parent=parent, tools=tools)
+        # The child is created with its task in one commit: it never exists without it,
+        # so it always reaches an outcome (a crash or a cancel right after included).
+        submit = protocol.Submit(
+            request_id=f"agent:{call.idempotency_key}:{n}",
+            text=task,
+            traceparent=self._caller_trace() if self._caller_trace is not None else "",
+        )
+        with trio.CancelScope(shield=True):  # the commit happens; its caller must learn it
+            created = await self._sup.create_session(
+                child, system, None, None, parent=parent, tools=tools, task=submit
+            )
         # The parent's stream references its children (once they exist).
         beat({"agents": list(call_agents(call, n))})
         try:
-            await self.submit(child, task, request_id=f"agent:{call.idempotency_key}:{n}")
+            if not created:  # found again by a re-run of the call: submitted once, by its id
+                await self.submit(child, task, request_id=submit.request_id)
             outcome = await self.wait_idle(child)
         except trio.Cancelled:
             # (A submit already handed to the child's mailbox is taken before this cancel.)

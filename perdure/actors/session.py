@@ -22,7 +22,7 @@ committed before the call's result).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -45,6 +45,14 @@ RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6
 
 T = TypeVar("T")
 A = TypeVar("A", protocol.Accepted, protocol.Done)
+
+
+def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> Mapping[str, Tool]:
+    """The registered tools a session may use (a sub-agent may be limited to some)."""
+    if allowed is None:
+        return tools
+    names = set(allowed)
+    return {n: t for n, t in tools.items() if n in names}
 
 
 class Reply(Generic[T]):
@@ -222,25 +230,11 @@ class SessionActor:
         return SessionState.fold(self.session_id, records)
 
     def _env(self) -> protocol.Env:
-        c = self.ctx
-        return protocol.Env(
-            tools=self._registered(),
-            now=c.clock(),
-            resume_budget=c.resume_budget,
-            max_model_attempts=c.max_model_attempts,
-            max_turns=c.max_turns,
-            retry_base=c.retry_base,
-            retry_cap=c.retry_cap,
-            forget_settled=c.forget_settled,
-            budget=c.budget,
-            prices=c.prices,
-        )
+        return self.ctx.env(self._registered())
 
     def _registered(self) -> Mapping[str, Tool]:
         """The tools this session may use (a sub-agent may be limited to some)."""
-        allowed = self.state.allowed_tools
-        tools = self.ctx.tools
-        return tools if allowed is None else {n: t for n, t in tools.items() if n in allowed}
+        return allowed_tools(self.ctx.tools, self.state.allowed_tools)
 
     def _view(self) -> protocol.View:
         return protocol.View(
