@@ -51,7 +51,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import trio
-from attrs import define, field
+from attrs import define
 
 from perdure import _faults
 from perdure.storage.backend import Guard, LogBackend, SessionInfo
@@ -71,9 +71,15 @@ WAKE: Final = "_wake"  # the kind of the (never yielded) event that nudges a fol
 class _Append:
     records: Sequence[Record]
     guard: Guard | None
-    done: trio.Event = field(factory=trio.Event)
+    # The caller parked until the commit is over (None: answered at once, inline).
+    waiter: trio.lowlevel.Task | None = None
     result: list[Committed] | None = None
     error: BaseException | None = None
+
+
+def _uncancellable(raise_cancel: Any) -> trio.lowlevel.Abort:
+    # A commit handed over happens (or fails) regardless: its caller must learn which.
+    return trio.lowlevel.Abort.FAILED
 
 
 @define
@@ -147,8 +153,8 @@ class Journal:
     ) -> list[Committed]:
         """Make ``records`` durable as one atomic unit; return them with their seqs.
 
-        The wait is shielded from cancellation: once handed to the writer the commit
-        will happen (or fail) regardless, and the caller must learn which.
+        The wait cannot be cancelled: once handed over, the commit will happen (or
+        fail) regardless, and the caller must learn which.
         """
         if self.fence_error is not None:
             raise self.fence_error
@@ -166,9 +172,9 @@ class Journal:
                 raise request.error
             assert request.result is not None
             return request.result
+        request.waiter = trio.lowlevel.current_task()
         self._held.append(request)  # handed over at the end of this round (_RoundEnd)
-        with trio.CancelScope(shield=True):
-            await request.done.wait()
+        await trio.lowlevel.wait_task_rescheduled(_uncancellable)
         if request.error is not None:
             raise request.error
         assert request.result is not None
@@ -254,7 +260,8 @@ class Journal:
             else:
                 request.result = result
                 committed_any = True
-            request.done.set()
+            if request.waiter is not None:
+                trio.lowlevel.reschedule(request.waiter)
         if committed_any:
             stats = self.stats
             stats.transactions += 1
