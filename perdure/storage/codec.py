@@ -126,12 +126,23 @@ def _seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
+# One encoder, built once (json.dumps with options builds one per call).
+_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# Per record class: its own unstructure hook, its tag and its version. The same dict
+# the tagged union's hook makes ({fields..., "t": tag}), without its dispatch per call.
+_ENCODERS: Final = {
+    cls: (converter.get_unstructure_hook(cls), cls.__name__, RECORD_VERSIONS[cls.__name__])
+    for cls in RECORD_TYPES
+}
+
+
 def encode(record: Record, seq: int) -> bytes:
     """Frame ``record`` for storage under sequence number ``seq``."""
-    data = converter.unstructure(record, unstructure_as=Record)
-    data["v"] = RECORD_VERSIONS[data["t"]]
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    body = payload.encode()
+    unstructure, tag, version = _ENCODERS[type(record)]
+    data = unstructure(record)
+    data["t"] = tag
+    data["v"] = version
+    body = _JSON.encode(data).encode()
     crc = zlib.crc32(body, zlib.crc32(_seq_bytes(seq)))
     return bytes((FRAME_FORMAT,)) + crc.to_bytes(4, "big") + body
 
