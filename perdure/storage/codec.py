@@ -56,12 +56,21 @@ class CorruptRecord(Exception):
         self.reason = reason
 
 
+_EXACT_FLOAT_INT: Final = 2**53  # every int up to this is exactly a float
+
+
 def _strict(kind: type) -> Any:
-    # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely.
+    # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely. A
+    # float field may hold a JSON integer (2 for 2.0), but only one a float holds
+    # exactly: a larger one would be read as another number.
     def hook(value: Any, _: type) -> Any:
-        if type(value) is not kind and not (kind is float and type(value) is int):
+        if kind is float and type(value) is int:
+            if abs(value) > _EXACT_FLOAT_INT:
+                raise TypeError(f"integer {value} has no exact float value")
+            return float(value)
+        if type(value) is not kind:
             raise TypeError(f"expected {kind.__name__}, found {type(value).__name__}")
-        return float(value) if kind is float else value  # type: ignore[arg-type]
+        return value
 
     return hook
 
