@@ -176,7 +176,8 @@ class SessionActor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.state = await self._load()
-            await self._commit(decide.recover(self.state, self._env()), recovering=True)
+            env = self._env()
+            await self._commit(decide.recover(self.state, env), env, recovering=True)
             self.started = True
             task_status.started()
             self._after_message()
@@ -288,13 +289,14 @@ class SessionActor:
     async def _command(self, message: CommandMsg[Any]) -> None:
         reply = message.reply
         try:
-            step, answer = decide.command(self.state, self._env(), message.command)
+            env = self._env()
+            step, answer = decide.command(self.state, env, message.command)
         except Refused as exc:
             reply.fail(exc)
             return
         self._pending.append(reply)
         try:
-            committed = await self._commit(step)
+            committed = await self._commit(step, env)
         except LogError as exc:
             if isinstance(exc, LogFenced | CommitUnknown):
                 raise  # fenced: stop; unknown: restart from the log (fold + recover)
@@ -309,9 +311,10 @@ class SessionActor:
         reply.set(answer)
 
     async def _result(self, result: protocol.Result) -> None:
-        step = decide.on_result(self.state, self._env(), result)
+        env = self._env()
+        step = decide.on_result(self.state, env, result)
         try:
-            await self._commit(step)
+            await self._commit(step, env)
         except (LogFenced, CommitUnknown):
             raise
         except LogError as exc:
@@ -370,9 +373,10 @@ class SessionActor:
             timer.cancel()
         throttle.last_commit = trio.current_time()
         assert beat is not None
-        step = decide.on_result(self.state, self._env(), beat)
+        env = self._env()
+        step = decide.on_result(self.state, env, beat)
         try:
-            await self._commit(step)
+            await self._commit(step, env)
         except (LogFenced, CommitUnknown):
             raise
         except LogError as exc:  # progress only: the next heartbeat will carry newer details
@@ -409,11 +413,14 @@ class SessionActor:
 
     # -- commit, then act ------------------------------------------------------------
 
-    async def _commit(self, first: protocol.Step, *, recovering: bool = False) -> list[Committed]:
-        """Settle, commit everything in one append, then perform the effects."""
+    async def _commit(
+        self, first: protocol.Step, env: protocol.Env, *, recovering: bool = False
+    ) -> list[Committed]:
+        """Settle (under the ``env`` that decided ``first``), commit everything in one
+        append, then perform the effects."""
         state = self.state
         rev_before = state.goal_rev
-        step = decide.settle(state, self._env(), self._view(), first, recovering=recovering)
+        step = decide.settle(state, env, self._view(), first, recovering=recovering)
         committed: list[Committed] = []
         if step.records:
             records = self._observe_before(state, step.records)
