@@ -62,6 +62,8 @@ FULL: dict[str, Any] = {
     "memory_k": 10,
     "stream": [(1, 100, 50), (100, 1, 10)],  # (sessions, subscribers per session, K)
     "sse": (100, 20),  # SSE clients of one session on the daemon, K
+    "sse_trials": 3,  # each variant of the SSE measurement, interleaved
+    "sse_floor_bursts": 100,  # one event to every client, one burst at a time
     "embed_calls": 5000,  # calls through perdure.embed (asyncio) and on trio directly
     "timeout": 1800,
 }
@@ -85,6 +87,8 @@ QUICK: dict[str, Any] = {
     "memory_k": 3,
     "stream": [(1, 10, 10)],
     "sse": (10, 5),
+    "sse_trials": 1,
+    "sse_floor_bursts": 10,
     "embed_calls": 200,
     "timeout": 120,
 }
@@ -96,6 +100,17 @@ TARGETS = {
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
     "recovery": 1.2,  # with 10,000 finished sessions <= 1.2 x with none
     "tracing": 1.10,  # CPU per turn with tracing on <= 1.1 x with it off
+    "sse_daemon_ms": 5.0,  # SSE: the daemon's share (decision -> socket) at p50 <= 5 ms
+}
+
+# The SSE measurement's variants (bench/sse.py flags): who reads, and whether the
+# daemon is probed. The unprobed one is the headline (comparable with earlier runs);
+# the probed ones split each delivery into the daemon's share and the client's.
+SSE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "python": ("--probe",),  # the clients in one Python process, as the headline
+    "python_4procs": ("--probe", "--procs", "4"),  # the same clients over 4 processes
+    "curl": ("--probe", "--curl"),  # one curl process per client: no Python reader
+    "one_client": ("--probe",),  # a single client: the floor of the path
 }
 
 
@@ -440,8 +455,7 @@ class Suite:
 
     def streaming(self) -> dict[str, Any]:
         subscribers, k = self.cfg["sse"]
-        log(f"streaming (daemon, SSE): {subscribers} subscribers")
-        out: dict[str, Any] = {"sse": self.run("sse.py", self.path("sse"), subscribers, k)}
+        out: dict[str, Any] = {"sse": self.sse(subscribers, k)}
         for sessions, per, k in self.cfg["stream"]:
             log(f"streaming (in-process): {sessions} session(s) x {per} subscriber(s)")
             out[f"inprocess_{sessions}x{per}"] = self.run(
@@ -449,9 +463,103 @@ class Suite:
             )
         return out
 
+    def sse(self, subscribers: int, k: int) -> dict[str, Any]:
+        """The daemon's SSE: the headline (unprobed) and the probed variants, their
+        trials interleaved; medians across trials of each figure."""
+        variants = dict(SSE_VARIANTS)
+        curl = shutil.which("curl") is not None
+        if not curl:
+            variants.pop("curl")
+        runs: dict[str, list[dict[str, Any]]] = {"headline": [], **{v: [] for v in variants}}
+        floors: dict[str, list[dict[str, Any]]] = {"hypercorn": [], "perdure": []} if curl else {}
+        bursts = self.cfg["sse_floor_bursts"]
+        for t in range(self.cfg["sse_trials"]):
+            log(f"streaming (daemon, SSE) trial {t + 1}/{self.cfg['sse_trials']}")
+            for name in runs:
+                flags = () if name == "headline" else variants[name]
+                count = 1 if name == "one_client" else subscribers
+                runs[name].append(self.run("sse.py", self.path("sse"), count, k, *flags))
+            for server, trials in floors.items():
+                path = self.path("sse-floor")
+                trials.append(self.run("sse_floor.py", path, server, subscribers, bursts))
+        headline = summarize_sse(runs.pop("headline"))
+        headline["split"] = {name: summarize_sse(trials) for name, trials in runs.items()}
+        if not curl:
+            headline["split"]["curl"] = {"skipped": "curl is not installed"}
+            headline["floor"] = {"skipped": "curl is not installed"}
+            return headline
+        headline["floor"] = {}
+        for server, trials in floors.items():
+            figures = ("first_client_ms", "median_client_ms", "last_client_ms")
+            summary = {key: median([r[key] for r in trials]) for key in figures}
+            summary["cpu_us_per_write"] = median([r["cpu_us_per_write"] for r in trials])
+            headline["floor"][server] = summary | {"bursts": bursts, "trials": trials}
+        return headline
+
     def embedding(self) -> dict[str, Any]:
         log(f"embedding in asyncio (perdure.embed): {self.cfg['embed_calls']} calls per way")
         return self.run("embed_call.py", self.path("embed"), self.cfg["embed_calls"])
+
+
+def _sse_summary(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"- SSE on the daemon (`perdure serve`), one session, {r['subscribers']} clients "
+        f"(lean Python readers in one process), {_fmt(r['deliveries'], 0)} deliveries, from "
+        f"a record's decision (just before its commit) to the client: p50 "
+        f"{_fmt(r['p50_ms'])} ms, p99 {_fmt(r['p99_ms'])} ms; daemon CPU "
+        f"{_fmt(r['daemon_cpu_us_per_delivery'], 0)} us per delivery"
+    ]
+    labels = {
+        "python": f"{r['subscribers']} Python clients, one process",
+        "python_4procs": f"{r['subscribers']} Python clients over 4 processes",
+        "curl": f"{r['subscribers']} curl clients",
+        "one_client": "one Python client",
+    }
+    floor = r.get("floor", {})
+    if "hypercorn" in floor:
+        bare, ours = floor["hypercorn"], floor["perdure"]
+        lines.append(
+            f"- SSE floor (`bench/sse_floor.py`: one event to {r['subscribers']} curl clients, "
+            f"one burst at a time, {bare['bursts']} bursts; when the first / median / last "
+            f"client's bytes went into its socket): bare Hypercorn forwarding bytes "
+            f"{_fmt(bare['first_client_ms'])} / {_fmt(bare['median_client_ms'])} / "
+            f"{_fmt(bare['last_client_ms'])} ms, {_fmt(bare['cpu_us_per_write'], 0)} us CPU "
+            f"per write; perdure's daemon app {_fmt(ours['first_client_ms'])} / "
+            f"{_fmt(ours['median_client_ms'])} / {_fmt(ours['last_client_ms'])} ms, "
+            f"{_fmt(ours['cpu_us_per_write'], 0)} us per write"
+        )
+    elif floor:
+        lines.append(f"- SSE floor: skipped ({floor['skipped']})")
+    split = r.get("split", {})
+    if not split:
+        return lines
+    lines.append("")
+    lines.append(
+        "  Where it goes (daemon probed, `bench/sse_probe.py`; p50 of each stage over the "
+        "deliveries, median of the trials; the stages' p50s do not add up to the total's):"
+    )
+    lines.append("")
+    lines.append(
+        "  | clients | commit | hand-off | fan-out | HTTP stack | **daemon share** | "
+        "of which after the commit | client's share | end to end | daemon CPU us/delivery |"
+    )
+    lines.append("  |---|---|---|---|---|---|---|---|---|---|")
+    for name, label in labels.items():
+        v = split.get(name)
+        if v is None:
+            continue
+        if "skipped" in v:
+            lines.append(f"  | {label} | skipped: {v['skipped']} | | | | | | | | |")
+            continue
+        stage = {k: s.get("p50_ms") for k, s in v.get("stages", {}).items()}
+        lines.append(
+            f"  | {label} | {_fmt(stage.get('commit'))} | {_fmt(stage.get('handoff'))} | "
+            f"{_fmt(stage.get('fanout'))} | {_fmt(stage.get('http'))} | "
+            f"**{_fmt(stage.get('daemon'))}** | {_fmt(stage.get('streaming'))} | "
+            f"{_fmt(stage.get('client'))} | "
+            f"{_fmt(v['p50_ms'])} | {_fmt(v['daemon_cpu_us_per_delivery'], 0)} |"
+        )
+    return lines
 
 
 def _pg_summary(pg: dict[str, Any]) -> list[str]:
@@ -488,6 +596,28 @@ def copy_synced(source: Path, target: Path) -> None:
 
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def summarize_sse(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """One SSE variant across its trials: the first trial's shape, every figure the
+    median of the trials' (p50s of p50s), and the trials themselves."""
+    first = trials[0]
+    out: dict[str, Any] = {key: first[key] for key in ("subscribers", "clients", "procs", "k")}
+    out["trials"] = trials
+    for key in ("deliveries", "p50_ms", "p99_ms", "daemon_cpu_us_per_delivery"):
+        values = [r[key] for r in trials if r.get(key) is not None]
+        out[key] = median(values) if values else None
+    if "stages" in first:
+        out["stages"] = {}
+        for stage in first["stages"]:
+            if not isinstance(first["stages"][stage], dict):
+                continue
+            figures = {}
+            for q in ("p50_ms", "p99_ms"):
+                values = [r["stages"][stage][q] for r in trials]
+                figures[q] = median(values) if None not in values else None
+            out["stages"][stage] = figures
+    return out
 
 
 def summarize_trials(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -636,6 +766,7 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             "(info)",
             None,
         )
+    rows.append(sse_ratio(results["streaming"]["sse"]))
     rec = results["recovery"]
     v = rec["with_finished"]["last_rerun_ms"] / rec["without"]["last_rerun_ms"]
     row(
@@ -647,6 +778,39 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
     v = rec["with_finished"]["peak_rss_mib"] / rec["without"]["peak_rss_mib"]
     row("recovery peak RSS, with finished sessions / with none", v, "(info)", None)
     return rows
+
+
+def sse_ratio(sse: dict[str, Any]) -> dict[str, Any]:
+    """The target row of the daemon's SSE: its share of the p50 (decision -> socket)."""
+    split = sse.get("split", {})
+
+    def p50(variant: str, stage: str) -> float | None:
+        value: float | None = split.get(variant, {}).get("stages", {}).get(stage, {}).get("p50_ms")
+        return value
+
+    daemon, client = p50("python", "daemon"), p50("python", "client")
+    after, curl = p50("python", "streaming"), p50("curl", "daemon")
+    notes = []
+    if client is not None:
+        notes.append(f"clients' share p50 {client:.2f} ms")
+    if after is not None:
+        notes.append(f"after the commit (durable -> socket) {after:.2f} ms")
+    if curl is not None:
+        notes.append(f"with curl clients {curl:.2f} ms")
+    bare = sse.get("floor", {}).get("hypercorn")
+    if bare is not None:
+        notes.append(
+            f"bare Hypercorn reaches the median of {sse['subscribers']} clients in "
+            f"{bare['median_client_ms']:.2f} ms per event"
+        )
+    return {
+        "ratio": f"daemon share of SSE p50 ({sse['subscribers']} clients of one session; "
+        "decision -> bytes into the client's socket)",
+        "value": daemon,
+        "target": f"<= {TARGETS['sse_daemon_ms']} ms",
+        "met": None if daemon is None else daemon <= TARGETS["sse_daemon_ms"],
+        "note": "; ".join(notes),
+    }
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -780,12 +944,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     st = results["streaming"]
     for key, r in st.items():
         if key == "sse":
-            lines.append(
-                f"- SSE on the daemon (`perdure serve`), one session, {r['subscribers']} "
-                f"clients, {r['deliveries']} deliveries, from a record's decision (just "
-                f"before its commit) to the client: p50 {_fmt(r['p50_ms'], 2)} ms, "
-                f"p99 {_fmt(r['p99_ms'], 2)} ms"
-            )
+            lines += _sse_summary(r)
             continue
         lines.append(
             f"- commit -> subscriber delay, in-process `rt.events` (not SSE), {r['sessions']} "
@@ -830,12 +989,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup-peers", action="store_true", help="create the peers' venv")
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="results directory")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory")
+    parser.add_argument(
+        "--only",
+        choices=["sse"],
+        help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table",
+    )
     args = parser.parse_args(argv)
     if args.setup_peers:
         setup_peers(args.peers_python)
         return 0
     mode = "quick" if args.quick else "full"
     cfg = QUICK if args.quick else FULL
+    if args.only == "sse":
+        return only_sse(cfg, mode, args.out, args.workdir)
     peers, why = (None, "--no-peers") if args.no_peers else peers_status(args.peers_python)
     if peers is None:
         print(f"peers skipped: {why}", flush=True)
@@ -879,6 +1045,44 @@ def main(argv: list[str] | None = None) -> int:
     summary = "summary.md" if mode == "full" else "summary-quick.md"
     (args.out / summary).write_text(f"# perdure benchmarks\n\n{text}\n{caveat()}\n")
     print(f"wrote {args.out / (mode + '.json')} and {args.out / summary}")
+    return 0
+
+
+def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) -> int:
+    """The daemon's SSE part alone (its variants interleaved, as in the full run)."""
+    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
+    started = time.perf_counter()
+    try:
+        results: dict[str, Any] = {
+            "mode": mode,
+            "part": "sse",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": {k: cfg[k] for k in ("sse", "sse_trials", "sse_floor_bursts")},
+            "versions": perdure_versions(),
+            "sse": Suite(cfg, scratch, None).sse(*cfg["sse"]),
+        }
+        results["machine"]["loadavg_end"] = os.getloadavg()
+        results["ratio"] = sse_ratio(results["sse"])
+        results["elapsed_s"] = time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    m, r = results["machine"], results["ratio"]
+    met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+    lines = [
+        f"perdure SSE benchmark, {mode} run, {results['date']}, {m['cpu']} x{m['cpus']}, "
+        f"load avg at start {_fmt(m['loadavg_start'][0])}, at end "
+        f"{_fmt(m['loadavg_end'][0])}",
+        "",
+        *_sse_summary(results["sse"]),
+        "",
+        f"{r['ratio']}: {_fmt(r['value'])} ms, target {r['target']}, met: {met} ({r['note']})",
+    ]
+    print("\n".join(lines))
+    out.mkdir(parents=True, exist_ok=True)
+    name = "sse.json" if mode == "full" else "sse-quick.json"
+    (out / name).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out / name}")
     return 0
 
 

@@ -526,6 +526,22 @@ class Runtime:
         where the runtime restarted. They all precede this process's own records, so
         they belong to the replay part.
         """
+        batches = self.event_batches(session_id, after=after, live=live, restarts=restarts)
+        async with aclosing(batches) as stream:
+            async for batch in stream:
+                for event in batch:
+                    yield event
+
+    async def event_batches(
+        self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False
+    ) -> AsyncGenerator[list[Event], None]:
+        """The events of ``events``, in the same order, as lists: each step takes
+        everything that is already waiting (a page of the replay; the live events
+        published since the last step, such as the records of one commit), never
+        waiting for more. A consumer that writes them somewhere (the daemon's event
+        streams) can then write them at once, and wakes once per burst instead of
+        once per event. Never an empty list.
+        """
         info = await self.journal.session_info(session_id)
         if info is None:
             raise UnknownSession(session_id)
@@ -536,24 +552,33 @@ class Runtime:
         with self.journal.bus.subscribe(session_id) as live_feed:
             last = after
             async with aclosing(self._replay(session_id, last, markers)) as replay:
-                async for event in replay:
-                    last = max(last, event.seq or last)
-                    yield event
+                async for page in replay:
+                    last = max(last, page[-1].seq or last)
+                    yield page
             if not live:
                 return
             if self.journal.log.multi_node:
                 async with aclosing(self._follow(session_id, live_feed, last)) as follow:
-                    async for event in follow:
-                        yield event
+                    async for followed in follow:
+                        yield followed
                 return
-            async for event in live_feed:
-                if event.seq is not None:
-                    if event.seq <= last:
-                        continue
-                    last = event.seq
-                yield event
-                if event.kind == SESSION_DELETED:
-                    return  # the session is gone: nothing more will come
+            while True:
+                try:
+                    first = await live_feed.__anext__()
+                except StopAsyncIteration:
+                    return
+                batch: list[Event] = []
+                for event in (first, *live_feed.drain()):
+                    if event.seq is not None:
+                        if event.seq <= last:
+                            continue
+                        last = event.seq
+                    batch.append(event)
+                    if event.kind == SESSION_DELETED:
+                        yield batch
+                        return  # the session is gone: nothing more will come
+                if batch:
+                    yield batch
 
     @asynccontextmanager
     async def watch(
@@ -589,8 +614,9 @@ class Runtime:
 
     async def _replay(
         self, session_id: str, after: int, markers: list[Committed] | None = None
-    ) -> AsyncGenerator[Event, None]:
-        """The session's records after ``after``, with ``markers`` merged in seq order."""
+    ) -> AsyncGenerator[list[Event], None]:
+        """The session's records after ``after``, a page at a time, with ``markers``
+        merged in seq order (never an empty page)."""
         pending = list(markers or ())
 
         def event(c: Committed) -> Event:
@@ -599,19 +625,22 @@ class Runtime:
         last = after
         while True:
             page = await self.journal.read_session(session_id, last, _PAGE)
+            out: list[Event] = []
             for c in page:
                 while pending and pending[0].seq < c.seq:
-                    yield event(pending.pop(0))
-                yield event(c)
+                    out.append(event(pending.pop(0)))
+                out.append(event(c))
                 last = c.seq
+            if out:
+                yield out
             if len(page) < _PAGE:
                 break
-        for c in pending:
-            yield event(c)
+        if pending:
+            yield [event(c) for c in pending]
 
     async def _follow(
         self, session_id: str, feed: Subscription, after: int
-    ) -> AsyncGenerator[Event, None]:
+    ) -> AsyncGenerator[list[Event], None]:
         """Live part with several nodes: the log is the source of committed records.
 
         Any node may be writing the session (it may even move between nodes while we
@@ -632,16 +661,16 @@ class Runtime:
                     except StopAsyncIteration:
                         return
                 if event is not None and event.seq is None and event.kind != WAKE:
-                    yield event
+                    yield [event]
                     if event.kind == SESSION_DELETED:
                         return
                     continue
                 if event is not None and event.seq is not None and event.seq <= last:
                     continue
                 async with aclosing(self._replay(session_id, last)) as replay:
-                    async for c in replay:
-                        last = c.seq or last
-                        yield c
+                    async for page in replay:
+                        last = page[-1].seq or last
+                        yield page
 
 
 def child_session_id(call: ToolExecuting, n: int) -> str:

@@ -76,9 +76,28 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     assert sse["deliveries"] > 0
     assert _positive(sse["p50_ms"])
     assert sse["p99_ms"] >= sse["p50_ms"]
+    # The probed variants split each delivery: the daemon's share and the client's.
+    probed = sse["split"]["python"]
+    # every delivery a client timed is matched with the daemon's stamps for it
+    assert probed["deliveries"] == sse["deliveries"] == probed["trials"][0]["stages"]["joined"]
+    stages = probed["stages"]
+    for stage in ("commit", "fanout", "http", "daemon", "streaming", "client"):
+        assert stages[stage]["p50_ms"] is not None and stages[stage]["p50_ms"] >= 0, stage
+    assert stages["daemon"]["p50_ms"] >= stages["streaming"]["p50_ms"]
+    assert sse["split"]["one_client"]["subscribers"] == 1
+    curl = sse["split"]["curl"]
+    assert "skipped" in curl or _positive(curl["stages"]["daemon"]["p50_ms"])
+    floor = sse["floor"]  # bare Hypercorn and perdure's app, one event at a time
+    if "skipped" not in floor:
+        for server in ("hypercorn", "perdure"):
+            f = floor[server]
+            assert 0 < f["first_client_ms"] <= f["median_client_ms"] <= f["last_client_ms"]
+            assert _positive(f["cpu_us_per_write"])
     ratios = {r["ratio"]: r for r in results["ratios"]}
     assert any(name.startswith("perdure per turn / floor") for name in ratios)
     assert all(r["met"] in (True, False, None) for r in ratios.values())
+    (share,) = [r for name, r in ratios.items() if name.startswith("daemon share of SSE p50")]
+    assert share["met"] in (True, False) and _positive(share["value"])
     pg = results["postgres"]
     if "skipped" not in pg:  # PostgreSQL can be started here: its figures are well formed
         for backend in ("lmdb", "postgres"):

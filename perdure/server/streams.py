@@ -6,6 +6,11 @@ markers (``LogOpened``) in sequence order; a comment every ``heartbeat`` seconds
 A client resumes with ``Last-Event-ID`` and gets no gap and no duplicate. The
 runtime's bus never waits for a slow client: it drops it, the response ends, and
 the client reconnects from its last id.
+
+What one more client of a busy session costs is kept to the unavoidable: each event
+is encoded once for all of them (``FrameCache``), and each response wakes once per
+burst and writes everything that piled up since its last write in one send (the
+records of a commit, the deltas that came meanwhile), from a task of its own.
 """
 
 from __future__ import annotations
@@ -50,21 +55,39 @@ def sse_frame(event: Event) -> bytes:
 
 
 class FrameCache:
-    """Committed records encoded once for all the subscribers of one runtime's streams."""
+    """Each event encoded once for all the subscribers of one runtime's streams.
 
-    def __init__(self, size: int = 8192) -> None:
+    A live event reaches every subscriber of its session as the same ``Event``
+    object, so the frame is cached by identity (ephemeral deltas as well as
+    records); committed records are also cached by (session, seq), so the clients
+    that replay the same records from the log (reconnecting after a restart, say)
+    share one encoding too. The cached bytes are exactly what ``sse_frame`` returns.
+    """
+
+    def __init__(self, size: int = 8192, live: int = 1024) -> None:
         self.size = size
+        self.live = live
         self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        # id(event) -> (event, frame); holding the event keeps its id from being reused
+        self._recent: OrderedDict[int, tuple[Event, bytes]] = OrderedDict()
 
     def frame(self, event: Event) -> bytes:
+        recent = self._recent.get(id(event))
+        if recent is not None and recent[0] is event:
+            return recent[1]
         if event.seq is None:
-            return sse_frame(event)
-        key = (event.session_id, event.seq)
-        found = self._frames.get(key)
-        if found is None:
-            found = self._frames[key] = sse_frame(event)
-            if len(self._frames) > self.size:
-                self._frames.popitem(last=False)
+            found = sse_frame(event)
+        else:
+            key = (event.session_id, event.seq)
+            cached = self._frames.get(key)
+            if cached is None:
+                cached = self._frames[key] = sse_frame(event)
+                if len(self._frames) > self.size:
+                    self._frames.popitem(last=False)
+            found = cached
+        self._recent[id(event)] = (event, found)
+        if len(self._recent) > self.live:
+            self._recent.popitem(last=False)
         return found
 
 
@@ -94,35 +117,22 @@ class EventStreamResponse(Response):
         await serve_sse(send, receive, self.streams, opening, self._pump)
 
     async def _pump(self, write: Callable[[bytes], Awaitable[None]]) -> None:
-        """Forward the session's events; frames that pile up while a write is in
-        progress go out together in the next write (one send for a burst of commits)."""
-        frames_in, frames_out = trio.open_memory_channel[bytes](256)
+        """Forward the session's events: whatever has piled up since the last write (a
+        commit's records, the deltas of a busy stream, a page of the replay) goes out
+        in one write, so a client costs one wake-up and one send per burst."""
         streams = self.streams
-
-        async def read() -> None:
-            events = streams.rt.events(
-                self.session_id, after=self.after, live=self.live, restarts=True
-            )
-            async with frames_in:
-                try:
-                    async with aclosing(events) as stream:
-                        async for event in stream:
-                            await frames_in.send(streams.frames.frame(event))
-                except EventStreamLagged:
-                    # The runtime dropped us rather than wait: end, so the client
-                    # reconnects from the last id it received.
-                    await frames_in.send(b": lagged behind; reconnect with Last-Event-ID\n\n")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            async for frame in frames_out:
-                batch = [frame]
-                while True:
-                    try:
-                        batch.append(frames_out.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await write(b"".join(batch))
+        frame = streams.frames.frame
+        batches = streams.rt.event_batches(
+            self.session_id, after=self.after, live=self.live, restarts=True
+        )
+        try:
+            async with aclosing(batches) as stream:
+                async for batch in stream:
+                    await write(b"".join([frame(event) for event in batch]))
+        except EventStreamLagged:
+            # The runtime dropped us rather than wait: end, so the client
+            # reconnects from the last id it received.
+            await write(b": lagged behind; reconnect with Last-Event-ID\n\n")
 
 
 Write = Callable[[bytes], Awaitable[None]]
@@ -146,20 +156,34 @@ async def serve_sse(
         *headers,
     ]
     await send({"type": "http.response.start", "status": 200, "headers": start})
-    lock = trio.Lock()
+    lock = trio.Lock()  # the pump and the heartbeats take turns
 
     async def write(chunk: bytes) -> None:
-        async with lock:
+        # Uncontended (nearly always), take the lock without ``acquire``'s checkpoint:
+        # the send below yields anyway, and one scheduling round less per write is
+        # what a hundred clients of one session feel.
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            lock.release()
+
+    async def forward(scope: trio.CancelScope) -> None:
+        await write(opening)
+        await pump(write)
+        scope.cancel()
 
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
             nursery.start_soon(_until_set, streams.closing, nursery.cancel_scope)
             nursery.start_soon(_heartbeats, streams.heartbeat, write)
-            await write(opening)
-            await pump(write)
-            nursery.cancel_scope.cancel()
+            # In a task of its own: every wake-up of the pump resumes only its own few
+            # frames, not the whole ASGI stack (server, middleware, router) above us.
+            nursery.start_soon(forward, nursery.cancel_scope)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass  # the client went away mid-write; nothing to tell it

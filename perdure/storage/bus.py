@@ -9,6 +9,7 @@ never stall the runtime. It reconnects from the last sequence number it saw.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,29 +43,49 @@ class EventStreamLagged(Exception):
 
 
 class Subscription:
-    """A live feed of one session's events (or every session's, for ``None``)."""
+    """A live feed of one session's events (or every session's, for ``None``).
+
+    A plain queue with a parking lot rather than a memory channel: publishing is an
+    append (and a wake-up if the reader waits), and a reader can take everything
+    that is waiting at once (``drain``), which is what lets one wake-up of an SSE
+    response carry a whole burst of events.
+    """
 
     def __init__(self, bus: EventBus, session_id: str | None, buffer: int) -> None:
         self._bus = bus
         self.session_id = session_id
-        self._send, self._recv = trio.open_memory_channel[Event](buffer)
+        self.buffer = buffer  # events that may wait unread before the reader is dropped
+        self._queue: deque[Event] = deque()
+        self._ready = trio.lowlevel.ParkingLot()  # the reader, while the queue is empty
+        self._ended = False  # closed, or dropped for lagging: nothing more is queued
         self.lagged = False
 
     def _offer(self, event: Event) -> None:
-        if self.lagged:
+        if self._ended:
             return
-        try:
-            self._send.send_nowait(event)
-        except trio.WouldBlock:
+        if len(self._queue) >= self.buffer:
             self.lagged = True
             self._bus.lagged += 1
-            self._send.close()
-        except trio.ClosedResourceError:
-            pass
+            self._end()
+            return
+        self._queue.append(event)
+        if self._ready:
+            self._ready.unpark_all()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._ready.unpark_all()
+
+    def drain(self) -> list[Event]:
+        """The events already waiting, without waiting for more. A dropped (lagged)
+        subscription's iterator raises after these, as it would have after them."""
+        out = list(self._queue)
+        self._queue.clear()
+        return out
 
     def close(self) -> None:
         self._bus._unsubscribe(self)
-        self._send.close()
+        self._end()
 
     def __enter__(self) -> Subscription:
         return self
@@ -76,15 +97,22 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Event:
-        try:
-            return await self._recv.receive()
-        except trio.EndOfChannel:
-            if self.lagged:
-                who = self.session_id or "all sessions"
-                raise EventStreamLagged(
-                    f"the event stream of {who} fell behind and was dropped"
-                ) from None
-            raise StopAsyncIteration from None
+        if self._queue:
+            await trio.lowlevel.checkpoint()  # a reader that never waits still yields
+        while not self._queue:
+            if self._ended:
+                if self.lagged:
+                    who = self.session_id or "all sessions"
+                    raise EventStreamLagged(
+                        f"the event stream of {who} fell behind and was dropped"
+                    )
+                raise StopAsyncIteration
+            await self._ready.park()
+        return self._queue.popleft()
+
+    def waiting(self) -> int:
+        """How many events wait unread."""
+        return len(self._queue)
 
 
 class EventBus:
@@ -99,9 +127,7 @@ class EventBus:
 
     def backlog(self) -> int:
         """Events waiting in the fullest subscriber's buffer (how far behind it is)."""
-        return max(
-            (s._recv.statistics().current_buffer_used for s in self.subscriptions()), default=0
-        )
+        return max((s.waiting() for s in self.subscriptions()), default=0)
 
     def subscribe(self, session_id: str | None, buffer: int | None = None) -> Subscription:
         sub = Subscription(self, session_id, buffer or self.buffer)

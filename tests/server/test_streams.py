@@ -1,4 +1,6 @@
-"""Many sessions at once, event-stream resume by sequence number, and slow clients."""
+"""Many sessions at once, event-stream resume by sequence number, slow clients, and the
+frames every client of a session shares (encoded once, byte for byte what encoding
+each event for each client would give)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ from pathlib import Path
 import httpx
 import trio
 
+from perdure.server.streams import FrameCache, sse_frame
+from perdure.storage.bus import Event
 from perdure.storage.lmdb_log import LmdbLog
-from perdure.storage.records import LogOpened
+from perdure.storage.records import LogOpened, ToolCompleted
 from tests.server.conftest import WORK_SCRIPT
 from tests.support.checker import check
 from tests.support.daemon import Daemon, Stream, follow, is_final, parse_sse
@@ -130,3 +134,68 @@ async def test_a_slow_client_is_dropped_and_never_blocks_the_runtime(
         rest = await follow(c, sid, last_event_id=stream.seqs[-1])
     assert is_final(rest.events[-1])
     assert stream.seqs + rest.seqs == expected_seqs(daemon.log, sid)
+
+
+def test_a_shared_frame_is_the_bytes_each_client_would_have_encoded() -> None:
+    cache = FrameCache(size=2, live=4)
+    record = ToolCompleted(session_id="s", call_id="c1", output="é\nö", at=1.5)
+    committed = Event("s", "ToolCompleted", 7, record)
+    delta = Event("s", "text_delta", data={"text": "line one\nline two", "n": 1})
+    for event in (committed, delta):
+        shared = cache.frame(event)
+        assert shared == sse_frame(event)
+        assert cache.frame(event) is shared  # encoded once, then the same bytes
+    # Another client replays the record from the log: another object, the same frame.
+    assert cache.frame(Event("s", "ToolCompleted", 7, record)) is cache.frame(committed)
+    # Events come and go (each one freed once the cache lets go of it, so a new
+    # event may get a freed one's id): every frame is still that event's own.
+    for i in range(300):
+        event = Event("s", "text_delta", data={"text": f"delta {i}"})
+        assert cache.frame(event) == sse_frame(event)
+        later = Event("s", "ToolCompleted", 100 + i, record)
+        assert cache.frame(later) == sse_frame(later)
+
+
+async def test_the_clients_of_one_session_get_identical_bytes(
+    make_daemon: Callable[..., Daemon],
+) -> None:
+    daemon = await trio.to_thread.run_sync(make_daemon(WORK_SCRIPT, heartbeat=60.0).start)
+    bodies: dict[int, bytes] = {}
+    async with daemon.aclient() as c:
+        sid = (await c.post("/v1/sessions", json={})).json()["session_id"]
+
+        async def read(i: int, task_status: trio.TaskStatus[None]) -> None:
+            async with c.stream("GET", f"/v1/sessions/{sid}/events") as resp:
+                body, told = b"", False
+                async for chunk in resp.aiter_raw():
+                    body += chunk
+                    if not told and b"event: SessionCreated" in body:
+                        told = True  # subscribed (the replay follows the subscription)
+                        task_status.started()
+                    end = body.find(b"event: RunFinished")
+                    if end >= 0 and body.find(b"\n\n", end) >= 0:
+                        break
+            bodies[i] = body
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    await nursery.start(read, i)
+                await c.post(f"/v1/sessions/{sid}/messages", json={"text": "go", "request_id": "r"})
+    assert await trio.to_thread.run_sync(daemon.stop) == 0
+    assert len(set(bodies.values())) == 1  # four clients, one stream of bytes
+    frames = bodies[0].split(b"\n\n")[1:-1]  # after the opening, to RunFinished
+    assert any(f.startswith(b"event: text_delta\n") for f in frames)  # deltas too
+    # Each committed record's frame is what encoding it alone, as read back from the
+    # log, gives.
+    opened = LmdbLog(daemon.log, readonly=True)
+    try:
+        stored = {c.seq: c.record for c in opened.read_global()}
+    finally:
+        opened.close()
+    committed = [f for f in frames if f.startswith(b"id: ")]
+    assert len(committed) == len([r for r in stored.values() if r.session_id == sid])
+    for frame in committed:
+        seq = int(frame.split(b"\n", 1)[0].removeprefix(b"id: "))
+        record = stored[seq]
+        assert frame + b"\n\n" == sse_frame(Event(sid, type(record).__name__, seq, record))

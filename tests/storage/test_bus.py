@@ -6,13 +6,20 @@
 * A subscriber that overflows its buffer is dropped with ``EventStreamLagged``
   after the events it did buffer, while the other subscribers and the Journal go
   on unaffected; a subscriber that closes itself ends cleanly.
+* ``drain`` takes everything waiting at once, in order, and changes nothing of the
+  above; ``Runtime.event_batches`` hands a commit's records over as one batch.
 """
 
 from __future__ import annotations
 
+from contextlib import aclosing
+from pathlib import Path
+
 import pytest
 import trio
 
+import perdure
+from perdure.providers.scripted import ScriptedProvider
 from perdure.storage.bus import Event, EventBus, EventStreamLagged, Subscription
 from perdure.storage.journal import open_journal
 from perdure.storage.lmdb_log import LmdbLog
@@ -101,3 +108,44 @@ async def test_slow_subscriber_lags_alone(log: LmdbLog) -> None:
         slow.close()
         fast.close()
         assert not bus.has_subscribers("s")
+
+
+async def test_drain_takes_what_waits_in_order_and_a_lag_still_follows(log: LmdbLog) -> None:
+    bus = EventBus(buffer=100)
+    async with open_journal(log, bus) as journal:
+        sub = bus.subscribe("s", buffer=5)
+        assert sub.drain() == []
+        committed = await journal.append([result("s", f"c{i}") for i in range(3)])
+        bus.publish(Event("s", "text_delta", data={"text": "hi"}))
+        assert bus.backlog() == 4
+        got = sub.drain()
+        assert [e.seq for e in got] == [c.seq for c in committed] + [None]
+        assert sub.drain() == [] and bus.backlog() == 0
+        # Overflow: the five buffered events, then the lag (drain never raises it).
+        await journal.append([result("s", f"d{i}") for i in range(6)])
+        assert len(sub.drain()) == 5
+        assert sub.drain() == []
+        with pytest.raises(EventStreamLagged):
+            await sub.__anext__()
+        # A closed subscription keeps what was waiting, then ends.
+        quitter = bus.subscribe("s")
+        await journal.append([result("s", "e")])
+        quitter.close()
+        assert [e.kind for e in quitter.drain()] == ["ToolCompleted"]
+        with pytest.raises(StopAsyncIteration):
+            await quitter.__anext__()
+
+
+async def test_a_commit_reaches_a_batch_reader_as_one_batch(log_dir: Path) -> None:
+    async with perdure.open_runtime(log_dir, provider=ScriptedProvider([])) as rt:
+        await rt.create_session("s")
+        async with aclosing(rt.event_batches("s")) as batches:
+            replay = await batches.__anext__()
+            assert [e.kind for e in replay] == ["SessionCreated"]
+            committed = await rt.journal.append([result("s", f"c{i}") for i in range(3)])
+            rt.journal.bus.publish(Event("s", "text_delta", data={"text": "hi"}))
+            live = await batches.__anext__()
+            assert [e.seq for e in live] == [c.seq for c in committed] + [None]
+            # What events() yields is the same, one at a time.
+            flat = [e async for e in rt.events("s", live=False)]
+            assert [e.seq for e in flat] == [replay[0].seq] + [c.seq for c in committed]
