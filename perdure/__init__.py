@@ -10,6 +10,7 @@ from perdure._runtime import Runtime, open_runtime
 from perdure.actors.protocol import Accepted, Done, Forked
 from perdure.agents import agent_tool
 from perdure.budget import Budget, Price
+from perdure.collector import tune_gc
 from perdure.errors import (
     NotOwnerRefused,
     PerdureError,
@@ -86,4 +87,5 @@ __all__ = [
     "agent_tool",
     "open_runtime",
     "tool",
+    "tune_gc",
 ]

@@ -485,6 +485,10 @@ async def open_runtime(
     """
     if mode not in ("thread", "guest"):
         raise ValueError(f"mode must be 'thread' or 'guest', not {mode!r}")
+    if mode == "guest":
+        # The trio loop runs on asyncio's thread, which has work trio cannot see: it
+        # must never block it for a commit.
+        options.setdefault("commit_on_loop", False)
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[tuple[_Portal, Runtime, trio.Event]] = loop.create_future()
     done: asyncio.Future[None] = loop.create_future()

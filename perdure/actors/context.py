@@ -9,6 +9,7 @@ from typing import Any
 
 from attrs import define, field
 
+from perdure.actors.protocol import Env
 from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
@@ -65,3 +66,18 @@ class ActorContext:
     agents: AgentRunner | None = None
     # Telemetry (perdure.observability): shown every commit; they never decide anything.
     observers: tuple[CommitObserver, ...] = ()
+
+    def env(self, tools: Mapping[str, Tool]) -> Env:
+        """What a decision may know of the world now, with the tools it may use."""
+        return Env(
+            tools=tools,
+            now=self.clock(),
+            resume_budget=self.resume_budget,
+            max_model_attempts=self.max_model_attempts,
+            max_turns=self.max_turns,
+            retry_base=self.retry_base,
+            retry_cap=self.retry_cap,
+            forget_settled=self.forget_settled,
+            budget=self.budget,
+            prices=self.prices,
+        )

@@ -22,7 +22,7 @@ committed before the call's result).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -45,6 +45,14 @@ RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6
 
 T = TypeVar("T")
 A = TypeVar("A", protocol.Accepted, protocol.Done)
+
+
+def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> Mapping[str, Tool]:
+    """The registered tools a session may use (a sub-agent may be limited to some)."""
+    if allowed is None:
+        return tools
+    names = set(allowed)
+    return {n: t for n, t in tools.items() if n in names}
 
 
 class Reply(Generic[T]):
@@ -190,7 +198,8 @@ class SessionActor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.state = await self._load()
-            await self._commit(decide.recover(self.state, self._env()), recovering=True)
+            env = self._env()
+            await self._commit(decide.recover(self.state, env), env, recovering=True)
             self.started = True
             task_status.started()
             self._after_message()
@@ -279,25 +288,11 @@ class SessionActor:
         return SessionState.fold(self.session_id, records)
 
     def _env(self) -> protocol.Env:
-        c = self.ctx
-        return protocol.Env(
-            tools=self._registered(),
-            now=c.clock(),
-            resume_budget=c.resume_budget,
-            max_model_attempts=c.max_model_attempts,
-            max_turns=c.max_turns,
-            retry_base=c.retry_base,
-            retry_cap=c.retry_cap,
-            forget_settled=c.forget_settled,
-            budget=c.budget,
-            prices=c.prices,
-        )
+        return self.ctx.env(self._registered())
 
     def _registered(self) -> Mapping[str, Tool]:
         """The tools this session may use (a sub-agent may be limited to some)."""
-        allowed = self.state.allowed_tools
-        tools = self.ctx.tools
-        return tools if allowed is None else {n: t for n, t in tools.items() if n in allowed}
+        return allowed_tools(self.ctx.tools, self.state.allowed_tools)
 
     def _view(self) -> protocol.View:
         return protocol.View(
@@ -387,18 +382,19 @@ class SessionActor:
         handover, self._handover = self._handover, None
         assert handover is not None
         handover.reply.fail(Refused("busy", f"session {self.session_id} stays: {why}"))
-        await self._commit(protocol.NOTHING)
+        await self._commit(protocol.NOTHING, self._env())
 
     async def _command(self, message: CommandMsg[Any]) -> None:
         reply = message.reply
         try:
-            step, answer = decide.command(self.state, self._env(), message.command)
+            env = self._env()
+            step, answer = decide.command(self.state, env, message.command)
         except Refused as exc:
             reply.fail(exc)
             return
         self._pending.append(reply)
         try:
-            committed = await self._commit(step)
+            committed = await self._commit(step, env)
         except LogError as exc:
             if isinstance(exc, LogFenced | CommitUnknown):
                 raise  # fenced: stop; unknown: restart from the log (fold + recover)
@@ -413,9 +409,10 @@ class SessionActor:
         reply.set(answer)
 
     async def _result(self, result: protocol.Result) -> None:
-        step = decide.on_result(self.state, self._env(), result)
+        env = self._env()
+        step = decide.on_result(self.state, env, result)
         try:
-            await self._commit(step)
+            await self._commit(step, env)
         except (LogFenced, CommitUnknown):
             raise
         except LogError as exc:
@@ -476,9 +473,10 @@ class SessionActor:
             timer.cancel()
         throttle.last_commit = trio.current_time()
         assert beat is not None
-        step = decide.on_result(self.state, self._env(), beat)
+        env = self._env()
+        step = decide.on_result(self.state, env, beat)
         try:
-            await self._commit(step)
+            await self._commit(step, env)
         except (LogFenced, CommitUnknown):
             raise
         except LogError as exc:  # progress only: the next heartbeat will carry newer details
@@ -515,11 +513,14 @@ class SessionActor:
 
     # -- commit, then act ------------------------------------------------------------
 
-    async def _commit(self, first: protocol.Step, *, recovering: bool = False) -> list[Committed]:
-        """Settle, commit everything in one append, then perform the effects."""
+    async def _commit(
+        self, first: protocol.Step, env: protocol.Env, *, recovering: bool = False
+    ) -> list[Committed]:
+        """Settle (under the ``env`` that decided ``first``), commit everything in one
+        append, then perform the effects."""
         state = self.state
         rev_before = state.goal_rev
-        step = decide.settle(state, self._env(), self._view(), first, recovering=recovering)
+        step = decide.settle(state, env, self._view(), first, recovering=recovering)
         committed: list[Committed] = []
         if step.records:
             records = self._observe_before(state, step.records)

@@ -54,8 +54,16 @@ import trio
 from perdure import retention
 from perdure.actors import balance, decide
 from perdure.actors.context import ActorContext
-from perdure.actors.protocol import Forked
-from perdure.actors.session import Drain, HandOver, Mailbox, Reply, SessionActor
+from perdure.actors.protocol import Forked, Submit
+from perdure.actors.session import (
+    Drain,
+    HandOver,
+    Mailbox,
+    Reply,
+    SessionActor,
+    allowed_tools,
+)
+from perdure.actors.state import SessionState
 from perdure.errors import (
     NotOwnerRefused,
     PerdureError,
@@ -75,7 +83,14 @@ from perdure.storage import (
     check_session_id,
 )
 from perdure.storage.codec import CorruptRecord
-from perdure.storage.records import Budget, SessionCreated, SessionForked, SessionParked
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    Record,
+    SessionCreated,
+    SessionForked,
+    SessionParked,
+)
 
 log = logging.getLogger("perdure.supervisor")
 
@@ -374,11 +389,14 @@ class Supervisor:
         *,
         parent: str | None = None,
         tools: list[str] | None = None,
+        task: Submit | None = None,
     ) -> bool:
         """Record a new session; False if it already existed (creation is idempotent).
 
         Asking again with another system prompt is a conflict: the session keeps the
-        prompt it was created with, and the caller hears that it differs.
+        prompt it was created with, and the caller hears that it differs. ``task``: its
+        first input, accepted in the same commit (a sub-agent never exists without
+        its task); a caller told False submits it as usual (idempotent).
         """
         check_session_id(session_id)
         async with self._create_lock:
@@ -402,7 +420,14 @@ class Supervisor:
                 tools=tools,
                 at=self.ctx.clock(),
             )
-            await self.journal.append([record])
+            records: list[Record] = [record]
+            if task is not None:
+                fresh = SessionState.fold(session_id, [Committed(0, record)])
+                step, _ = decide.command(
+                    fresh, self.ctx.env(allowed_tools(self.ctx.tools, tools)), task
+                )
+                records += step.records
+            await self.journal.append(records)
             return True
 
     async def fork_session(
@@ -494,14 +519,19 @@ class Supervisor:
             box = Mailbox.open()
             assert self._nursery is not None
             self._lost.pop(session_id, None)
-            parked = await self._nursery.start(self._supervise, session_id, box)
+            # Shielded: a caller cancelled while the actor starts must not leave it
+            # running unregistered (the next message would start a second actor of the
+            # same session). The caller hears its cancellation at its next checkpoint.
+            with trio.CancelScope(shield=True):
+                parked = await self._nursery.start(self._supervise, session_id, box)
+                if parked is None:
+                    self.mailboxes[session_id] = box
             if isinstance(parked, _Lost):
                 raise NotOwnerRefused(f"session {session_id}: {parked.reason}")
             if isinstance(parked, _Unreachable):
                 raise parked.error  # the caller hears it now, not when the outage ends
             if parked is not None:
                 raise SessionParkedError(session_id, parked)
-            self.mailboxes[session_id] = box
             return box
         finally:
             del self._starting[session_id]

@@ -17,6 +17,8 @@ throttled), the last unsent ones just before the result; and with
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import time
@@ -92,9 +94,10 @@ class Heartbeats:
 
     ``beat`` is what ``ctx.heartbeat`` calls (from the trio thread, or from a worker
     thread the tool started); ``relay`` forwards the latest details to the session's
-    mailbox, skipping the ones superseded meanwhile (latest wins). Details are only
-    dropped from here once the session's mailbox has them, so ``take`` after the tool
-    returned yields a final heartbeat the relay had not sent yet.
+    mailbox, skipping the ones superseded meanwhile (latest wins). The relay starts with
+    the first heartbeat (most tools send none), through ``start_relay``. Details are
+    only dropped from here once the session's mailbox has them, so ``take`` after the
+    tool returned yields a final heartbeat the relay had not sent yet.
     """
 
     def __init__(self, executing: ToolExecuting, timeout: float | None) -> None:
@@ -105,6 +108,7 @@ class Heartbeats:
         self._latest: HeartbeatReported | None = None
         self._wake = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
+        self.start_relay: Callable[[], None] | None = None  # set while the tool runs
         self.arm()
 
     def arm(self) -> None:
@@ -125,6 +129,9 @@ class Heartbeats:
             call_id=self.call_id, attempt=self.attempt, details=details
         )
         self._wake.set()
+        if self.start_relay is not None:
+            start, self.start_relay = self.start_relay, None
+            start()
         self.arm()
 
     async def relay(self, outbox: trio.MemorySendChannel[Any]) -> None:
@@ -174,8 +181,9 @@ async def run_tool(
     finished = _attempt(executing, "cancelled", "cancelled")
     with scope:
         async with trio.open_nursery() as relaying:
-            relaying.start_soon(beats.relay, outbox)
+            beats.start_relay = functools.partial(relaying.start_soon, beats.relay, outbox)
             finished = await _invoke(tool, tctx, executing, beats)
+            beats.start_relay = None
             relaying.cancel_scope.cancel()
     if scope.cancelled_caught:
         finished = _attempt(executing, "cancelled", "cancelled")
@@ -193,28 +201,30 @@ async def _invoke(
     tool: Tool, tctx: ToolContext, executing: ToolExecuting, beats: Heartbeats
 ) -> ToolFinished:
     """One attempt under the tool's timeout and heartbeat watchdog, as an outcome."""
+    # Scopes only where they can fire: most tools have neither a timeout nor a watchdog.
+    limit = trio.move_on_after(tool.timeout) if tool.timeout is not None else None
+    watchdog = beats.watchdog if beats.timeout is not None else None
     finished: ToolFinished | None = None
-    with trio.move_on_after(tool.timeout if tool.timeout is not None else math.inf) as limit:
-        with beats.watchdog:
-            try:
-                value = await tool.invoke(tctx, dict(executing.args))
-            except OutcomeUnknown as exc:
-                finished = _attempt(executing, "unknown", exc.reason)
-            except Exception as exc:
-                finished = _failed(tool, executing, exc)
-            else:
-                flagged = value if isinstance(value, ToolResult) else ToolResult(value)
-                finished = _attempt(
-                    executing,
-                    "ok",
-                    render_result(flagged.content),
-                    is_error=flagged.is_error,
-                    terminate=flagged.terminate or tool.terminates,
-                )
-    if beats.watchdog.cancelled_caught:
+    with limit or contextlib.nullcontext(), watchdog or contextlib.nullcontext():
+        try:
+            value = await tool.invoke(tctx, dict(executing.args))
+        except OutcomeUnknown as exc:
+            finished = _attempt(executing, "unknown", exc.reason)
+        except Exception as exc:
+            finished = _failed(tool, executing, exc)
+        else:
+            flagged = value if isinstance(value, ToolResult) else ToolResult(value)
+            finished = _attempt(
+                executing,
+                "ok",
+                render_result(flagged.content),
+                is_error=flagged.is_error,
+                terminate=flagged.terminate or tool.terminates,
+            )
+    if watchdog is not None and watchdog.cancelled_caught:
         silent = f"sent no heartbeat for {tool.heartbeat_timeout:g}s; treated as hung and stopped"
         return _attempt(executing, "timeout", silent)
-    if limit.cancelled_caught or finished is None:
+    if finished is None:  # only the time limit stops a call without an outcome here
         return _attempt(executing, "timeout", f"timed out after {tool.timeout:g}s")
     return finished
 

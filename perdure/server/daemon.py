@@ -4,8 +4,9 @@ Start-up: the token is settled first (``--token-file``, ``PERDURE_TOKEN``, or a
 token generated into the log directory with mode 0600 and reused by later starts,
 so clients and the page keep working across restarts); binding a non-loopback
 address without an explicit token is refused. Then ``open_runtime`` recovers and
-continues every interrupted run before a single request is served, and Hypercorn's
-trio worker serves the Starlette app on the same trio loop as the runtime.
+continues every interrupted run before a single request is served (then the
+process's garbage collector is tuned: ``perdure.tune_gc``), and Hypercorn's trio
+worker serves the Starlette app on the same trio loop as the runtime.
 
 Shutdown on SIGTERM or SIGINT: event streams end (clients reconnect to the next
 process with ``Last-Event-ID``), Hypercorn stops accepting and finishes open
@@ -35,6 +36,7 @@ from hypercorn.typing import ASGIFramework
 
 from perdure._runtime import open_runtime
 from perdure._setup import SetupError
+from perdure.collector import tune_gc
 from perdure.errors import find_exception
 from perdure.observability.hooks import auto_observers
 from perdure.providers.base import Provider
@@ -213,6 +215,9 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         mcp_servers=opts.mcp_servers,
         telemetry=auto_observers() + ((metrics,) if metrics is not None else ()),
     ) as rt:
+        # This process is the daemon's own: tune its collector, once recovery has
+        # loaded the sessions it resumed (perdure.collector says why).
+        tune_gc()
         if metrics is not None:
             metrics.attach(rt)
         recovered = rt.recovered_sessions

@@ -20,7 +20,9 @@ means LMDB, a ``postgresql://`` (or ``postgres://``) URL means PostgreSQL, and
 imports psycopg.
 
 Threads: every method blocks. ``commit`` runs only on the Journal's writer thread
-(bound with ``bind_writer``; an ``inline`` backend's writer is the trio thread);
+(bound with ``bind_writer``; an ``inline`` backend's writer is the trio thread, and
+a ``local`` one's may also be the trio thread while its loop is idle, never at the
+same time as the writer thread);
 everything else may run on any thread, each call in its own short read (or, for
 leases, write) transaction.
 
@@ -153,7 +155,15 @@ class LogBackend(Protocol):
         commits on the trio thread, with no writer thread."""
         ...
 
-    def bind_writer(self, thread: threading.Thread) -> None: ...
+    @property
+    def local(self) -> bool:
+        """True when ``commit`` is a write to a local disk with no network or lock
+        waits in it (LMDB): the Journal may then commit on its idle trio thread."""
+        ...
+
+    def bind_writer(self, *threads: threading.Thread) -> None:
+        """From now on, only these threads may call ``commit`` (one at a time)."""
+        ...
 
     def commit(self, batches: Sequence[Batch]) -> CommitResult: ...
 

@@ -56,12 +56,21 @@ class CorruptRecord(Exception):
         self.reason = reason
 
 
+_EXACT_FLOAT_INT: Final = 2**53  # every int up to this is exactly a float
+
+
 def _strict(kind: type) -> Any:
-    # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely.
+    # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely. A
+    # float field may hold a JSON integer (2 for 2.0), but only one a float holds
+    # exactly: a larger one would be read as another number.
     def hook(value: Any, _: type) -> Any:
-        if type(value) is not kind and not (kind is float and type(value) is int):
+        if kind is float and type(value) is int:
+            if abs(value) > _EXACT_FLOAT_INT:
+                raise TypeError(f"integer {value} has no exact float value")
+            return float(value)
+        if type(value) is not kind:
             raise TypeError(f"expected {kind.__name__}, found {type(value).__name__}")
-        return float(value) if kind is float else value  # type: ignore[arg-type]
+        return value
 
     return hook
 
@@ -126,12 +135,23 @@ def _seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
+# One encoder, built once (json.dumps with options builds one per call).
+_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# Per record class: its own unstructure hook, its tag and its version. The same dict
+# the tagged union's hook makes ({fields..., "t": tag}), without its dispatch per call.
+_ENCODERS: Final = {
+    cls: (converter.get_unstructure_hook(cls), cls.__name__, RECORD_VERSIONS[cls.__name__])
+    for cls in RECORD_TYPES
+}
+
+
 def encode(record: Record, seq: int) -> bytes:
     """Frame ``record`` for storage under sequence number ``seq``."""
-    data = converter.unstructure(record, unstructure_as=Record)
-    data["v"] = RECORD_VERSIONS[data["t"]]
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    body = payload.encode()
+    unstructure, tag, version = _ENCODERS[type(record)]
+    data = unstructure(record)
+    data["t"] = tag
+    data["v"] = version
+    body = _JSON.encode(data).encode()
     crc = zlib.crc32(body, zlib.crc32(_seq_bytes(seq)))
     return bytes((FRAME_FORMAT,)) + crc.to_bytes(4, "big") + body
 

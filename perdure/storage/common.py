@@ -26,14 +26,14 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-def claim_writer(writer: threading.Thread | None, seen: set[int], what: str) -> None:
+def claim_writer(writers: tuple[threading.Thread, ...], seen: set[int], what: str) -> None:
     """Refuse a write transaction outside the writer thread; note the thread that wrote.
 
     A write transaction must begin, write and commit on one thread (LMDB demands it;
     the PostgreSQL backend keeps one connection for writes the same way).
     """
     current = threading.current_thread()
-    if writer is not None and current is not writer:
+    if writers and current not in writers:
         raise RuntimeError(
             f"{what} write transaction attempted on thread {current.name!r}; "
             "only the journal's writer thread may write"

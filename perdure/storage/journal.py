@@ -8,6 +8,19 @@ fsync for many sessions), and only then wakes each caller with its sequence
 numbers and publishes the records to the EventBus. Nothing is published before it
 is durable, and deliveries happen in commit order.
 
+Appends are handed over at the end of a scheduling round (a trio instrument's
+``before_io_wait``), so that everything the actors appended in one round shares a
+transaction. At that point, if the loop is about to sleep (nothing runnable, no
+timer due), nothing is in the writer thread's hands and recent commits were quick
+(``loop_commit_budget``), the Journal commits on the trio thread itself instead of
+waking the writer thread: the loop had nothing to do during that fsync, and the two
+thread hand-offs (the writer's wake-up, then the loop's) cost about as much as the
+commit. The price is that I/O arriving during such a commit waits for it; a slow
+disk (commits slower than the budget) sends every commit back to the writer
+thread, and a log whose backend is not local (PostgreSQL) never commits on the
+loop. Either way a write transaction begins and ends on one thread, the two never
+overlap, and deliveries stay in commit order.
+
 Reads run in trio worker threads, each in its own short read transaction.
 
 Inline mode: a backend whose ``inline`` is True (``MemoryLog``) never blocks, so
@@ -29,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import queue
 import threading
 import time
@@ -37,7 +51,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import trio
-from attrs import define, field
+from attrs import define
 
 from perdure import _faults
 from perdure.storage.backend import ClusterView, Guard, LogBackend, SessionInfo
@@ -47,6 +61,8 @@ from perdure.storage.records import Committed, Record
 
 T = TypeVar("T")
 
+logger = logging.getLogger("perdure.journal")
+
 _STOP: Final = object()
 WAKE: Final = "_wake"  # the kind of the (never yielded) event that nudges a follower
 
@@ -55,9 +71,15 @@ WAKE: Final = "_wake"  # the kind of the (never yielded) event that nudges a fol
 class _Append:
     records: Sequence[Record]
     guard: Guard | None
-    done: trio.Event = field(factory=trio.Event)
+    # The caller parked until the commit is over (None: answered at once, inline).
+    waiter: trio.lowlevel.Task | None = None
     result: list[Committed] | None = None
     error: BaseException | None = None
+
+
+def _uncancellable(raise_cancel: Any) -> trio.lowlevel.Abort:
+    # A commit handed over happens (or fails) regardless: its caller must learn which.
+    return trio.lowlevel.Abort.FAILED
 
 
 @define
@@ -66,12 +88,37 @@ class JournalStats:
     transactions: int = 0
     records: int = 0
     largest_transaction: int = 0
+    loop_transactions: int = 0  # of ``transactions``: committed on the trio thread
+
+
+# Commits on the trio thread while the recent ones took at most this long (an
+# exponentially weighted mean of the backend's commit time, in seconds).
+LOOP_COMMIT_BUDGET: Final = 0.002
+_EWMA_WEIGHT: Final = 0.2
+
+
+class _RoundEnd(trio.abc.Instrument):
+    """Hands the round's appends over right before the loop waits for I/O."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.journal._held:
+            self.journal._end_round(timeout)
 
 
 class Journal:
     """Single writer over a ``LogBackend``. Use ``open_journal`` to run one."""
 
-    def __init__(self, log: LogBackend, bus: EventBus | None = None) -> None:
+    def __init__(
+        self,
+        log: LogBackend,
+        bus: EventBus | None = None,
+        *,
+        commit_on_loop: bool | None = None,
+        loop_commit_budget: float = LOOP_COMMIT_BUDGET,
+    ) -> None:
         self.log = log
         self.bus = bus if bus is not None else EventBus()
         self.stats = JournalStats()
@@ -86,6 +133,15 @@ class Journal:
         self._listen_stop = threading.Event()
         self._listener: threading.Thread | None = None
         self._inline = log.inline
+        # Appends of this scheduling round, not yet handed over; and those handed to
+        # the writer thread whose delivery has not run yet (while any are, the loop
+        # never commits: one write transaction at a time, in order).
+        self._held: list[_Append] = []
+        self._in_flight = 0
+        self._round_end = _RoundEnd(self)
+        self.commit_on_loop = log.local if commit_on_loop is None else commit_on_loop
+        self.loop_commit_budget = loop_commit_budget
+        self._commit_seconds = 0.0  # the weighted mean of recent commits' durations
         # Called on the trio thread after each durable transaction with its records
         # (every session's) and the seconds the backend's commit took (metrics).
         self.commit_listeners: list[Callable[[Sequence[Committed], float], None]] = []
@@ -97,8 +153,8 @@ class Journal:
     ) -> list[Committed]:
         """Make ``records`` durable as one atomic unit; return them with their seqs.
 
-        The wait is shielded from cancellation: once handed to the writer the commit
-        will happen (or fail) regardless, and the caller must learn which.
+        The wait cannot be cancelled: once handed over, the commit will happen (or
+        fail) regardless, and the caller must learn which.
         """
         if self.fence_error is not None:
             raise self.fence_error
@@ -116,9 +172,9 @@ class Journal:
                 raise request.error
             assert request.result is not None
             return request.result
-        self._queue.put(request)
-        with trio.CancelScope(shield=True):
-            await request.done.wait()
+        request.waiter = trio.lowlevel.current_task()
+        self._held.append(request)  # handed over at the end of this round (_RoundEnd)
+        await trio.lowlevel.wait_task_rescheduled(_uncancellable)
         if request.error is not None:
             raise request.error
         assert request.result is not None
@@ -138,6 +194,28 @@ class Journal:
             _faults.hit("commit", count=durable)
         return results, took
 
+    def _end_round(self, timeout: float) -> None:
+        """On the trio thread, before it waits for I/O: commit here or hand over."""
+        held, self._held = self._held, []
+        if (
+            timeout > 0  # nothing runnable and no timer due: the loop would sleep
+            and self.commit_on_loop
+            and not self._in_flight
+            and self._commit_seconds <= self.loop_commit_budget
+            and not _faults.SLOW_COMMIT
+        ):
+            results, took = self._commit(held)
+            self.stats.loop_transactions += 1
+            self._deliver(held, results, took)
+            # The waiters were rescheduled, but the loop already chose to sleep for
+            # ``timeout``: wake it (a byte on its wake-up socket; no thread involved).
+            assert self._token is not None
+            self._token.run_sync_soon(_nothing)
+            return
+        self._in_flight += len(held)
+        for request in held:
+            self._queue.put(request)
+
     def _writer(self) -> None:
         while True:
             first = self._queue.get()
@@ -154,14 +232,20 @@ class Journal:
                     time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
                 results, took = self._commit(requests)
                 assert self._token is not None
-                self._token.run_sync_soon(self._deliver, requests, results, took)
+                self._token.run_sync_soon(self._handed_back, requests, results, took)
             if stop:
                 assert self._token is not None
                 self._token.run_sync_soon(self._stopped.set)
                 return
 
+    def _handed_back(self, requests: list[_Append], results: list[Any], took: float) -> None:
+        # The writer thread's transaction, delivered on the trio thread.
+        self._in_flight -= len(requests)
+        self._deliver(requests, results, took)
+
     def _deliver(self, requests: list[_Append], results: list[Any], took: float = 0.0) -> None:
         # Runs on the trio thread, in commit order.
+        self._commit_seconds += _EWMA_WEIGHT * (took - self._commit_seconds)
         committed_any = False
         for request, result in zip(requests, results, strict=True):
             if isinstance(result, BaseException):
@@ -176,7 +260,8 @@ class Journal:
             else:
                 request.result = result
                 committed_any = True
-            request.done.set()
+            if request.waiter is not None:
+                trio.lowlevel.reschedule(request.waiter)
         if committed_any:
             stats = self.stats
             stats.transactions += 1
@@ -195,7 +280,10 @@ class Journal:
             if self.commit_listeners:
                 done = [c for result in results if isinstance(result, list) for c in result]
                 for listener in self.commit_listeners:
-                    listener(done, took)
+                    try:
+                        listener(done, took)
+                    except Exception:  # telemetry never stops the log
+                        logger.exception("a commit listener failed")
 
     # -- reading ---------------------------------------------------------------------
 
@@ -306,7 +394,11 @@ class Journal:
             self.log.bind_writer(threading.current_thread())  # the trio thread commits
             return
         self._thread = threading.Thread(target=self._writer, name="perdure-journal", daemon=True)
-        self.log.bind_writer(self._thread)
+        if self.commit_on_loop:
+            self.log.bind_writer(self._thread, threading.current_thread())
+        else:
+            self.log.bind_writer(self._thread)
+        trio.lowlevel.add_instrument(self._round_end)
         self._thread.start()
         if self.log.multi_node:
             self._listener = threading.Thread(
@@ -319,20 +411,43 @@ class Journal:
         thread = self._thread
         if thread is None:
             return
+        held, self._held = self._held, []  # appended this round: they go first
+        self._in_flight += len(held)
+        for request in held:
+            self._queue.put(request)
         self._queue.put(_STOP)
         # Set by the writer with run_sync_soon after its last delivery (FIFO order), so
         # every caller has been answered when this returns.
         await self._stopped.wait()
         await trio.to_thread.run_sync(thread.join)
+        with contextlib.suppress(KeyError):  # trio drops an instrument that failed
+            trio.lowlevel.remove_instrument(self._round_end)
         self._listen_stop.set()
         if self._listener is not None:
             await trio.to_thread.run_sync(self._listener.join)
 
 
+def _nothing() -> None:
+    pass
+
+
 @asynccontextmanager
-async def open_journal(log: LogBackend, bus: EventBus | None = None) -> AsyncIterator[Journal]:
-    """Run a Journal over ``log`` for the duration of the block (the log stays open)."""
-    journal = Journal(log, bus)
+async def open_journal(
+    log: LogBackend,
+    bus: EventBus | None = None,
+    *,
+    commit_on_loop: bool | None = None,
+    loop_commit_budget: float = LOOP_COMMIT_BUDGET,
+) -> AsyncIterator[Journal]:
+    """Run a Journal over ``log`` for the duration of the block (the log stays open).
+
+    ``commit_on_loop``: whether an idle loop may commit on the trio thread, while the
+    recent commits took at most ``loop_commit_budget`` seconds (see the module's
+    docstring); ``None``: where the backend is local (LMDB).
+    """
+    journal = Journal(
+        log, bus, commit_on_loop=commit_on_loop, loop_commit_budget=loop_commit_budget
+    )
     journal._start()
     try:
         yield journal

@@ -204,7 +204,7 @@ class LmdbLog:
         self._clock = clock
         self._gate = _Gate()
         self._lock: _OwnerLock | None = None
-        self._writer: threading.Thread | None = None
+        self._writers: tuple[threading.Thread, ...] = ()
         self.write_threads: set[int] = set()  # idents of threads that ran write txns
         self.epoch = 0
         if readonly:
@@ -296,6 +296,7 @@ class LmdbLog:
 
     multi_node = False
     inline = False
+    local = True
     lease_ttl = float("inf")
     poll_interval = float("inf")
 
@@ -333,9 +334,9 @@ class LmdbLog:
 
     # -- writing (writer thread only) ------------------------------------------------
 
-    def bind_writer(self, thread: threading.Thread) -> None:
-        """From now on, only ``thread`` may call ``commit``."""
-        self._writer = thread
+    def bind_writer(self, *threads: threading.Thread) -> None:
+        """From now on, only these threads may call ``commit``."""
+        self._writers = threads
 
     def commit(self, batches: Sequence[Batch]) -> CommitResult:
         """Write every batch in ONE transaction; return, per batch, its records or why not.
@@ -348,7 +349,7 @@ class LmdbLog:
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
-        claim_writer(self._writer, self.write_threads, "LMDB")
+        claim_writer(self._writers, self.write_threads, "LMDB")
         adopted = False
         while True:
             try:

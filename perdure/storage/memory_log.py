@@ -72,6 +72,7 @@ class MemoryLog:
 
     multi_node = False
     inline = True
+    local = False  # committed inline anyway
     lease_ttl = float("inf")
     poll_interval = float("inf")
 
@@ -90,7 +91,7 @@ class MemoryLog:
         self.readonly = readonly
         self._clock = clock
         self._store = _store if _store is not None else _Store()
-        self._writer: threading.Thread | None = None
+        self._writers: tuple[threading.Thread, ...] = ()
         self._closed = False
         self.write_threads: set[int] = set()  # idents of threads that committed
         self.epoch = 0
@@ -180,9 +181,9 @@ class MemoryLog:
 
     # -- writing -----------------------------------------------------------------------
 
-    def bind_writer(self, thread: threading.Thread) -> None:
-        """From now on, only ``thread`` may call ``commit`` (inline: the trio thread)."""
-        self._writer = thread
+    def bind_writer(self, *threads: threading.Thread) -> None:
+        """From now on, only these threads may call ``commit`` (inline: the trio thread)."""
+        self._writers = threads
 
     def commit(self, batches: Sequence[Batch]) -> CommitResult:
         """Write every batch as one transaction; per batch, its records or why not.
@@ -192,7 +193,7 @@ class MemoryLog:
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
-        claim_writer(self._writer, self.write_threads, "in-memory")
+        claim_writer(self._writers, self.write_threads, "in-memory")
         store = self._store
         with store.lock:
             self._check_open()

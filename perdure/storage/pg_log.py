@@ -270,6 +270,7 @@ class PgLog:
 
     multi_node = True
     inline = False
+    local = False
 
     def __init__(
         self,
@@ -303,7 +304,7 @@ class PgLog:
         self._lock = threading.Lock()
         self._pool: list[psycopg.Connection[Any]] = []
         self._pool_size = read_connections
-        self._writer: threading.Thread | None = None
+        self._writers: tuple[threading.Thread, ...] = ()
         self._wconn: psycopg.Connection[Any] | None = None
         self._writer_pid: int | None = None
         self.write_threads: set[int] = set()
@@ -483,9 +484,9 @@ class PgLog:
 
     # -- writing (writer thread only) ------------------------------------------------
 
-    def bind_writer(self, thread: threading.Thread) -> None:
-        """From now on, only ``thread`` may call ``commit``."""
-        self._writer = thread
+    def bind_writer(self, *threads: threading.Thread) -> None:
+        """From now on, only these threads may call ``commit``."""
+        self._writers = threads
 
     def commit(self, batches: Sequence[Batch]) -> CommitResult:
         """Write every batch in ONE transaction; return, per batch, its records or why not.
@@ -498,7 +499,7 @@ class PgLog:
         """
         if self.readonly:
             raise LogError("the log was opened read-only")
-        claim_writer(self._writer, self.write_threads, "PostgreSQL")
+        claim_writer(self._writers, self.write_threads, "PostgreSQL")
         for attempt in range(_RETRIES):
             try:
                 return self._commit_once(batches)

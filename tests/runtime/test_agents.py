@@ -3,6 +3,7 @@
 * the child is an ordinary session (``SessionCreated.parent`` names the call), limited
   to the tools it was given; its answer is the parent call's result; the parent's
   stream references it (the call's heartbeat);
+* the child is created with its task in one commit;
 * cancelling the parent's run cancels the running child; pausing the parent pauses it.
 """
 
@@ -16,7 +17,7 @@ import perdure
 from perdure import ReplayPolicy, ToolContext
 from perdure.check import check_log
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
-from perdure.storage.records import SessionCreated, ToolCompleted, ToolHeartbeat
+from perdure.storage.records import InputAccepted, SessionCreated, ToolCompleted, ToolHeartbeat
 
 RESEARCHER = "You research one question and answer in one line."
 
@@ -68,8 +69,14 @@ async def test_a_sub_agent_answers_the_parent_call(log_dir: Path) -> None:
         (beat,) = [c.record for c in parent if isinstance(c.record, ToolHeartbeat)]
         (child,) = beat.details["agents"]
         assert child.startswith("p.agent-")
-        created = (await rt.journal.read_session(child))[0].record
+        first, task = (await rt.journal.read_session(child))[:2]
+        created = first.record
         assert isinstance(created, SessionCreated)
+        # Created with its task in one commit: a child never exists without it, so a
+        # crash or a cancel right after its creation still leaves it with an outcome.
+        assert isinstance(task.record, InputAccepted) and task.record.text == "capital of PT"
+        assert task.seq == first.seq + 1
+        assert rt.stats().largest_transaction >= 2
         assert created.parent == f"p/{result.call_id}" and created.tools == ["lookup"]
         assert created.system == RESEARCHER
         transcript = await rt.transcript(child)

@@ -5,7 +5,9 @@
 * nothing is evicted while work is in flight (a slow tool, an approval awaited);
 * a message racing the eviction is never lost: hundreds of commands against a
   near-zero idle timeout are all answered, each input processed exactly once;
-* ``idle_timeout=None`` keeps every actor resident.
+* ``idle_timeout=None`` keeps every actor resident;
+* a caller cancelled while its message starts the session's actor leaves that one
+  actor registered: the next message goes to it, never to a second actor.
 
 Each test runs on a ``MemoryLog`` under an autojumping MockClock (the idle timer and
 the test's own waits read one virtual clock, so "six idle timeouts passed with
@@ -174,3 +176,43 @@ async def test_a_zero_or_negative_idle_timeout_is_refused(log_dir: Path) -> None
                 log_dir, provider=ScriptedProvider([]), idle_timeout=bad
             ):
                 pass
+
+
+def _actor_tasks(session_id: str) -> int:
+    """How many supervised actors of ``session_id`` run (a ``_supervise`` task each)."""
+    found = 0
+    stack = [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        frame = task.coro.cr_frame
+        if task.name.endswith("._supervise") and frame is not None:
+            found += frame.f_locals.get("session_id") == session_id
+        stack += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+    return found
+
+
+async def test_a_caller_cancelled_while_the_actor_starts_leaves_one_actor(
+    where: Where, clock: MockClock
+) -> None:
+    script = ScriptedProvider([Reply(text="one"), Reply(text="two")])
+    async with perdure.open_runtime(
+        where.open(), provider=script, tools=[lookup], **where.options(idle_timeout=0.2)
+    ) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "first", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await evicted(rt, 1)
+        with trio.CancelScope() as cancelled:
+            cancelled.cancel()  # the caller is cancelled before its message gets through
+            await rt.submit(SID, "second", request_id="r2")
+        # Where the cancellation struck first (before the start, or after it), an actor
+        # that runs is the registered one.
+        resident = SID in rt.resident_sessions
+        assert _actor_tasks(SID) == int(resident), "an actor runs that no message reaches"
+        answer = await rt.submit(SID, "second", request_id="r2")
+        assert not answer.duplicate  # the cancelled call recorded nothing
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "two"
+        assert _actor_tasks(SID) == 1

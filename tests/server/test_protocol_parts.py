@@ -122,23 +122,40 @@ def assembled(parts: list[Part], kind: str = "text") -> dict[str, str]:
 @given(
     text=st.text(min_size=1, max_size=60),
     cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=6),
+    joined=st.integers(min_value=0, max_value=7),
     delivered=st.integers(min_value=0, max_value=7),
 )
 def test_live_deltas_and_the_commit_give_the_reply_once(
-    text: str, cuts: list[int], delivered: int
+    text: str, cuts: list[int], joined: int, delivered: int
 ) -> None:
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
-    # Some deltas arrive (a subscriber may also have joined late and missed none or
-    # all of them), then the committed reply.
-    events = head() + [live("text_delta", text=p) for p in pieces[:delivered]]
+    # The subscriber joined before the attempt started (it sees its model_call) or
+    # while the model was writing (it missed the first ``joined`` deltas); some deltas
+    # arrive, then the committed reply.
+    start = [live("model_call", attempt=1)] if joined == 0 else []
+    events = head() + start + [live("text_delta", text=p) for p in pieces[joined:delivered]]
     events += [completed(4, text), finished(5, text=text)]
     texts = assembled(feed(events))
     assert list(texts.values()) == [text]
 
 
+def test_a_follower_that_joined_mid_reply_shows_it_whole_once_committed() -> None:
+    # The daemon's stream opened while the model wrote "Deployed: all done.": the
+    # deltas before "ne." went by unseen. Showing "ne." would put it before the reply.
+    events = [*head(), live("text_delta", text="ne."), completed(4, "Deployed: all done.")]
+    parts = feed(events)
+    assert list(assembled(parts).values()) == ["Deployed: all done."]
+    assert [p.kind for p in parts if p.kind.startswith("text_")] == [
+        "text_start",
+        "text_delta",
+        "text_end",
+    ]
+
+
 def test_replay_matches_live_and_ids_are_positions() -> None:
-    events = [*head(), live("thinking_delta", thinking="hmm"), live("text_delta", text="hel")]
+    events = [*head(), live("model_call", attempt=1), live("thinking_delta", thinking="hmm")]
+    events.append(live("text_delta", text="hel"))
     events += [completed(4, "hello", thinking="hmm"), finished(5, text="hello")]
     live_parts = feed(events)
     replayed = feed([e for e in events if e.seq is not None])
@@ -146,7 +163,7 @@ def test_replay_matches_live_and_ids_are_positions() -> None:
         assert list(assembled(parts).values()) == ["hello"]
         assert list(assembled(parts, "reasoning").values()) == ["hmm"]
     # Reasoning cut short by the text: the rest follows in a part of its own.
-    events[3] = live("thinking_delta", thinking="hm")
+    events[4] = live("thinking_delta", thinking="hm")
     assert list(assembled(feed(events), "reasoning").values()) == ["hm", "m"]
     # A replay gives each part the same id as when it streamed live.
     ids = [p.data.get("id") for p in live_parts if p.kind.startswith("text_")]
@@ -157,7 +174,7 @@ def test_replay_matches_live_and_ids_are_positions() -> None:
 
 
 def test_a_restart_closes_what_the_dead_process_streamed() -> None:
-    events = [*head(), live("text_delta", text="hel")]
+    events = [*head(), live("model_call", attempt=1), live("text_delta", text="hel")]
     events.append(rec(4, LogOpened(epoch=2, pid=1, host="h", at=0.0, session_id="")))
     events += [completed(5, "hello"), finished(6, text="hello")]
     parts = feed(events)

@@ -431,3 +431,13 @@ def test_frame_copied_under_another_key_is_detected(stored: LmdbLog) -> None:
         stored.read_session("s1", after=3)
     assert info.value.seq == 4
     assert "checksum" in info.value.reason
+
+
+def test_a_float_field_takes_an_integer_only_where_a_float_holds_it_exactly() -> None:
+    good = {**payload_of(ToolCompleted(session_id="s", call_id="c", output="o", at=1.0))}
+    good["at"] = 2**53
+    back = decode(3, frame_of(json.dumps(good).encode(), 3))
+    assert isinstance(back, ToolCompleted) and back.at == 2.0**53
+    good["at"] = 2**53 + 1  # would be read as 2**53: another number
+    with pytest.raises(CorruptRecord, match=r"expected float @ \$\.at"):
+        decode(3, frame_of(json.dumps(good).encode(), 3))

@@ -3,8 +3,10 @@
 * Group commit really batches: 100 concurrent appenders share far fewer
   transactions than appends, and each caller still gets its own contiguous seqs
   whose records read back identical, globally and per session.
-* Every write transaction runs on the Journal's writer thread; ``log.commit`` from
-  any other thread is refused once a writer is bound, and writes nothing.
+* Every write transaction runs on the Journal's writer thread, or on the trio thread
+  when the loop is idle, nothing is in the writer's hands and commits are quick; the
+  two never overlap, and a slow disk sends commits back to the writer thread.
+  ``log.commit`` from any other thread is refused, and writes nothing.
 * A guarded batch whose goal revision is stale raises ``StaleGoal``, writes nothing
   (no seq, no index entry, no session summary) and leaves the other batches of the
   same transaction intact, including a revision made earlier in that transaction.
@@ -16,8 +18,10 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -113,25 +117,127 @@ async def test_sequential_appends_are_one_transaction_each(log: LmdbLog) -> None
 # -- thread confinement ------------------------------------------------------------------
 
 
-async def test_every_write_transaction_runs_on_the_writer_thread(log: LmdbLog) -> None:
-    async with open_journal(log) as journal:
+async def test_write_transactions_run_on_the_writer_thread_or_the_idle_loop(
+    log: LmdbLog,
+) -> None:
+    # No budget: this test is about threads, not about how fast this machine's disk is.
+    async with open_journal(log, loop_commit_budget=math.inf) as journal:
         writer = journal.writer_thread
         assert writer is not None
         assert writer is not threading.current_thread()
         await append_all(journal, {i: [tool_result(f"s{i % 3}", f"c{i}")] for i in range(60)})
         for i in range(5):  # and sequential ones, each in its own transaction
             await journal.append([tool_result("s", f"d{i}")])
-        assert log.write_threads == {writer.ident}
+        # A lone append on an idle loop commits right there: no thread hand-off.
+        assert journal.stats.loop_transactions >= 5
+        assert log.write_threads <= {writer.ident, threading.get_ident()}
         last = await trio.to_thread.run_sync(log.last_seq)
 
         batch: list[tuple[list[Record], Guard | None]] = [([tool_result("s", "rogue")], None)]
         with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
             await trio.to_thread.run_sync(log.commit, batch)
-        with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
-            log.commit(batch)  # the trio thread: refused before any I/O
-        assert log.write_threads == {writer.ident}
         assert await trio.to_thread.run_sync(log.last_seq) == last
         assert (await journal.append([tool_result("s", "after")]))[0].seq == last + 1
+
+
+async def test_without_loop_commits_every_transaction_is_the_writer_threads(log: LmdbLog) -> None:
+    async with open_journal(log, commit_on_loop=False) as journal:
+        writer = journal.writer_thread
+        assert writer is not None
+        await append_all(journal, {i: [tool_result(f"s{i % 3}", f"c{i}")] for i in range(20)})
+        for i in range(5):
+            await journal.append([tool_result("s", f"d{i}")])
+        assert journal.stats.loop_transactions == 0
+        assert log.write_threads == {writer.ident}
+        with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
+            log.commit([([tool_result("s", "rogue")], None)])  # the trio thread: refused
+
+
+class _Watched:
+    """A backend wrapper that notes which thread ran each commit and any overlap."""
+
+    def __init__(self, log: LmdbLog, delay: float = 0.0) -> None:
+        self.log = log
+        self.delay = delay
+        self.threads: list[int] = []
+        self.running = 0
+        self.overlaps = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.log, name)
+
+    def commit(self, batches: object) -> object:
+        self.running += 1
+        self.overlaps += self.running > 1
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            self.threads.append(threading.get_ident())
+            return self.log.commit(batches)  # type: ignore[arg-type]
+        finally:
+            self.running -= 1
+
+
+async def test_a_busy_loop_hands_commits_to_the_writer_and_order_holds(log: LmdbLog) -> None:
+    watched = _Watched(log)
+    journal = Journal(watched, commit_on_loop=True)  # type: ignore[arg-type]
+    journal._start()
+    try:
+        stop = trio.Event()
+
+        async def spinner() -> None:  # always runnable: the loop is never idle
+            while not stop.is_set():
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spinner)
+            await trio.lowlevel.checkpoint()
+            busy = [await journal.append([tool_result("s", f"b{i}")]) for i in range(5)]
+            stop.set()
+        assert journal.stats.loop_transactions == 0, "committed on a loop that had work"
+        assert set(watched.threads) == {journal.writer_thread.ident}  # type: ignore[union-attr]
+        journal.loop_commit_budget = math.inf  # whatever this machine's disk does
+        idle = [await journal.append([tool_result("s", f"i{i}")]) for i in range(5)]
+        assert journal.stats.loop_transactions == 5
+        seqs = [c[0].seq for c in busy + idle]
+        assert seqs == sorted(seqs) == list(range(seqs[0], seqs[0] + 10))
+        assert watched.overlaps == 0
+    finally:
+        with trio.CancelScope(shield=True):
+            await journal._stop()
+
+
+async def test_slow_commits_go_back_to_the_writer_thread(log: LmdbLog) -> None:
+    """Past the budget, the loop stops committing itself: its I/O must not wait on a disk."""
+    watched = _Watched(log, delay=0.01)  # 10 ms per commit, five times the budget
+    journal = Journal(watched, commit_on_loop=True)  # type: ignore[arg-type]
+    journal._start()
+    try:
+        for i in range(12):
+            await journal.append([tool_result("s", f"c{i}")])
+        trio_thread = threading.get_ident()
+        # The first commit may run on the loop (nothing is known yet); once the mean
+        # commit time is over the budget, every commit is the writer thread's.
+        assert journal.stats.loop_transactions <= 1
+        assert trio_thread not in watched.threads[2:]
+        watched.delay = 0.0
+        journal.loop_commit_budget = 0.008  # above any quick commit, below the slow ones
+        for i in range(40):  # quick again: the mean decays and the loop takes over
+            await journal.append([tool_result("s", f"q{i}")])
+        assert watched.threads[-1] == trio_thread
+        assert watched.overlaps == 0
+    finally:
+        with trio.CancelScope(shield=True):
+            await journal._stop()
+
+
+async def test_appends_of_one_round_share_one_transaction(log: LmdbLog) -> None:
+    async with open_journal(log) as journal:
+        before = journal.stats.transactions
+        await append_all(journal, {i: [tool_result(f"s{i}", "c")] for i in range(30)})
+        # All 30 appenders run in the same scheduling round: one hand-over, one commit.
+        assert journal.stats.transactions - before == 1
+        assert journal.stats.appends == 30
 
 
 # -- guards ------------------------------------------------------------------------------

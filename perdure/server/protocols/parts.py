@@ -12,8 +12,10 @@ Text streams live as ephemeral deltas and is committed whole in
 ``GenerationCompleted``. The follower remembers what it already sent for each
 model turn: live, the committed reply only closes the part (and adds any text the
 deltas missed); replayed from the log (a page opened later, a reconnect), the
-committed reply becomes one open/delta/close. So a client that starts over from
-any log position sees each reply exactly once.
+committed reply becomes one open/delta/close. Deltas count only from the attempt's
+start (its ``model_call`` event): a follower that joined in the middle of an attempt
+saw none of its beginning and shows that reply when it is committed. So a client
+that starts over from any log position sees each reply exactly once.
 
 A follower may be limited to one submission (one user input and everything its
 runs did) and may be *cut* at a log position: the parts of events up to there are
@@ -82,6 +84,10 @@ class Part:
     kind: str
     seq: int | None
     data: dict[str, Any] = field(factory=dict)
+
+
+# Ephemeral events that stream a model attempt's reply (shown live from its start only).
+_STREAMED = frozenset({"text_delta", "thinking_delta", "tool_use_start", "tool_input_delta"})
 
 
 def approval_id(call_id: str, seq: int) -> str:
@@ -199,6 +205,11 @@ class Follower:
                 self._close_live(gen, out, None)
                 out.append(Part("fact", None, {"name": "attempt", "value": dict(d)}))
             self._attempt[gen] = attempt
+        elif event.kind in _STREAMED and gen not in self._attempt:
+            # Joined in the middle of the attempt (a page opened, a stream resumed, while
+            # the model was writing): the start of its text was never seen here, so
+            # nothing of it is shown live; the committed reply comes whole.
+            return
         elif event.kind == "thinking_delta":
             text = str(d.get("thinking", ""))
             r = self._reasoning.get(gen)
