@@ -143,10 +143,19 @@ class Mailbox:
 
 
 class SessionActor:
-    def __init__(self, session_id: str, ctx: ActorContext, mailbox: Mailbox) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        ctx: ActorContext,
+        mailbox: Mailbox,
+        records: list[Committed] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.ctx = ctx
         self.mailbox = mailbox
+        # The session's records if the supervisor already read them (a batched read at
+        # start-up); folded once by ``run``, then dropped. None: ``run`` reads them.
+        self._preloaded = records
         self.state = SessionState(session_id)
         self.started = False
         self._nursery: trio.Nursery | None = None
@@ -167,7 +176,11 @@ class SessionActor:
         logs.bind(session_id=self.session_id)  # on every line of this actor and its children
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self.state = await self._load()
+            records, self._preloaded = self._preloaded, None
+            if records is None:
+                self.state = await self._load()
+            else:
+                self.state = SessionState.fold(self.session_id, records)
             await self._commit(decide.recover(self.state, self._env()), recovering=True)
             self.started = True
             task_status.started()

@@ -32,9 +32,10 @@ its actor stopped at once, its callers refused, and nothing else is touched.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -62,7 +63,13 @@ from perdure.storage import (
     check_session_id,
 )
 from perdure.storage.codec import CorruptRecord
-from perdure.storage.records import Budget, SessionCreated, SessionForked, SessionParked
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    SessionCreated,
+    SessionForked,
+    SessionParked,
+)
 
 log = logging.getLogger("perdure.supervisor")
 
@@ -77,6 +84,7 @@ class Asking(Protocol[T]):
 
 
 MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
+BOOT_READ_BATCH = 100  # sessions whose records one worker-thread call reads at start-up
 
 
 class _Lost:
@@ -118,17 +126,35 @@ class Supervisor:
             self._nursery = nursery
             nursery.start_soon(self._watch_fence)
             claimed = await self.journal.claim()
-            await self._boot(claimed)
+            with _collector_paused():
+                await self._boot(claimed, preload=True)
             self.recovered = claimed
             task_status.started()
             if self.journal.log.multi_node:
                 await self._heartbeat()
             await trio.sleep_forever()
 
-    async def _boot(self, sessions: list[str]) -> None:
+    async def _boot(self, sessions: list[str], *, preload: bool = False) -> None:
+        """Start the actors of ``sessions`` concurrently.
+
+        ``preload`` (start-up only, before the runtime answers any call, so nothing else
+        can write these sessions meanwhile): their records are read in batches, one
+        worker-thread call per ``BOOT_READ_BATCH`` sessions, and handed to the actors,
+        instead of two thread round trips per session. A session whose read failed is
+        left to its actor, which reads it and reports the failure as always.
+        """
         async with trio.open_nursery() as boot:
+            if not preload:
+                for session_id in sessions:
+                    boot.start_soon(self._boot_one, session_id)
+                return
+            read: dict[str, list[Committed]] = {}
+            for lo in range(0, len(sessions), BOOT_READ_BATCH):
+                batch = sessions[lo : lo + BOOT_READ_BATCH]
+                with contextlib.suppress(LogError):  # each actor then tries for itself
+                    read.update(await self.journal.read_sessions(batch))
             for session_id in sessions:
-                boot.start_soon(self._boot_one, session_id)
+                boot.start_soon(self._boot_one, session_id, read.pop(session_id, None))
 
     async def _boot_when_reachable(self, session_id: str, delay: float) -> None:
         """Start a session with unfinished work once the log can be read again."""
@@ -180,9 +206,9 @@ class Supervisor:
         assert self.journal.fence_error is not None
         raise self.journal.fence_error
 
-    async def _boot_one(self, session_id: str) -> None:
+    async def _boot_one(self, session_id: str, records: list[Committed] | None = None) -> None:
         try:
-            await self.mailbox(session_id)
+            await self.mailbox(session_id, records)
         except Refused as exc:
             log.error(
                 "session %s not started: %s", session_id, exc, extra={"session_id": session_id}
@@ -303,8 +329,12 @@ class Supervisor:
             del self._starting[session_id]
             gate.set()
 
-    async def mailbox(self, session_id: str) -> Mailbox:
-        """The running session's mailbox, starting its actor (and recovery) if needed."""
+    async def mailbox(self, session_id: str, records: list[Committed] | None = None) -> Mailbox:
+        """The running session's mailbox, starting its actor (and recovery) if needed.
+
+        ``records``: the session's whole log, already read (start-up); used only if an
+        actor has to start, and only by the first one.
+        """
         if session_id in self.parked:
             raise SessionParkedError(session_id, self.parked[session_id])
         box = self.mailboxes.get(session_id)
@@ -318,13 +348,13 @@ class Supervisor:
             return await self.mailbox(session_id)
         starting = self._starting[session_id] = trio.Event()
         try:
-            if await self.journal.session_info(session_id) is None:
+            if not records and await self.journal.session_info(session_id) is None:
                 raise UnknownSession(session_id)
             await self._acquire(session_id)
             box = Mailbox.open()
             assert self._nursery is not None
             self._lost.pop(session_id, None)
-            parked = await self._nursery.start(self._supervise, session_id, box)
+            parked = await self._nursery.start(self._supervise, session_id, box, records or None)
             if isinstance(parked, _Lost):
                 raise NotOwnerRefused(f"session {session_id}: {parked.reason}")
             if isinstance(parked, _Unreachable):
@@ -344,7 +374,12 @@ class Supervisor:
             raise NotOwnerRefused(str(exc), exc.owner) from None
 
     async def _supervise(
-        self, session_id: str, box: Mailbox, *, task_status: trio.TaskStatus[Any]
+        self,
+        session_id: str,
+        box: Mailbox,
+        records: list[Committed] | None = None,
+        *,
+        task_status: trio.TaskStatus[Any],
     ) -> None:
         logs.bind(session_id=session_id)
         status: trio.TaskStatus[Any] = task_status
@@ -352,7 +387,8 @@ class Supervisor:
         outages = 0  # consecutive restarts because the log could not be reached
         told: set[str] = set()  # crashes already logged with their traceback
         while True:
-            actor = SessionActor(session_id, self.ctx, box)
+            actor = SessionActor(session_id, self.ctx, box, records)
+            records = None  # a restarted actor reads the log afresh
             self.actors[session_id] = actor
             scope = self._scopes[session_id] = trio.CancelScope()
             try:
@@ -543,6 +579,24 @@ class Supervisor:
             return
         with contextlib.suppress(Refused, SessionRestarting, LogError):
             await message.reply.wait()
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the interrupted sessions start.
+
+    Start-up turns every active session's log into long-lived objects (records, folded
+    states) and makes next to no garbage; meanwhile the collector would traverse the
+    growing heap again and again (with 1,000 sessions, more time than the start
+    itself). The collector's state as found is restored afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _refuse_queued(box: Mailbox, error: BaseException) -> None:

@@ -58,34 +58,67 @@ class CorruptRecord(Exception):
 
 def _strict(kind: type) -> Any:
     # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely.
-    def hook(value: Any, _: type) -> Any:
-        if type(value) is not kind and not (kind is float and type(value) is int):
-            raise TypeError(f"expected {kind.__name__}, found {type(value).__name__}")
-        return float(value) if kind is float else value  # type: ignore[arg-type]
+    # One hook per kind, doing only its own check: they run for every field of every
+    # record read, so recovery's start-up pays for each instruction here.
+    def wrong(value: Any) -> TypeError:
+        return TypeError(f"expected {kind.__name__}, found {type(value).__name__}")
 
-    return hook
+    if kind is float:
+
+        def as_float(value: Any, _: type) -> Any:
+            found = type(value)
+            if found is float:
+                return value
+            if found is int:
+                return float(value)
+            raise wrong(value)
+
+        return as_float
+
+    def exactly(value: Any, _: type) -> Any:
+        if type(value) is not kind:
+            raise wrong(value)
+        return value
+
+    return exactly
 
 
 def _strict_containers(conv: cattrs.Converter) -> None:
     # cattrs builds a list from any iterable ({} becomes [], {"a": 1} becomes ["a"])
-    # and a dict from pairs; a stored list must be a list and a dict a dict.
+    # and a dict from pairs; a stored list must be a list and a dict a dict. The hooks
+    # of the items are looked up once, on first use (not at every item: a dispatch
+    # per item cost more than the item).
+    def hook_of(kind: Any) -> Callable[[], Any]:
+        found: list[Any] = []
+
+        def get() -> Any:
+            if not found:
+                found.append(conv.get_structure_hook(kind))
+            return found[0]
+
+        return get
+
     def list_hook(kind: Any) -> Any:
         (inner,) = typing.get_args(kind) or (Any,)
+        item_hook = hook_of(inner)
 
         def hook(value: Any, _: type) -> Any:
             if type(value) is not list:
                 raise TypeError(f"expected a list, found {type(value).__name__}")
-            return [conv.structure(v, inner) for v in value]
+            structure = item_hook()
+            return [structure(v, inner) for v in value]
 
         return hook
 
     def dict_hook(kind: Any) -> Any:
         key, item = typing.get_args(kind) or (Any, Any)
+        key_hook, item_hook = hook_of(key), hook_of(item)
 
         def hook(value: Any, _: type) -> Any:
             if type(value) is not dict:
                 raise TypeError(f"expected an object, found {type(value).__name__}")
-            return {conv.structure(k, key): conv.structure(v, item) for k, v in value.items()}
+            k_of, v_of = key_hook(), item_hook()
+            return {k_of(k, key): v_of(v, item) for k, v in value.items()}
 
         return hook
 
@@ -120,6 +153,11 @@ _BY_NAME: Final = {cls.__name__: cls for cls in RECORD_TYPES}
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in a record")
+
+
+# One decoder for every frame: ``json.loads`` with an option builds a new decoder (and
+# its scanner) on every call, which costs as much as parsing a small record.
+_JSON: Final = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _seq_bytes(seq: int) -> bytes:
@@ -227,7 +265,8 @@ def decode(
     if zlib.crc32(body, zlib.crc32(_seq_bytes(seq))) != expected:
         raise CorruptRecord(seq, "checksum mismatch")
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        # What json.loads does with bytes (encoding detection, surrogatepass), then parse.
+        data = _JSON.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         # ValueError covers bad UTF-8, bad JSON, NaN/Infinity (never written: encode
         # refuses them) and integers beyond Python's digit limit; RecursionError, deep

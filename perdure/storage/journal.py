@@ -212,6 +212,21 @@ class Journal:
     ) -> list[Committed]:
         return await self.run(self.log.read_session, session_id, after, limit)
 
+    async def read_sessions(self, session_ids: Sequence[str]) -> dict[str, list[Committed]]:
+        """Every record of each session, read in ONE worker-thread call (recovery's boot:
+        a thread round trip per session costs more than reading it). A session that
+        cannot be read (a damaged record, say) is left out: its own reader will say why."""
+        read = self.log.read_session
+
+        def read_all() -> dict[str, list[Committed]]:
+            out: dict[str, list[Committed]] = {}
+            for sid in session_ids:
+                with contextlib.suppress(Exception):
+                    out[sid] = read(sid)
+            return out
+
+        return await self.run(read_all)
+
     async def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
         return await self.run(self.log.read_global, after, limit)
 
