@@ -190,6 +190,7 @@ class SessionActor:
                 if message is None:
                     return  # evicted: the supervisor forgets this actor
                 await self._handle(message)
+                del message  # an idle actor must not keep its last message (a reply...)
                 self._after_message()
 
     async def _next_message(self) -> Any:
@@ -425,6 +426,10 @@ class SessionActor:
             for drained in self._drains:
                 drained.set(None)
             self._drains.clear()
+        if self.state.idle:
+            # Nothing will call the model before the next input: the rendered messages
+            # are rebuilt from the state then, instead of held by every idle session.
+            self._messages.clear()
 
     # -- commit, then act ------------------------------------------------------------
 

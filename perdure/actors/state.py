@@ -85,6 +85,7 @@ HUMAN_WAIT_PHASES: frozenset[TaskPhase] = frozenset({"awaiting_approval", "await
 # The call ran and its last attempt failed; it waits for the next one or for a person.
 FAILED_ATTEMPT_PHASES: frozenset[TaskPhase] = BACKING_OFF_PHASES | {"awaiting_human"}
 ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
+_NO_USAGE = Usage()
 
 
 @define
@@ -412,7 +413,8 @@ class SessionState:
             self.run.progressed = True
 
     def _add_usage(self, gen: Generation, usage: Usage) -> None:
-        gen.usage = gen.usage + usage
+        # A generation's first usage is the reply's own object (frozen): not a copy.
+        gen.usage = usage if gen.usage == _NO_USAGE else gen.usage + usage
         run = self.runs.get(gen.run_id)
         if run is not None:
             self._spend(run, gen.model, usage)

@@ -94,6 +94,26 @@ class _Lost:
         self.reason = reason
 
 
+class _StartedOnce:
+    """An actor's ``task_status``, passed on once and then forgotten.
+
+    trio's task status holds the nursery of the task that called ``nursery.start``
+    (a caller's command, the boot). Kept for the actor's lifetime it would keep that
+    finished task alive, with its frames and cancel scopes, in every idle session.
+    """
+
+    __slots__ = ("_status",)
+
+    def __init__(self, status: trio.TaskStatus[Any]) -> None:
+        self._status: trio.TaskStatus[Any] | None = status
+
+    def started(self, value: Any = None) -> None:
+        status, self._status = self._status, None
+        if status is None:
+            raise RuntimeError("the actor reported its start twice")
+        status.started(value)
+
+
 class _Unreachable:
     """What ``_supervise`` reports when the log could not be read to start the actor."""
 
@@ -382,7 +402,8 @@ class Supervisor:
         task_status: trio.TaskStatus[Any],
     ) -> None:
         logs.bind(session_id=session_id)
-        status: trio.TaskStatus[Any] = task_status
+        status: trio.TaskStatus[Any] = _StartedOnce(task_status)
+        del task_status  # held by ``status`` until the actor has started, then dropped
         failures: list[float] = []
         outages = 0  # consecutive restarts because the log could not be reached
         told: set[str] = set()  # crashes already logged with their traceback
