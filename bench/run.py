@@ -425,6 +425,7 @@ class Suite:
                 "last_rerun_ms": median([r["last_rerun_ms"] for r in results]),
                 "first_rerun_ms": median([r["first_rerun_ms"] for r in results]),
                 "open_runtime_yield_ms": median([r["open_runtime_yield_ms"] for r in results]),
+                "cpu_ms_to_last_rerun": median([r["cpu_ms_to_last_rerun"] for r in results]),
                 "peak_rss_mib": median([r["peak_rss_mib"] for r in results]),
                 "recovered_sessions": results[0]["recovered_sessions"],
             }
@@ -799,9 +800,10 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         "| interrupted sessions | finished sessions in the log | log MiB | first re-run ms | "
-        "last re-run ms | open_runtime yields ms | peak RSS MiB |"
+        "last re-run ms | CPU ms until then (all threads) | open_runtime yields ms | "
+        "peak RSS MiB |"
     )
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for case in (rec, rec.get("large")):
         if case is None:
             continue
@@ -811,6 +813,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             lines.append(
                 f"| {n_int:,} | {label} | {_fmt(case['log_bytes'][name] / (1 << 20), 1)} | "
                 f"{_fmt(r['first_rerun_ms'])} | {_fmt(r['last_rerun_ms'])} | "
+                f"{_fmt(r.get('cpu_ms_to_last_rerun'), 0)} | "
                 f"{_fmt(r['open_runtime_yield_ms'])} | {_fmt(r['peak_rss_mib'], 1)} |"
             )
     mem = results["memory"]

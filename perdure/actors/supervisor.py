@@ -158,23 +158,32 @@ class Supervisor:
         """Start the actors of ``sessions`` concurrently.
 
         ``preload`` (start-up only, before the runtime answers any call, so nothing else
-        can write these sessions meanwhile): their records are read in batches, one
-        worker-thread call per ``BOOT_READ_BATCH`` sessions, and handed to the actors,
-        instead of two thread round trips per session. A session whose read failed is
-        left to its actor, which reads it and reports the failure as always.
+        can write these sessions meanwhile): their records are read first, in batches of
+        ``BOOT_READ_BATCH`` sessions per worker-thread call, and handed to the actors,
+        instead of two thread round trips per session. Reading everything before any
+        actor starts keeps the first recovered sessions' next turns from slowing the
+        reads of the others. A session whose log cannot be reached now is retried in the
+        background, as when its actor cannot start; one whose read failed otherwise (a
+        damaged record) is left to its actor, which reads it and reports it as always.
         """
         async with trio.open_nursery() as boot:
             if not preload:
                 for session_id in sessions:
                     boot.start_soon(self._boot_one, session_id)
                 return
-            read: dict[str, list[Committed]] = {}
+            read: dict[str, list[Committed] | Exception] = {}
             for lo in range(0, len(sessions), BOOT_READ_BATCH):
                 batch = sessions[lo : lo + BOOT_READ_BATCH]
                 with contextlib.suppress(LogError):  # each actor then tries for itself
                     read.update(await self.journal.read_sessions(batch))
             for session_id in sessions:
-                boot.start_soon(self._boot_one, session_id, read.pop(session_id, None))
+                found = read.pop(session_id, None)
+                if isinstance(found, LogUnavailable | StorageFull):
+                    log.warning("session %s cannot start yet (%s); retrying", session_id, found)
+                    self._nursery_start(self._boot_when_reachable, session_id, 0.1)
+                    continue
+                records = found if isinstance(found, list) else None
+                boot.start_soon(self._boot_one, session_id, records)
 
     async def _boot_when_reachable(self, session_id: str, delay: float) -> None:
         """Start a session with unfinished work once the log can be read again."""

@@ -149,6 +149,9 @@ def _make_converter() -> cattrs.Converter:
 
 converter: Final = _make_converter()
 _BY_NAME: Final = {cls.__name__: cls for cls in RECORD_TYPES}
+# Each record type's structure hook, by tag, filled on first use: ``decode`` calls it
+# directly, sparing every record a dispatch on the union and a copy of its payload.
+_STRUCTURE: Final[dict[str, Callable[[Any, type], Any]]] = {}
 
 
 def _reject_constant(name: str) -> Any:
@@ -265,8 +268,12 @@ def decode(
     if zlib.crc32(body, zlib.crc32(_seq_bytes(seq))) != expected:
         raise CorruptRecord(seq, "checksum mismatch")
     try:
-        # What json.loads does with bytes (encoding detection, surrogatepass), then parse.
-        data = _JSON.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+        # ``encode`` writes compact UTF-8 JSON and nothing else: no encoding to detect,
+        # no whitespace to skip; anything after the object is damage.
+        text = body.decode()
+        data, end = _JSON.raw_decode(text)
+        if end != len(text):
+            raise ValueError(f"extra data after the object (at character {end})")
     except (ValueError, RecursionError) as exc:
         # ValueError covers bad UTF-8, bad JSON, NaN/Infinity (never written: encode
         # refuses them) and integers beyond Python's digit limit; RecursionError, deep
@@ -280,8 +287,13 @@ def decode(
         raise CorruptRecord(seq, f"unknown record type {name!r}")
     if version != versions[name]:
         data = _upgrade(seq, name, version, data, versions, migrations)
+    kind = _BY_NAME[name]
+    hook = _STRUCTURE.get(name)
+    if hook is None:
+        hook = _STRUCTURE[name] = converter.get_structure_hook(kind)
+    del data["t"]  # the tag chose the type (what the tagged union's hook does)
     try:
-        record: Record = converter.structure(data, Record)  # type: ignore[arg-type]
+        record: Record = hook(data, kind)
     except Exception as exc:  # cattrs raises several exception types; all mean "damaged"
         detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, Exception) else ""
         raise CorruptRecord(seq, f"fields do not match {name}: {detail or exc}") from None

@@ -212,17 +212,21 @@ class Journal:
     ) -> list[Committed]:
         return await self.run(self.log.read_session, session_id, after, limit)
 
-    async def read_sessions(self, session_ids: Sequence[str]) -> dict[str, list[Committed]]:
+    async def read_sessions(
+        self, session_ids: Sequence[str]
+    ) -> dict[str, list[Committed] | Exception]:
         """Every record of each session, read in ONE worker-thread call (recovery's boot:
         a thread round trip per session costs more than reading it). A session that
-        cannot be read (a damaged record, say) is left out: its own reader will say why."""
+        cannot be read maps to the exception its read raised."""
         read = self.log.read_session
 
-        def read_all() -> dict[str, list[Committed]]:
-            out: dict[str, list[Committed]] = {}
+        def read_all() -> dict[str, list[Committed] | Exception]:
+            out: dict[str, list[Committed] | Exception] = {}
             for sid in session_ids:
-                with contextlib.suppress(Exception):
+                try:
                     out[sid] = read(sid)
+                except Exception as exc:  # this session's problem, not the others'
+                    out[sid] = exc
             return out
 
         return await self.run(read_all)
