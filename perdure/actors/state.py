@@ -427,8 +427,8 @@ class SessionState:
         """Count ``usage`` for the run and the session, in total and by model."""
         run.usage = run.usage + usage
         self.usage = self.usage + usage
-        run.spend[model] = run.spend.get(model, Usage()) + usage
-        self.spend[model] = self.spend.get(model, Usage()) + usage
+        run.spend[model] = run.spend.get(model, _NO_USAGE) + usage
+        self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
 
     def _tool_task_created(self, r: ToolTaskCreated) -> None:
         gen = self.generations.get(r.generation_id)

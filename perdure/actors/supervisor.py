@@ -148,6 +148,10 @@ class Supervisor:
             claimed = await self.journal.claim()
             with _collector_paused():
                 await self._boot(claimed, preload=True)
+                # One scheduling round for the work recovery re-issued (the tasks it
+                # spawned take their first step): the collector's first pass over all
+                # that start-up built comes after it, not before.
+                await trio.lowlevel.checkpoint()
             self.recovered = claimed
             task_status.started()
             if self.journal.log.multi_node:
