@@ -85,6 +85,7 @@ class Asking(Protocol[T]):
 
 MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
 BOOT_READ_BATCH = 100  # sessions whose records one worker-thread call reads at start-up
+BOOT_READ_PARALLEL = 8  # such calls at once, for a multi-node (database) log
 
 
 class _Lost:
@@ -176,10 +177,21 @@ class Supervisor:
                     boot.start_soon(self._boot_one, session_id)
                 return
             read: dict[str, list[Committed] | Exception] = {}
-            for lo in range(0, len(sessions), BOOT_READ_BATCH):
-                batch = sessions[lo : lo + BOOT_READ_BATCH]
-                with contextlib.suppress(LogError):  # each actor then tries for itself
-                    read.update(await self.journal.read_sessions(batch))
+
+            # One batch at a time from LMDB: its reads are CPU-bound, and threads decoding
+            # side by side only take turns at the GIL (measured slower). A database
+            # backend's reads wait on the network: several batches at once.
+            parallel = BOOT_READ_PARALLEL if self.journal.log.multi_node else 1
+            limit = trio.CapacityLimiter(parallel)
+
+            async def read_batch(batch: list[str]) -> None:
+                async with limit:
+                    with contextlib.suppress(LogError):  # each actor then tries for itself
+                        read.update(await self.journal.read_sessions(batch))
+
+            async with trio.open_nursery() as reads:
+                for lo in range(0, len(sessions), BOOT_READ_BATCH):
+                    reads.start_soon(read_batch, sessions[lo : lo + BOOT_READ_BATCH])
             for session_id in sessions:
                 found = read.pop(session_id, None)
                 if isinstance(found, LogUnavailable | StorageFull):
