@@ -25,6 +25,18 @@ def current_rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
+def rss_split_kib() -> dict[str, int]:
+    """Resident memory by kind, from /proc (Linux): ``anon`` (the heap, stacks) and
+    ``file`` (file pages mapped into the process: for perdure, mostly the LMDB map)."""
+    out = {"anon": 0, "file": 0}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                key, value = line.split(":", 1)
+                out[key[3:].lower()] = int(value.split()[0])
+    return out
+
+
 def emit(result: dict[str, Any]) -> None:
     result.setdefault("peak_rss_mib", round(peak_rss_mib(), 1))
     sys.stdout.write(json.dumps(result) + "\n")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import perdure
 from bench import workload
 from bench.agent import BenchProvider, ToolControl, lookup, runtime_options
-from bench.common import current_rss_mib, emit, note
+from bench.common import current_rss_mib, emit, note, rss_split_kib
 from perdure.storage.codec import encode
 
 _BATCH = 250  # sessions driven at once while building a big log
@@ -364,8 +364,9 @@ def recover(log: str, sessions: int, k: int) -> dict[str, Any]:
     """From ``open_runtime`` entry to the first re-issued action of the last interrupted run.
 
     The re-issued action is the SAFE tool's re-run (attempt 2), which notes its start
-    time. Imports and interpreter start-up are not counted; the open, the log read, the
-    supervisor's scan of the ``active`` index, every actor's fold and recovery commit are.
+    time; the CPU time of the process until then is reported too. Imports and
+    interpreter start-up are not counted; the open, the log read, the supervisor's scan
+    of the ``active`` index, every actor's fold and recovery commit are.
     """
     provider = BenchProvider(k, record=False)
     marks: dict[str, float] = {}
@@ -373,7 +374,7 @@ def recover(log: str, sessions: int, k: int) -> dict[str, Any]:
     async def main() -> None:
         ToolControl.expected_reruns = sessions
         ToolControl.all_rerun = trio.Event()
-        marks["enter"] = time.perf_counter()
+        marks["enter"], marks["cpu"] = time.perf_counter(), time.process_time()
         async with perdure.open_runtime(
             log, provider=provider, tools=[lookup], **runtime_options(k)
         ) as rt:
@@ -381,6 +382,7 @@ def recover(log: str, sessions: int, k: int) -> dict[str, Any]:
             recovered = len(rt.recovered_sessions)
             with trio.fail_after(120):
                 await ToolControl.all_rerun.wait()
+            marks["cpu"] = time.process_time() - marks["cpu"]
             marks["recovered"] = recovered
             marks["rss_after_recovery_mib"] = current_rss_mib()
 
@@ -394,6 +396,8 @@ def recover(log: str, sessions: int, k: int) -> dict[str, Any]:
         "first_rerun_ms": (reruns[0] - enter) * 1e3,
         "last_rerun_ms": (reruns[-1] - enter) * 1e3,
         "open_runtime_yield_ms": (marks["yielded"] - enter) * 1e3,
+        # CPU of every thread until the last re-run: what a noisy neighbour cannot inflate.
+        "cpu_ms_to_last_rerun": marks["cpu"] * 1e3,
         "rss_after_recovery_mib": marks["rss_after_recovery_mib"],
     }
 
@@ -408,6 +412,12 @@ async def memory(log: str, sessions: int, k: int) -> dict[str, Any]:
     collector tracks are counted again: what eviction spares every later collection.
     RSS is reported too, but the allocator rarely returns freed memory to the system,
     so it barely moves.
+
+    RSS counts two kinds of pages, reported apart as well: anonymous ones (Python's
+    heap: the sessions' states, actors, and what the run left behind in the allocator)
+    and file pages mapped into the process, here the LMDB map of the log, whose
+    resident part grows with the log's size (reclaimable page cache, the same whether
+    a session's actor is resident or evicted).
     """
     provider = BenchProvider(k, record=False)
     # Longer than the whole run of every session, so that none leaves before it is counted.
@@ -418,12 +428,12 @@ async def memory(log: str, sessions: int, k: int) -> dict[str, Any]:
         # Warm up every code path once so that the delta is the sessions' own memory.
         await _run_sessions(rt, [await rt.create_session("warm")], "warm")
         gc.collect()
-        before = current_rss_mib()
+        before, split_before = current_rss_mib(), rss_split_kib()
         objects_before = len(gc.get_objects())
         sids = [await rt.create_session(_sid("idle", i)) for i in range(sessions)]
         await _run_sessions(rt, sids, "idle")
         gc.collect()
-        after = current_rss_mib()
+        after, split_after = current_rss_mib(), rss_split_kib()
         objects_after = len(gc.get_objects())
         actors = len(rt.resident_sessions)
         with trio.fail_after(idle_timeout * 4):
@@ -439,6 +449,8 @@ async def memory(log: str, sessions: int, k: int) -> dict[str, Any]:
         "rss_before_mib": before,
         "rss_after_mib": after,
         "kib_per_idle_session": (after - before) * 1024 / sessions,
+        "kib_anon_per_idle_session": (split_after["anon"] - split_before["anon"]) / sessions,
+        "kib_file_per_idle_session": (split_after["file"] - split_before["file"]) / sessions,
         "rss_after_eviction_mib": evicted_rss,
         "gc_objects_per_idle_session": (objects_after - objects_before) / sessions,
         "gc_objects_per_evicted_session": (objects_evicted - objects_before) / sessions,

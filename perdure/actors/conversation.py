@@ -52,6 +52,10 @@ class MessageCache:
         self.items = 0  # conversation items rendered into ``messages``
         self.messages: tuple[Message, ...] = ()
 
+    def clear(self) -> None:
+        """Forget what was rendered (an idle session's cache is memory nobody uses)."""
+        self.state, self.items, self.messages = None, 0, ()
+
 
 def _settled(s: SessionState, item: ConversationItem) -> bool:
     if isinstance(item, AssistantTurn):

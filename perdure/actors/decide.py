@@ -467,6 +467,8 @@ def _execute(
         key = task.executing.idempotency_key
     else:
         args = tool.effective_args(task.input)
+        if args == task.input:
+            args = task.input  # no default added: one dict for both (never mutated)
         key = idempotency_key(s.session_id, task.lineage, task.call_id)
     record = ToolExecuting(
         session_id=s.session_id,

@@ -170,10 +170,19 @@ class Mailbox:
 
 
 class SessionActor:
-    def __init__(self, session_id: str, ctx: ActorContext, mailbox: Mailbox) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        ctx: ActorContext,
+        mailbox: Mailbox,
+        records: list[Committed] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.ctx = ctx
         self.mailbox = mailbox
+        # The session's records if the supervisor already read them (a batched read at
+        # start-up); folded once by ``run``, then dropped. None: ``run`` reads them.
+        self._preloaded = records
         self.state = SessionState(session_id)
         self.started = False
         self._nursery: trio.Nursery | None = None
@@ -197,7 +206,11 @@ class SessionActor:
         logs.bind(session_id=self.session_id)  # on every line of this actor and its children
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self.state = await self._load()
+            records, self._preloaded = self._preloaded, None
+            if records is None:
+                self.state = await self._load()
+            else:
+                self.state = SessionState.fold(self.session_id, records)
             env = self._env()
             await self._commit(decide.recover(self.state, env), env, recovering=True)
             self.started = True
@@ -208,6 +221,7 @@ class SessionActor:
                 if message is None:
                     return  # evicted: the supervisor forgets this actor
                 await self._handle(message)
+                del message  # an idle actor must not keep its last message (a reply...)
                 self._after_message()
 
     async def _next_message(self) -> Any:
@@ -510,6 +524,10 @@ class SessionActor:
             for drained in self._drains:
                 drained.set(None)
             self._drains.clear()
+        if self.state.idle:
+            # Nothing will call the model before the next input: the rendered messages
+            # are rebuilt from the state then, instead of held by every idle session.
+            self._messages.clear()
 
     # -- commit, then act ------------------------------------------------------------
 

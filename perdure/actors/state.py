@@ -85,6 +85,7 @@ HUMAN_WAIT_PHASES: frozenset[TaskPhase] = frozenset({"awaiting_approval", "await
 # The call ran and its last attempt failed; it waits for the next one or for a person.
 FAILED_ATTEMPT_PHASES: frozenset[TaskPhase] = BACKING_OFF_PHASES | {"awaiting_human"}
 ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
+_NO_USAGE = Usage()
 
 
 @define
@@ -132,10 +133,12 @@ class Generation:
     not_before: float | None = None
     last_error: str = ""
     reply: GenerationCompleted | None = None
-    call_ids: list[str] = field(factory=list)
-    usage: Usage = field(factory=Usage)
+    # Tuples, not lists: set once (call_ids) or rarely grown (failures); an empty tuple
+    # costs nothing, and the garbage collector stops tracking tuples of strings.
+    call_ids: tuple[str, ...] = ()
+    usage: Usage = _NO_USAGE
     model: str = ""  # the model asked (from a retry record) or that answered
-    failures: list[RetryPending] = field(factory=list)  # the failed attempts, in order
+    failures: tuple[RetryPending, ...] = ()  # the failed attempts, in order
 
 
 @define
@@ -149,7 +152,7 @@ class Run:
     cancel_requested: bool = False
     progressed: bool = False  # a reply or a tool result was committed during this run
     finished: RunFinished | None = None
-    usage: Usage = field(factory=Usage)
+    usage: Usage = _NO_USAGE  # frozen: one shared zero
     spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
     traceparent: str = ""  # the trace context of the run's span (perdure.observability)
 
@@ -238,7 +241,7 @@ class SessionState:
     requests: dict[str, RequestSeen] = field(factory=dict)
     decisions: list[RecoveryDecision] = field(factory=list)
     compensations: dict[str, Compensation] = field(factory=dict)  # by compensation id
-    usage: Usage = field(factory=Usage)
+    usage: Usage = _NO_USAGE  # frozen: one shared zero
     spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
     budget: Budget | None = None  # the last budget given to this session (None: the default)
     paused: bool = False
@@ -396,7 +399,7 @@ class SessionState:
         gen.not_before = r.not_before
         gen.last_error = r.error
         gen.model = r.model or gen.model
-        gen.failures.append(r)
+        gen.failures = (*gen.failures, r)
         self._add_usage(gen, r.usage)
 
     def _generation_completed(self, r: GenerationCompleted) -> None:
@@ -404,7 +407,7 @@ class SessionState:
         gen.phase = "completed"
         gen.attempt = r.attempt
         gen.reply = r
-        gen.call_ids = [c.call_id for c in r.tool_calls]
+        gen.call_ids = tuple(c.call_id for c in r.tool_calls)
         gen.model = r.model or gen.model
         self._add_usage(gen, r.usage)
         self.conversation.append(AssistantTurn(r.generation_id))
@@ -412,7 +415,8 @@ class SessionState:
             self.run.progressed = True
 
     def _add_usage(self, gen: Generation, usage: Usage) -> None:
-        gen.usage = gen.usage + usage
+        # A generation's first usage is the reply's own object (frozen): not a copy.
+        gen.usage = usage if gen.usage == _NO_USAGE else gen.usage + usage
         run = self.runs.get(gen.run_id)
         if run is not None:
             self._spend(run, gen.model, usage)
@@ -423,8 +427,8 @@ class SessionState:
         """Count ``usage`` for the run and the session, in total and by model."""
         run.usage = run.usage + usage
         self.usage = self.usage + usage
-        run.spend[model] = run.spend.get(model, Usage()) + usage
-        self.spend[model] = self.spend.get(model, Usage()) + usage
+        run.spend[model] = run.spend.get(model, _NO_USAGE) + usage
+        self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
 
     def _tool_task_created(self, r: ToolTaskCreated) -> None:
         gen = self.generations.get(r.generation_id)

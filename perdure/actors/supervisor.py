@@ -44,9 +44,10 @@ that finds no safe point within two lease TTLs gives up, and the session stays.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -105,6 +106,8 @@ class Asking(Protocol[T]):
 
 
 MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
+BOOT_READ_BATCH = 100  # sessions whose records one worker-thread call reads at start-up
+BOOT_READ_PARALLEL = 8  # such calls at once, for a multi-node (database) log
 
 
 class _Lost:
@@ -112,6 +115,26 @@ class _Lost:
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+class _StartedOnce:
+    """An actor's ``task_status``, passed on once and then forgotten.
+
+    trio's task status holds the nursery of the task that called ``nursery.start``
+    (a caller's command, the boot). Kept for the actor's lifetime it would keep that
+    finished task alive, with its frames and cancel scopes, in every idle session.
+    """
+
+    __slots__ = ("_status",)
+
+    def __init__(self, status: trio.TaskStatus[Any]) -> None:
+        self._status: trio.TaskStatus[Any] | None = status
+
+    def started(self, value: Any = None) -> None:
+        status, self._status = self._status, None
+        if status is None:
+            raise RuntimeError("the actor reported its start twice")
+        status.started(value)
 
 
 class _Unreachable:
@@ -161,7 +184,12 @@ class Supervisor:
             self._nursery = nursery
             nursery.start_soon(self._watch_fence)
             claimed = await self.journal.claim()
-            await self._boot(claimed)
+            with _collector_paused():
+                await self._boot(claimed, preload=True)
+                # One scheduling round for the work recovery re-issued (the tasks it
+                # spawned take their first step): the collector's first pass over all
+                # that start-up built comes after it, not before.
+                await trio.lowlevel.checkpoint()
             self.recovered = claimed
             task_status.started()
             if self.journal.log.multi_node:
@@ -169,10 +197,47 @@ class Supervisor:
                 await self._take_and_shed()
             await trio.sleep_forever()
 
-    async def _boot(self, sessions: list[str]) -> None:
+    async def _boot(self, sessions: list[str], *, preload: bool = False) -> None:
+        """Start the actors of ``sessions`` concurrently.
+
+        ``preload`` (start-up only, before the runtime answers any call, so nothing else
+        can write these sessions meanwhile): their records are read first, in batches of
+        ``BOOT_READ_BATCH`` sessions per worker-thread call, and handed to the actors,
+        instead of two thread round trips per session. Reading everything before any
+        actor starts keeps the first recovered sessions' next turns from slowing the
+        reads of the others. A session whose log cannot be reached now is retried in the
+        background, as when its actor cannot start; one whose read failed otherwise (a
+        damaged record) is left to its actor, which reads it and reports it as always.
+        """
         async with trio.open_nursery() as boot:
+            if not preload:
+                for session_id in sessions:
+                    boot.start_soon(self._boot_one, session_id)
+                return
+            read: dict[str, list[Committed] | Exception] = {}
+
+            # One batch at a time from LMDB: its reads are CPU-bound, and threads decoding
+            # side by side only take turns at the GIL (measured slower). A database
+            # backend's reads wait on the network: several batches at once.
+            parallel = BOOT_READ_PARALLEL if self.journal.log.multi_node else 1
+            limit = trio.CapacityLimiter(parallel)
+
+            async def read_batch(batch: list[str]) -> None:
+                async with limit:
+                    with contextlib.suppress(LogError):  # each actor then tries for itself
+                        read.update(await self.journal.read_sessions(batch))
+
+            async with trio.open_nursery() as reads:
+                for lo in range(0, len(sessions), BOOT_READ_BATCH):
+                    reads.start_soon(read_batch, sessions[lo : lo + BOOT_READ_BATCH])
             for session_id in sessions:
-                boot.start_soon(self._boot_one, session_id)
+                found = read.pop(session_id, None)
+                if isinstance(found, LogUnavailable | StorageFull):
+                    log.warning("session %s cannot start yet (%s); retrying", session_id, found)
+                    self._nursery_start(self._boot_when_reachable, session_id, 0.1)
+                    continue
+                records = found if isinstance(found, list) else None
+                boot.start_soon(self._boot_one, session_id, records)
 
     async def _boot_when_reachable(self, session_id: str, delay: float) -> None:
         """Start a session with unfinished work once the log can be read again."""
@@ -365,9 +430,9 @@ class Supervisor:
         assert self.journal.fence_error is not None
         raise self.journal.fence_error
 
-    async def _boot_one(self, session_id: str) -> None:
+    async def _boot_one(self, session_id: str, records: list[Committed] | None = None) -> None:
         try:
-            await self.mailbox(session_id)
+            await self.mailbox(session_id, records)
         except Refused as exc:
             log.error(
                 "session %s not started: %s", session_id, exc, extra={"session_id": session_id}
@@ -498,8 +563,12 @@ class Supervisor:
             del self._starting[session_id]
             gate.set()
 
-    async def mailbox(self, session_id: str) -> Mailbox:
-        """The running session's mailbox, starting its actor (and recovery) if needed."""
+    async def mailbox(self, session_id: str, records: list[Committed] | None = None) -> Mailbox:
+        """The running session's mailbox, starting its actor (and recovery) if needed.
+
+        ``records``: the session's whole log, already read (start-up); used only if an
+        actor has to start, and only by the first one.
+        """
         if session_id in self.parked:
             raise SessionParkedError(session_id, self.parked[session_id])
         box = self.mailboxes.get(session_id)
@@ -513,7 +582,7 @@ class Supervisor:
             return await self.mailbox(session_id)
         starting = self._starting[session_id] = trio.Event()
         try:
-            if await self.journal.session_info(session_id) is None:
+            if not records and await self.journal.session_info(session_id) is None:
                 raise UnknownSession(session_id)
             await self._acquire(session_id)
             box = Mailbox.open()
@@ -523,7 +592,9 @@ class Supervisor:
             # running unregistered (the next message would start a second actor of the
             # same session). The caller hears its cancellation at its next checkpoint.
             with trio.CancelScope(shield=True):
-                parked = await self._nursery.start(self._supervise, session_id, box)
+                parked = await self._nursery.start(
+                    self._supervise, session_id, box, records or None
+                )
                 if parked is None:
                     self.mailboxes[session_id] = box
             if isinstance(parked, _Lost):
@@ -544,15 +615,22 @@ class Supervisor:
             raise NotOwnerRefused(str(exc), exc.owner) from None
 
     async def _supervise(
-        self, session_id: str, box: Mailbox, *, task_status: trio.TaskStatus[Any]
+        self,
+        session_id: str,
+        box: Mailbox,
+        records: list[Committed] | None = None,
+        *,
+        task_status: trio.TaskStatus[Any],
     ) -> None:
         logs.bind(session_id=session_id)
-        status: trio.TaskStatus[Any] = task_status
+        status: trio.TaskStatus[Any] = _StartedOnce(task_status)
+        del task_status  # held by ``status`` until the actor has started, then dropped
         failures: list[float] = []
         outages = 0  # consecutive restarts because the log could not be reached
         told: set[str] = set()  # crashes already logged with their traceback
         while True:
-            actor = SessionActor(session_id, self.ctx, box)
+            actor = SessionActor(session_id, self.ctx, box, records)
+            records = None  # a restarted actor reads the log afresh
             self.actors[session_id] = actor
             scope = self._scopes[session_id] = trio.CancelScope()
             try:
@@ -780,6 +858,24 @@ async def _ticks(period: float) -> AsyncIterator[None]:
         due = max(due + period, trio.current_time())
         await trio.sleep_until(due)
         yield
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the interrupted sessions start.
+
+    Start-up turns every active session's log into long-lived objects (records, folded
+    states) and makes next to no garbage; meanwhile the collector would traverse the
+    growing heap again and again (with 1,000 sessions, more time than the start
+    itself). The collector's state as found is restored afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _refuse_queued(box: Mailbox, error: BaseException) -> None:

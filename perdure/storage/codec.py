@@ -60,41 +60,70 @@ _EXACT_FLOAT_INT: Final = 2**53  # every int up to this is exactly a float
 
 
 def _strict(kind: type) -> Any:
-    # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely. A
-    # float field may hold a JSON integer (2 for 2.0), but only one a float holds
-    # exactly: a larger one would be read as another number.
-    def hook(value: Any, _: type) -> Any:
-        if kind is float and type(value) is int:
-            if abs(value) > _EXACT_FLOAT_INT:
-                raise TypeError(f"integer {value} has no exact float value")
-            return float(value)
+    # cattrs' default hooks coerce (str(5) == "5"); a log must not be read loosely.
+    # One hook per kind, doing only its own check: they run for every field of every
+    # record read, so recovery's start-up pays for each instruction here. A float field
+    # may hold a JSON integer (2 for 2.0), but only one a float holds exactly: a larger
+    # one would be read as another number.
+    def wrong(value: Any) -> TypeError:
+        return TypeError(f"expected {kind.__name__}, found {type(value).__name__}")
+
+    if kind is float:
+
+        def as_float(value: Any, _: type) -> Any:
+            found = type(value)
+            if found is float:
+                return value
+            if found is int and -_EXACT_FLOAT_INT <= value <= _EXACT_FLOAT_INT:
+                return float(value)
+            raise wrong(value)
+
+        return as_float
+
+    def exactly(value: Any, _: type) -> Any:
         if type(value) is not kind:
-            raise TypeError(f"expected {kind.__name__}, found {type(value).__name__}")
+            raise wrong(value)
         return value
 
-    return hook
+    return exactly
 
 
 def _strict_containers(conv: cattrs.Converter) -> None:
     # cattrs builds a list from any iterable ({} becomes [], {"a": 1} becomes ["a"])
-    # and a dict from pairs; a stored list must be a list and a dict a dict.
+    # and a dict from pairs; a stored list must be a list and a dict a dict. The hooks
+    # of the items are looked up once, on first use (not at every item: a dispatch
+    # per item cost more than the item).
+    def hook_of(kind: Any) -> Callable[[], Any]:
+        found: list[Any] = []
+
+        def get() -> Any:
+            if not found:
+                found.append(conv.get_structure_hook(kind))
+            return found[0]
+
+        return get
+
     def list_hook(kind: Any) -> Any:
         (inner,) = typing.get_args(kind) or (Any,)
+        item_hook = hook_of(inner)
 
         def hook(value: Any, _: type) -> Any:
             if type(value) is not list:
                 raise TypeError(f"expected a list, found {type(value).__name__}")
-            return [conv.structure(v, inner) for v in value]
+            structure = item_hook()
+            return [structure(v, inner) for v in value]
 
         return hook
 
     def dict_hook(kind: Any) -> Any:
         key, item = typing.get_args(kind) or (Any, Any)
+        key_hook, item_hook = hook_of(key), hook_of(item)
 
         def hook(value: Any, _: type) -> Any:
             if type(value) is not dict:
                 raise TypeError(f"expected an object, found {type(value).__name__}")
-            return {conv.structure(k, key): conv.structure(v, item) for k, v in value.items()}
+            k_of, v_of = key_hook(), item_hook()
+            return {k_of(k, key): v_of(v, item) for k, v in value.items()}
 
         return hook
 
@@ -125,10 +154,18 @@ def _make_converter() -> cattrs.Converter:
 
 converter: Final = _make_converter()
 _BY_NAME: Final = {cls.__name__: cls for cls in RECORD_TYPES}
+# Each record type's structure hook, by tag, filled on first use: ``decode`` calls it
+# directly, sparing every record a dispatch on the union and a copy of its payload.
+_STRUCTURE: Final[dict[str, Callable[[Any, type], Any]]] = {}
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in a record")
+
+
+# One decoder for every frame: ``json.loads`` with an option builds a new decoder (and
+# its scanner) on every call, which costs as much as parsing a small record.
+_JSON_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _seq_bytes(seq: int) -> bytes:
@@ -136,7 +173,7 @@ def _seq_bytes(seq: int) -> bytes:
 
 
 # One encoder, built once (json.dumps with options builds one per call).
-_JSON: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_JSON_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 # Per record class: its own unstructure hook, its tag and its version. The same dict
 # the tagged union's hook makes ({fields..., "t": tag}), without its dispatch per call.
 _ENCODERS: Final = {
@@ -151,7 +188,7 @@ def encode(record: Record, seq: int) -> bytes:
     data = unstructure(record)
     data["t"] = tag
     data["v"] = version
-    body = _JSON.encode(data).encode()
+    body = _JSON_ENCODER.encode(data).encode()
     crc = zlib.crc32(body, zlib.crc32(_seq_bytes(seq)))
     return bytes((FRAME_FORMAT,)) + crc.to_bytes(4, "big") + body
 
@@ -247,7 +284,12 @@ def decode(
     if zlib.crc32(body, zlib.crc32(_seq_bytes(seq))) != expected:
         raise CorruptRecord(seq, "checksum mismatch")
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        # ``encode`` writes compact UTF-8 JSON and nothing else: no encoding to detect,
+        # no whitespace to skip; anything after the object is damage.
+        text = body.decode()
+        data, end = _JSON_DECODER.raw_decode(text)
+        if end != len(text):
+            raise ValueError(f"extra data after the object (at character {end})")
     except (ValueError, RecursionError) as exc:
         # ValueError covers bad UTF-8, bad JSON, NaN/Infinity (never written: encode
         # refuses them) and integers beyond Python's digit limit; RecursionError, deep
@@ -261,8 +303,13 @@ def decode(
         raise CorruptRecord(seq, f"unknown record type {name!r}")
     if version != versions[name]:
         data = _upgrade(seq, name, version, data, versions, migrations)
+    kind = _BY_NAME[name]
+    hook = _STRUCTURE.get(name)
+    if hook is None:
+        hook = _STRUCTURE[name] = converter.get_structure_hook(kind)
+    del data["t"]  # the tag chose the type (what the tagged union's hook does)
     try:
-        record: Record = converter.structure(data, Record)  # type: ignore[arg-type]
+        record: Record = hook(data, kind)
     except Exception as exc:  # cattrs raises several exception types; all mean "damaged"
         detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, Exception) else ""
         raise CorruptRecord(seq, f"fields do not match {name}: {detail or exc}") from None

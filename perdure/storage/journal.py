@@ -300,6 +300,25 @@ class Journal:
     ) -> list[Committed]:
         return await self.run(self.log.read_session, session_id, after, limit)
 
+    async def read_sessions(
+        self, session_ids: Sequence[str]
+    ) -> dict[str, list[Committed] | Exception]:
+        """Every record of each session, read in ONE worker-thread call (recovery's boot:
+        a thread round trip per session costs more than reading it). A session that
+        cannot be read maps to the exception its read raised."""
+        read = self.log.read_session
+
+        def read_all() -> dict[str, list[Committed] | Exception]:
+            out: dict[str, list[Committed] | Exception] = {}
+            for sid in session_ids:
+                try:
+                    out[sid] = read(sid)
+                except Exception as exc:  # this session's problem, not the others'
+                    out[sid] = exc
+            return out
+
+        return await self.run(read_all)
+
     async def read_global(self, after: int = 0, limit: int | None = None) -> list[Committed]:
         return await self.run(self.log.read_global, after, limit)
 
