@@ -3,7 +3,7 @@
     python bench/perdure_bench.py turns LOG K
     python bench/perdure_bench.py census LOG
     python bench/perdure_bench.py breakdown LOG K
-    python bench/perdure_bench.py concurrency LOG SESSIONS K
+    python bench/perdure_bench.py concurrency LOG SESSIONS K [default|off|tuned]
     python bench/perdure_bench.py build-finished LOG SESSIONS K
     python bench/perdure_bench.py build-interrupted LOG SESSIONS K BLOCK_AT_TURN
     python bench/perdure_bench.py recover LOG SESSIONS K
@@ -279,21 +279,32 @@ async def census(log: str) -> dict[str, Any]:
 # -- many sessions at once ------------------------------------------------------------------
 
 
-async def concurrency(log: str, sessions: int, k: int, gc_off: int = 0) -> dict[str, Any]:
-    """``gc_off=1`` (a diagnostic): the cyclic garbage collector is disabled for the run,
-    to show what the collector's passes over the live session states cost."""
+GC_MODES = ("default", "off", "tuned")
+
+
+async def concurrency(log: str, sessions: int, k: int, gc_mode: str = "default") -> dict[str, Any]:
+    """``gc_mode``: ``default`` (CPython's collector as it comes), ``tuned``
+    (``perdure.tune_gc()``, as ``perdure serve`` runs) or ``off`` (a diagnostic: no
+    cyclic collection during the run). The share of the CPU spent in collections is
+    measured in every mode (``gc.callbacks``)."""
+    if gc_mode not in GC_MODES:
+        raise SystemExit(f"unknown gc mode {gc_mode!r}; one of {', '.join(GC_MODES)}")
     provider = BenchProvider(k, record=False)
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
         sids = [await rt.create_session(_sid("c", i)) for i in range(sessions)]
         before = attrs.evolve(rt.stats())  # a copy: the live object keeps counting
-        if gc_off:
+        if gc_mode == "tuned":
+            perdure.tune_gc()
+        in_gc = _CollectorTime()
+        if gc_mode == "off":
             gc.disable()
         collections = sum(g["collections"] for g in gc.get_stats())
         cpu, trio_cpu = time.process_time(), time.thread_time()
         start = time.perf_counter()
-        await _run_sessions(rt, sids, "conc")
+        with in_gc:
+            await _run_sessions(rt, sids, "conc")
         elapsed = time.perf_counter() - start
         cpu, trio_cpu = time.process_time() - cpu, time.thread_time() - trio_cpu
         collections = sum(g["collections"] for g in gc.get_stats()) - collections
@@ -316,9 +327,31 @@ async def concurrency(log: str, sessions: int, k: int, gc_off: int = 0) -> dict[
         "records_per_commit": records / txns,
         "largest_commit_records": after.largest_transaction,
         "single_session_commits_would_be": appends,
-        "gc": "off (diagnostic)" if gc_off else "on",
+        "gc": gc_mode,
         "gc_collections": collections,
+        "gc_cpu_share": in_gc.seconds / cpu if cpu else 0.0,
     }
+
+
+class _CollectorTime:
+    """The process CPU time spent inside the cyclic collector while the block runs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._began
+
+    def __enter__(self) -> _CollectorTime:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
 
 
 # -- recovery ---------------------------------------------------------------------------------
@@ -530,7 +563,7 @@ def _run(fn: Callable[..., Any], *args: Any) -> Any:
 
 def main(argv: list[str]) -> None:
     cmd, log, *rest = argv
-    nums = [int(x) for x in rest] if cmd != "tracing" else []
+    nums = [int(x) for x in rest] if cmd not in ("tracing", "concurrency") else []
     if cmd == "turns":
         emit(_run(turns, log, *nums))
     elif cmd == "breakdown":
@@ -538,7 +571,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "census":
         emit(_run(census, log))
     elif cmd == "concurrency":
-        emit(_run(concurrency, log, *nums))
+        emit(_run(concurrency, log, int(rest[0]), int(rest[1]), *rest[2:]))
     elif cmd == "build-finished":
         emit(_run(build_finished, log, *nums))
     elif cmd == "build-interrupted":

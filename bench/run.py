@@ -100,6 +100,8 @@ TARGETS = {
     "peer_turn": 4.0,  # perdure >= 4 x faster per turn than each peer (K small)
     "growth": 1.2,  # last 10 turns <= 1.2 x the first 10 (K large)
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
+    "cpu_per_turn": 0.30,  # 100 x 10: CPU ms per turn (all threads) <= 0.30
+    "gc_share": 0.10,  # 1,000 x 10: the cyclic collector's share of the CPU < 10 %
     "recovery": 1.2,  # with 10,000 finished sessions <= 1.2 x with none
     "recovery_large_ms": 2000.0,  # 1,000 interrupted sessions recovered in <= 2 s
     "idle_session_kib": 32.0,  # RSS per idle session <= 32 KiB
@@ -376,9 +378,12 @@ class Suite:
             out[f"perdure_{key}"] = self.run(
                 "perdure_bench.py", "concurrency", self.path("conc"), sessions, k
             )
+            out[f"perdure-gc-tuned_{key}"] = self.run(
+                "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, "tuned"
+            )
             if (sessions, k) == self.cfg["concurrency"][-1]:
                 out[f"perdure-gc-off_{key}"] = self.run(
-                    "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, 1
+                    "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, "off"
                 )
             if self.peers:
                 out[f"langgraph_{key}"] = self.peer(
@@ -752,6 +757,14 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         )
         if sessions == 100:
             ceiling = 1e3 / conc[f"perdure_{key}"]["cpu_ms_per_turn"]
+            for variant, what in _GC_VARIANTS:
+                cpu = conc.get(f"{variant}_{key}", {}).get("cpu_ms_per_turn")
+                row(
+                    f"perdure CPU ms per turn, all threads ({key}, {what})",
+                    cpu,
+                    f"<= {TARGETS['cpu_per_turn']}",
+                    None if cpu is None else cpu <= TARGETS["cpu_per_turn"],
+                )
             row(
                 f"perdure CPU-bound ceiling (1 s / CPU per turn) / (40 x better peer) ({key})",
                 ceiling / (TARGETS["concurrency"] * max(rates)),
@@ -759,6 +772,15 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
                 None,
                 "below 1: even with no waiting at all, the target needs less CPU per turn",
             )
+    largest = "{}x{}".format(*cfg["concurrency"][-1])
+    for variant, what in _GC_VARIANTS:
+        share = conc.get(f"{variant}_{largest}", {}).get("gc_cpu_share")
+        row(
+            f"the cyclic collector's share of the CPU ({largest}, {what})",
+            share,
+            f"< {TARGETS['gc_share']}",
+            None if share is None else share < TARGETS["gc_share"],
+        )
     tr = results.get("tracing", {})
     if "error" in tr or not tr:
         row(
@@ -860,6 +882,13 @@ def sse_ratio(sse: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_GC_VARIANTS = (("perdure", "default collector"), ("perdure-gc-tuned", "tune_gc"))
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value * 100:.0f} %"
+
+
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None:
         return "-"
@@ -931,13 +960,14 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         "| system | sessions x K | turns/s | elapsed s | CPU ms/turn (all threads) "
-        "| commits/s | appends/commit | records/commit |"
+        "| in the collector | commits/s | appends/commit | records/commit |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for sessions, kk in cfg["concurrency"]:
         key = f"{sessions}x{kk}"
         systems = (
             ("perdure", "perdure"),
+            ("perdure-gc-tuned", "perdure, perdure.tune_gc() (as perdure serve)"),
             ("perdure-gc-off", "perdure, cyclic GC off (diagnostic)"),
             ("langgraph", "LangGraph"),
             ("dbos", "DBOS"),
@@ -947,11 +977,11 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {label} | {key} | error | | | | | |")
+                lines.append(f"| {label} | {key} | error | | | | | | |")
                 continue
             lines.append(
                 f"| {label} | {key} | {_fmt(r['turns_per_s'], 0)} | {_fmt(r['elapsed_s'])} | "
-                f"{_fmt(r.get('cpu_ms_per_turn'))} | "
+                f"{_fmt(r.get('cpu_ms_per_turn'))} | {_pct(r.get('gc_cpu_share'))} | "
                 f"{_fmt(r.get('commits_per_s'), 0)} | {_fmt(r.get('appends_per_commit'), 1)} | "
                 f"{_fmt(r.get('records_per_commit'), 1)} |"
             )
