@@ -158,11 +158,23 @@ ON CONFLICT (session_id) DO UPDATE
 RETURNING epoch
 """
 
+# Statements that lock several lease rows lock them in session id order, as a commit
+# does (``FOR UPDATE ... ORDER BY``): two transactions of one node (its heartbeat's
+# renewal and a commit of its writer) that took the same rows in different orders
+# would deadlock, and each such wait lasts until the lock timeout.
 _RENEW: Final = """
+WITH mine AS (
+    SELECT l.session_id
+      FROM perdure_leases l
+      JOIN unnest(%(sids)s::text[], %(epochs)s::bigint[]) AS h(sid, epoch)
+        ON l.session_id = h.sid AND l.epoch = h.epoch
+     WHERE l.owner = %(node)s
+     ORDER BY l.session_id
+       FOR UPDATE OF l)
 UPDATE perdure_leases AS l
    SET expires_at = statement_timestamp() + %(ttl)s * interval '1 second'
-  FROM unnest(%(sids)s::text[], %(epochs)s::bigint[]) AS h(sid, epoch)
- WHERE l.session_id = h.sid AND l.epoch = h.epoch AND l.owner = %(node)s
+  FROM mine
+ WHERE l.session_id = mine.session_id
 RETURNING l.session_id, l.epoch
 """
 
@@ -214,12 +226,18 @@ RETURNING epoch
 # but that it does not hold yet: handed to it by a peer. The epoch is bumped once more,
 # so the taking is this node's own (as ``_ACQUIRE`` does for a lease already its own).
 _ACCEPT: Final = """
+WITH handed AS (
+    SELECT l.session_id
+      FROM perdure_leases l JOIN perdure_sessions s USING (session_id)
+     WHERE s.open_submissions > 0
+       AND l.owner = %(node)s AND l.expires_at > statement_timestamp()
+       AND NOT (l.session_id = ANY(%(held)s::text[]))
+     ORDER BY l.session_id
+       FOR UPDATE OF l)
 UPDATE perdure_leases AS l
    SET epoch = l.epoch + 1, expires_at = statement_timestamp() + %(ttl)s * interval '1 second'
-  FROM perdure_sessions s
- WHERE s.session_id = l.session_id AND s.open_submissions > 0
-   AND l.owner = %(node)s AND l.expires_at > statement_timestamp()
-   AND NOT (l.session_id = ANY(%(held)s::text[]))
+  FROM handed
+ WHERE l.session_id = handed.session_id
 RETURNING l.session_id, l.epoch
 """
 
@@ -624,7 +642,8 @@ class PgLog:
         try:
             with self._reader() as conn, conn.transaction():
                 conn.execute(
-                    "SELECT 1 FROM perdure_leases WHERE session_id = ANY(%s) FOR UPDATE",
+                    "SELECT 1 FROM perdure_leases WHERE session_id = ANY(%s) "
+                    "ORDER BY session_id FOR UPDATE",
                     (sessions,),
                 )
                 found = conn.execute("SELECT 1 FROM perdure_records WHERE seq = %s", (seq,))

@@ -16,7 +16,8 @@ Against a real server (a throwaway cluster, a fresh database per test):
   ``renew`` reports the loss; ``claim`` takes a fair share of orphans; ``close``
   hands leases over at once; ``takeover`` takes them from older nodes; a transaction
   of an expired owner stuck on the lease row is ended by the taker, a live one's not;
-  ``confirm`` racing a renewal still answers yes;
+  ``confirm`` racing a renewal still answers yes; a renewal and a commit of the same
+  rows never deadlock (both lock them in session id order);
 * rebalancing: ``survey`` counts the active sessions each live node holds;
   ``hand_over`` fences the giver at once and names the target to its commands, the
   target takes it with ``accept``; a hand-over to a node gone is a release, one the
@@ -254,6 +255,35 @@ def test_renew_reports_a_lease_taken_over(open_pg: Open) -> None:
     assert a.held() == {"s2": 1}
     (ok,) = a.commit([([tool_result("s2", "late but safe")], None)])
     assert isinstance(ok, list)
+
+
+def test_a_renewal_and_a_commit_of_the_same_rows_never_deadlock(open_pg: Open, pg_url: str) -> None:
+    """Both lock lease rows in session id order, whatever the rows' order on disk.
+
+    A commit holding "b" (as an ordered commit of {"b", "c"} does, before it takes "c")
+    while the heartbeat renews {"a", "b", "c"}: the renewal waits at "b" holding only
+    "a", so the commit takes "c" and finishes, and then the renewal does. Taken in the
+    table's order ("c" was written first), the renewal would hold "c" while waiting for
+    "b": a deadlock, ended only by the lock timeout.
+    """
+    log = open_pg(node_id="n", lease_ttl=10)
+    for sid in ("c", "a", "b"):  # stored in this order
+        log.acquire(sid)
+    renewed: list[list[str]] = []
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET lock_timeout = '5s'")
+        conn.execute("SELECT 1 FROM perdure_leases WHERE session_id = 'b' FOR UPDATE")
+        renewal = threading.Thread(target=lambda: renewed.append(log.renew()))
+        renewal.start()
+        time.sleep(0.3)  # the renewal now waits for "b"
+        began = time.monotonic()
+        conn.execute("SELECT 1 FROM perdure_leases WHERE session_id = 'c' FOR UPDATE")
+        took = time.monotonic() - began
+        conn.commit()
+        renewal.join(10)
+    assert took < 0.5, f"the commit waited {took:.2f}s for a row the renewal held"
+    assert renewed == [[]], "the renewal failed or reported a lease lost"
+    assert log.held() == {"a": 1, "b": 1, "c": 1}
 
 
 def test_a_stuck_transaction_of_an_expired_owner_is_ended_by_the_taker(
