@@ -42,14 +42,12 @@ import lmdb
 
 from perdure.storage.backend import (
     Batch,
-    ClusterView,
     CommitResult,
     Durability,
     SessionInfo,
-    Wake,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.common import claim_writer
+from perdure.storage.common import SingleOwner, claim_writer
 from perdure.storage.errors import (
     LogBusy,
     LogError,
@@ -181,7 +179,7 @@ def _inode(path: Path) -> int:
         return -1
 
 
-class LmdbLog:
+class LmdbLog(SingleOwner):
     """One LMDB environment holding one runtime's log. See the module docstring."""
 
     def __init__(
@@ -290,47 +288,8 @@ class LmdbLog:
     def location(self) -> str:
         return str(self.path)
 
-    @property
-    def node_id(self) -> str:
-        return f"{socket.gethostname()}:{os.getpid()}"
-
-    multi_node = False
     inline = False
     local = True
-    lease_ttl = float("inf")
-    poll_interval = float("inf")
-
-    def acquire(self, session_id: str) -> None:
-        """Every session is this process's: the log's owner lock already fences."""
-
-    def release_session(self, session_id: str) -> None:
-        """Nothing to give up: the owner lock covers every session."""
-
-    def claim(self) -> list[str]:
-        return self.active_sessions()
-
-    def renew(self) -> list[str]:
-        return []
-
-    def survey(self) -> ClusterView:
-        """One owner: there is nothing to balance."""
-        return ClusterView()
-
-    def hand_over(self, session_id: str, target: str) -> bool:
-        """One owner: no other node to hand a session to."""
-        return False
-
-    def accept(self) -> list[str]:
-        return []
-
-    def confirm(self, session_id: str) -> bool:
-        return True
-
-    def is_fresh(self, session_id: str) -> bool:
-        return True
-
-    def listen(self, wake: Wake, stop: threading.Event) -> None:
-        """Nobody else writes this log: there is nothing to listen to."""
 
     # -- writing (writer thread only) ------------------------------------------------
 

@@ -36,14 +36,12 @@ import attrs
 
 from perdure.storage.backend import (
     Batch,
-    ClusterView,
     CommitResult,
     Durability,
     SessionInfo,
-    Wake,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
-from perdure.storage.common import claim_writer
+from perdure.storage.common import SingleOwner, claim_writer
 from perdure.storage.errors import LogBusy, LogError, LogFenced, SessionBusy, StaleGoal
 from perdure.storage.records import Committed, LogOpened, Record, SessionDeleted
 
@@ -67,14 +65,11 @@ class _Store:
         return self.last_seq + 1  # a refused batch draws no number
 
 
-class MemoryLog:
+class MemoryLog(SingleOwner):
     """A log in memory (module docstring). ``MemoryLog()`` is a new, empty log, owned."""
 
-    multi_node = False
     inline = True
     local = False  # committed inline anyway
-    lease_ttl = float("inf")
-    poll_interval = float("inf")
 
     def __init__(
         self,
@@ -142,42 +137,6 @@ class MemoryLog:
     @property
     def location(self) -> str:
         return LOCATION
-
-    @property
-    def node_id(self) -> str:
-        return f"{socket.gethostname()}:{os.getpid()}"
-
-    def acquire(self, session_id: str) -> None:
-        """Every session is this handle's: the store's epoch already fences."""
-
-    def release_session(self, session_id: str) -> None:
-        """Nothing to give up: ownership covers every session."""
-
-    def claim(self) -> list[str]:
-        return self.active_sessions()
-
-    def renew(self) -> list[str]:
-        return []
-
-    def survey(self) -> ClusterView:
-        """One owner: there is nothing to balance."""
-        return ClusterView()
-
-    def hand_over(self, session_id: str, target: str) -> bool:
-        """One owner: no other node to hand a session to."""
-        return False
-
-    def accept(self) -> list[str]:
-        return []
-
-    def confirm(self, session_id: str) -> bool:
-        return True
-
-    def is_fresh(self, session_id: str) -> bool:
-        return True
-
-    def listen(self, wake: Wake, stop: threading.Event) -> None:
-        """Nobody else writes this log: there is nothing to listen to."""
 
     # -- writing -----------------------------------------------------------------------
 
