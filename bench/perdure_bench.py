@@ -96,17 +96,67 @@ async def turns(log: str, k: int) -> dict[str, Any]:
 # -- the cost of tracing (perdure.observability) ---------------------------------------------
 
 
-def _tracing(mode: str) -> tuple[Any, Callable[[], int]]:
-    """The ``telemetry`` option of a mode, and how to count the spans it exported.
+def _sdk_floor(spans: list[Any], turns: int) -> float:
+    """CPU (ms) per turn of the OpenTelemetry SDK calls alone that tracing makes per turn.
+
+    Replays, against a fresh SDK set up as in ``on`` mode, a turn's two spans (a ``chat``
+    and an ``execute_tool`` span with the very attributes perdure gave them, under a run
+    span) and its three histogram records (operation duration, input and output tokens),
+    with no runtime around them: the part of tracing's cost that no change in perdure
+    can remove.
+    """
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    chat = next(s for s in reversed(spans) if s.name.startswith("chat"))
+    tool = next(s for s in reversed(spans) if s.name.startswith("execute_tool"))
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("floor")
+    duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
+    tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}")
+    tracer = tracer_provider.get_tracer("floor")
+    run = tracer.start_span("invoke_agent")
+    parent = trace.set_span_in_context(run, otel_context.Context())
+    chat_attrs, tool_attrs = dict(chat.attributes), dict(tool.attributes)
+    names = (
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "gen_ai.response.model",
+    )
+    metric_attrs = {k: v for k, v in chat_attrs.items() if k in names}
+    inputs = {**metric_attrs, "gen_ai.token.type": "input"}
+    outputs = {**metric_attrs, "gen_ai.token.type": "output"}
+    cpu = time.process_time()
+    for _ in range(turns):
+        span = tracer.start_span(chat.name, context=parent, attributes=chat_attrs, start_time=1)
+        span.end(end_time=2)
+        duration.record(0.001, metric_attrs)
+        tokens.record(120, inputs)
+        tokens.record(40, outputs)
+        span = tracer.start_span(tool.name, context=parent, attributes=tool_attrs, start_time=1)
+        span.end(end_time=2)
+    tracer_provider.force_flush()
+    return (time.process_time() - cpu) / turns * 1e3
+
+
+def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
+    """The ``telemetry`` option of a mode, how to count the spans it exported, and them.
 
     ``off``: no observer. ``noop``: the OpenTelemetry API with no provider installed
     (what an application that does not trace pays). ``on``: the SDK, a batch span
     processor into an in-memory exporter, and an in-memory metric reader.
     """
     if mode == "off":
-        return None, lambda: 0
+        return None, lambda: 0, list
     if mode == "noop":
-        return "auto", lambda: 0
+        return "auto", lambda: 0, list
     if mode != "on":
         raise SystemExit(f"unknown tracing mode {mode!r}")
     from opentelemetry.sdk.metrics import MeterProvider
@@ -127,12 +177,12 @@ def _tracing(mode: str) -> tuple[Any, Callable[[], int]]:
         return len(exporter.get_finished_spans())
 
     tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    return tracing, exported
+    return tracing, exported, exporter.get_finished_spans
 
 
 async def tracing(log: str, k: int, mode: str) -> dict[str, Any]:
     """Per-turn latency and process CPU per turn of one session, in the given mode."""
-    telemetry, exported = _tracing(mode)
+    telemetry, exported, finished = _tracing(mode)
     provider = BenchProvider(k)
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], telemetry=telemetry, **runtime_options(k)
@@ -151,13 +201,16 @@ async def tracing(log: str, k: int, mode: str) -> dict[str, Any]:
     if mode == "on":  # a run span, K + 1 chat spans and K tool spans
         assert spans == 2 * k + 2, spans
     stats = workload.turn_stats(starts)
-    return {
+    result = {
         "system": f"perdure tracing {mode}",
         "k": k,
         "median_ms": stats["median_ms"],
         "cpu_ms_per_turn": cpu / (k + 1) * 1e3,
         "spans": spans,
     }
+    if mode == "on":
+        result["sdk_floor_ms_per_turn"] = _sdk_floor(list(finished()), max(k, 200))
+    return result
 
 
 # -- where a turn's time goes (instrumented, not used for the headline figures) -------------

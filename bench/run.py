@@ -363,6 +363,10 @@ class Suite:
                 "spans": good[0]["spans"],
                 "trials": trials,
             }
+            if mode == "on":
+                out[mode]["sdk_floor_ms_per_turn"] = median(
+                    [r["sdk_floor_ms_per_turn"] for r in good]
+                )
         for mode in ("noop", "on"):
             out[f"{mode}_over_off_cpu"] = (
                 out[mode]["cpu_ms_per_turn"] / out["off"]["cpu_ms_per_turn"]
@@ -799,6 +803,16 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             v <= TARGETS["tracing"],
             f"per-turn latency on / off: {tr['on_over_off_turn']:.2f}",
         )
+        sdk = tr["on"].get("sdk_floor_ms_per_turn")
+        if sdk is not None:
+            row(
+                f"the SDK's own calls alone (2 spans, 3 histogram records) per turn, as a "
+                f"ratio like the one above: 1 + SDK CPU / off's CPU per turn (K={k})",
+                1 + sdk / tr["off"]["cpu_ms_per_turn"],
+                "(info)",
+                None,
+                f"SDK {sdk * 1e3:.0f} us per turn, off {tr['off']['cpu_ms_per_turn']:.2f} ms",
+            )
         row(
             f"CPU per turn, OpenTelemetry API without a provider / off (K={k})",
             tr["noop_over_off_cpu"],
