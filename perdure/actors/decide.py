@@ -1488,7 +1488,8 @@ def fork_position(committed: Sequence[Committed], at: int | str | None) -> int:
             seq = final[-1] if final else seq
         if seq in points:
             return seq
-        what = f"run {at} did not finish (it was {committed_status(committed, seq)})"
+        status = next(r.status for n, r in ends if n == seq)
+        what = f"run {at} did not finish (it was {status})"
     else:
         if at in points:
             return at
@@ -1502,11 +1503,6 @@ def fork_position(committed: Sequence[Committed], at: int | str | None) -> int:
         f"cannot fork there: {what} (the end of a run or of a turn); the nearest valid "
         f"points are {nearest}",
     )
-
-
-def committed_status(committed: Sequence[Committed], seq: int) -> str:
-    record = next(c.record for c in committed if c.seq == seq)
-    return record.status if isinstance(record, RunFinished) else type(record).__name__
 
 
 def fork_records(

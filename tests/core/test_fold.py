@@ -170,3 +170,67 @@ def test_a_tool_result_is_progress_so_a_run_that_keeps_making_some_is_not_given_
     assert not s.state.tasks["c1"].stale, "a result of the revision in force is not stale"
     step = s.restart()
     assert "RunStarted" in [type(r).__name__ for r in step.records], "resumed, not given up"
+
+
+# -- what the fold keeps that the runtime shows (found unguarded by mutation testing) ----------
+
+
+def test_a_turns_usage_adds_its_failed_attempts_to_its_reply() -> None:
+    from perdure.providers.base import ModelReply
+    from perdure.storage.records import Usage
+
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    gen = s.state.current_generation()
+    assert gen is not None
+    s.result(
+        protocol.ModelFailed(
+            generation_id=gen.generation_id,
+            attempt=1,
+            error="overloaded_error: busy",
+            retryable=True,
+            usage=Usage(input_tokens=10, output_tokens=1),
+        )
+    )
+    s.now += 60
+    reply = ModelReply(text="done", usage=Usage(input_tokens=20, output_tokens=5))
+    s.result(protocol.ModelReplied(gen.generation_id, 2, reply))
+    total = Usage(input_tokens=30, output_tokens=6)
+    run = s.state.runs["in1.r0"]
+    assert (s.state.generations[gen.generation_id].usage, run.usage, s.state.usage) == (
+        total,
+        total,
+        total,
+    )
+
+
+def test_a_sub_agents_parent_and_tools_are_folded_from_its_creation() -> None:
+    from perdure.storage.records import Committed, SessionCreated
+
+    created = SessionCreated(session_id="s1", parent="p1/c7", tools=["lookup", "send"], at=1.0)
+    state = SessionState.fold("s1", [Committed(1, created)])
+    assert (state.parent, state.allowed_tools) == ("p1/c7", frozenset({"lookup", "send"}))
+
+
+def test_a_calls_executing_record_keeps_why_its_tool_has_its_policy() -> None:
+    import attrs
+
+    from perdure.storage.records import ToolExecuting
+    from tests.core.sim import TOOLS
+
+    explained = attrs.evolve(TOOLS["lookup"], policy_reason="MCP docs/search: read-only")
+    s = Session(tools={**TOOLS, "lookup": explained})
+    s.command(protocol.Submit("r1", "go"))
+    step = s.reply("x", ("c1", "lookup", {"query": "q"}))
+    (executing,) = [r for r in step.records if isinstance(r, ToolExecuting)]
+    assert executing.policy_reason == "MCP docs/search: read-only"
+
+
+def test_a_restart_of_a_paused_session_still_asks_the_reconcile_of_a_call_in_doubt() -> None:
+    from tests.core.sim import reconciles
+
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "send_checked", {"text": "hi"}))
+    s.command(protocol.Pause("p1"))
+    assert reconciles(s.restart()) == ["c1"], "asking is no side effect: paused or not"

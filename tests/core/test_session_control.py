@@ -9,20 +9,24 @@ fork's own recovery takes up.
 from __future__ import annotations
 
 import pytest
+from attrs import evolve
 
 from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import View
 from perdure.actors.state import SessionState
 from perdure.storage.records import (
+    Budget,
     CancelRequested,
     Committed,
     GoalRevised,
     InputAccepted,
     RecoveryDecision,
     RunFinished,
+    RunStarted,
     SessionCreated,
     SessionForked,
+    SessionParked,
     ToolCompleted,
     ToolExecuting,
     ToolOutcomeUnknown,
@@ -282,3 +286,221 @@ def test_a_fork_at_the_end_of_a_turn_continues_the_run_without_rerunning_the_cal
 
 def kinds_of(records: tuple[object, ...]) -> list[str]:
     return [type(r).__name__ for r in records]
+
+
+# -- the words and edges of if_busy and fork (found unguarded by mutation testing) ----------
+
+
+def test_a_refusal_names_what_keeps_the_session_busy() -> None:
+    s = busy()
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Submit("r2", "now?", if_busy="reject"))
+    assert str(info.value) == (
+        "session s1 is busy (run in1.r0 is in progress); "
+        "the input was not recorded (if_busy='reject')"
+    )
+    s.command(protocol.Submit("r3", "later"))  # waits its turn
+    with pytest.raises(errors.Refused) as info:
+        s.command(protocol.Submit("r4", "now?", if_busy="reject"))
+    assert "(run in1.r0 is in progress; 1 input(s) wait their turn)" in str(info.value)
+    held = Session()
+    held.command(protocol.Pause("p1"))
+    held.command(protocol.Submit("r1", "held"))
+    with pytest.raises(errors.Refused) as info:
+        held.command(protocol.Submit("r2", "too", if_busy="reject"))
+    assert "is busy (1 input(s) wait their turn);" in str(info.value)
+
+
+def test_interrupt_while_the_run_is_being_cancelled_waits_its_turn() -> None:
+    s = busy()
+    s.command(protocol.Cancel("c"))
+    step, answer = s.command(protocol.Submit("r2", "then this", if_busy="interrupt"))
+    assert kinds(step) == ["InputAccepted"] and acc(answer).disposition == "queued"
+    assert not only(step.records, CancelRequested), "one cancellation is enough"
+
+
+def test_a_steer_carries_its_budget_into_the_revision() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "find flights"))
+    budget = Budget(run_tokens=500)
+    step, _ = s.command(protocol.Submit("r2", "cheaper", if_busy="steer", budget=budget))
+    (revised,) = only(step.records, GoalRevised)
+    assert revised.budget == budget and s.state.budget == budget
+
+
+def test_the_callers_trace_context_is_kept_with_the_input_and_its_run() -> None:
+    s = Session()
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    step, _ = s.command(protocol.Submit("r1", "go", traceparent=parent))
+    (accepted,) = only(step.records, InputAccepted)
+    assert accepted.traceparent == parent
+    assert s.state.submissions["in1"].traceparent == parent
+    # The observer stamps the run's own context on its RunStarted; the fold keeps it.
+    started = next(r for r in s.log if isinstance(r, RunStarted))
+    own = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+    state = SessionState.fold(
+        "s1",
+        [
+            Committed(i, evolve(r, traceparent=own) if r is started else r)
+            for i, r in enumerate(s.log, start=1)
+        ],
+    )
+    assert state.runs[started.run_id].traceparent == own
+
+
+def test_no_settled_point_is_refused_in_words_that_name_the_session() -> None:
+    with pytest.raises(errors.Refused) as info:
+        decide.fork_position(committed(busy()), None)
+    assert (info.value.code, str(info.value)) == (
+        "invalid_state",
+        "session s1 has no settled point to fork at yet",
+    )
+    with pytest.raises(errors.Refused) as info:
+        decide.fork_position([], None)
+    assert str(info.value) == "session ? has no settled point to fork at yet"
+    with pytest.raises(errors.Refused) as info:
+        decide.fork_position(committed(two_runs()), "in9.r0")
+    assert str(info.value) == "session s1 has no finished run 'in9.r0'"
+
+
+def three_runs() -> Session:
+    s = two_runs()
+    s.command(protocol.Submit("r3", "once more"))
+    s.reply("answer three")
+    return s
+
+
+def test_the_nearest_points_are_the_one_before_and_the_one_after() -> None:
+    history = committed(three_runs())
+    points = decide.fork_points(history)
+    assert len(points) == 4
+    between = points[1] + 1
+    assert between not in points
+    with pytest.raises(errors.Refused) as info:
+        decide.fork_position(history, between)
+    assert str(info.value) == (
+        f"cannot fork there: {between} is not a settled point of session s1 (the end of a "
+        f"run or of a turn); the nearest valid points are {points[1]} (before), "
+        f"{points[2]} (after)"
+    )
+
+
+def interrupted_and_resumed(*, finish: bool) -> Session:
+    """Run in1.r0 completes; run in2.r0 dies in the middle of a lookup, and recovery
+    resumes it as in2.r1."""
+    s = Session()
+    s.command(protocol.Submit("r0", "hello"))
+    s.reply("hi")
+    s.command(protocol.Submit("r1", "look"))
+    s.reply("looking", ("c1", "lookup", {"query": "a"}))
+    s.restart()  # SAFE: re-run; the interrupted run is continued by a resumed one
+    ends = [r for r in s.log if isinstance(r, RunFinished)]
+    assert [(r.run_id, r.status) for r in ends] == [
+        ("in1.r0", "completed"),
+        ("in2.r0", "interrupted"),
+    ]
+    if finish:
+        s.finish_tool("c1", "found a")
+        s.reply("answer")
+        s.command(protocol.Submit("r3", "and then"))  # a later run ends after it
+        s.reply("later")
+    return s
+
+
+def test_a_fork_at_an_interrupted_run_is_taken_at_the_end_of_the_run_that_resumed_it() -> None:
+    s = interrupted_and_resumed(finish=True)
+    history = committed(s)
+    ends = [c for c in history if isinstance(c.record, RunFinished)]
+    final = ends[2]
+    assert (final.record.run_id, final.record.status) == ("in2.r1", "completed")
+    assert decide.fork_position(history, "in2.r0") == final.seq
+    assert decide.fork_position(history, "in1.r0") == ends[0].seq
+    assert ends[1].seq not in decide.fork_points(history), "nothing is settled there"
+
+
+def test_a_fork_at_an_interrupted_run_still_resuming_is_refused_with_what_it_was() -> None:
+    s = interrupted_and_resumed(finish=False)
+    history = committed(s)
+    first_end = next(c.seq for c in history if isinstance(c.record, RunFinished))
+    with pytest.raises(errors.Refused) as info:
+        decide.fork_position(history, "in2.r0")
+    assert str(info.value) == (
+        "cannot fork there: run in2.r0 did not finish (it was interrupted) (the end of a "
+        f"run or of a turn); the nearest valid points are {first_end} (before)"
+    )
+
+
+def test_the_end_of_an_idle_history_is_a_point_and_a_parked_one_is_not() -> None:
+    s = two_runs()
+    s.command(protocol.Pause("p1"))
+    s.command(protocol.Resume("p2"))
+    history = committed(s)
+    assert not isinstance(history[-1].record, RunFinished)
+    points = decide.fork_points(history)
+    assert points[-1] == history[-1].seq and len(points) == 4
+    parked = SessionParked(session_id="s1", reason="a damaged record", at=s.now)
+    assert decide.fork_points([*history, Committed(len(history) + 1, parked)]) == points[:3]
+
+
+def test_the_end_of_a_turn_is_a_point_only_once_its_last_call_is_done() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "look twice"))
+    s.reply("looking", ("c1", "lookup", {"query": "a"}), ("c2", "lookup", {"query": "b"}))
+    s.finish_tool("c1", "found a")
+    first = len(s.log)
+    s.finish_tool("c2", "found b")
+    second = next(
+        i for i, r in enumerate(s.log, start=1) if i > first and type(r).__name__ == "ToolCompleted"
+    )
+    assert decide.fork_points(committed(s)) == [second]
+
+
+def test_a_result_after_a_cancel_or_a_revision_is_no_point() -> None:
+    s = busy()
+    s.command(protocol.Cancel("x"))
+    s.finish_tool("c1", "sent")
+    cancelled = committed(s)
+    assert [type(cancelled[p - 1].record).__name__ for p in decide.fork_points(cancelled)] == [
+        "RunFinished"
+    ]
+    s = busy()
+    s.command(protocol.Revise("v1", "send something else"))
+    s.finish_tool("c1", "sent")
+    revised = committed(s)
+    assert not [
+        p for p in decide.fork_points(revised) if isinstance(revised[p - 1].record, ToolCompleted)
+    ]
+
+
+def test_no_point_while_a_compensation_is_unfinished() -> None:
+    from tests.core.sim import COURSE_TOOLS
+
+    s = Session(tools=COURSE_TOOLS)
+    s.command(protocol.Submit("r1", "open one"))
+    s.reply("opening", ("c1", "create_ticket", {"title": "t"}))
+    s.finish_tool("c1", "T-1")
+    s.reply("opened")
+    points = decide.fork_points(committed(s))
+    s.command(protocol.Compensate("c1", "k1"))  # close_ticket needs approval: it waits
+    assert decide.fork_points(committed(s)) == points
+
+
+def test_a_fork_keeps_the_sources_settings_and_is_stamped_with_its_own_request() -> None:
+    s = two_runs()
+    budget = Budget(session_tokens=9000)
+    created = SessionCreated(
+        session_id="s1", system="be brief", budget=budget, if_busy="steer", at=s.now
+    )
+    history = [Committed(1, created), *committed(s)[1:]]
+    position = decide.fork_position(history, None)
+    own, forked, *_ = decide.fork_records(history, "f1", position, "fork-7", 2024.5)
+    assert isinstance(own, SessionCreated) and isinstance(forked, SessionForked)
+    assert (own.system, own.budget, own.if_busy) == ("be brief", budget, "steer")
+    assert (own.request_id, own.at) == ("fork-7", 2024.5)
+    assert (forked.request_id, forked.at, forked.position) == ("fork-7", 2024.5, position)
+
+
+def test_a_session_just_created_can_be_forked_at_its_creation() -> None:
+    history = [Committed(1, SessionCreated(session_id="s1", at=1.0))]
+    assert decide.fork_points(history) == [1]
+    assert decide.fork_position(history, None) == 1

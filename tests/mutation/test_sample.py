@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from perdure.actors import decide
-from tests.core import test_commands, test_decide, test_failure_rows
+from tests.core import (
+    test_commands,
+    test_decide,
+    test_failure_rows,
+    test_held_and_gathered,
+    test_session_control,
+)
 
 
 def mutant_of(name: str, line: str, replacement: str) -> Callable[..., Any]:
@@ -67,6 +73,18 @@ SAMPLE: list[tuple[str, str, str, Callable[[], None]]] = [
         "goal_rev=s.goal_rev if goal_rev is None else goal_rev,",
         "goal_rev=s.goal_rev,",
         test_commands.test_an_automatic_compensation_interrupted_by_a_crash_is_re_run_not_superseded,
+    ),
+    (  # a paused session dispatches an approved call (the campaign of 2026-12-02)
+        "advance",
+        "if not (s.paused or view.draining):",
+        "if not (s.paused and view.draining):",
+        test_held_and_gathered.test_an_approval_given_while_paused_runs_the_call_only_on_resume,
+    ),
+    (  # a fork at an interrupted run taken at the end of whatever run finished last
+        "fork_position",
+        "if r.submission_id == end.submission_id and r.status in FINAL_RUN_STATUSES",
+        "if r.status in FINAL_RUN_STATUSES",
+        test_session_control.test_a_fork_at_an_interrupted_run_is_taken_at_the_end_of_the_run_that_resumed_it,
     ),
 ]
 
