@@ -104,6 +104,22 @@ class Session:
             )
         )
 
+    def fail_model(self, error: str = "overloaded_error: busy", **kw: Any) -> Step:
+        """The current model attempt fails; retryable unless ``retryable=False``."""
+        gen = self.state.current_generation()
+        assert gen is not None
+        return self.result(
+            protocol.ModelFailed(
+                **{
+                    "generation_id": gen.generation_id,
+                    "attempt": gen.attempt,
+                    "error": error,
+                    "retryable": True,
+                    **kw,
+                }
+            )
+        )
+
     def finish_tool(self, call_id: str, output: str = "ok", **kw: Any) -> Step:
         task = self.state.tasks[call_id]
         return self.result(

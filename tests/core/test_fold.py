@@ -183,15 +183,7 @@ def test_a_turns_usage_adds_its_failed_attempts_to_its_reply() -> None:
     s.command(protocol.Submit("r1", "go"))
     gen = s.state.current_generation()
     assert gen is not None
-    s.result(
-        protocol.ModelFailed(
-            generation_id=gen.generation_id,
-            attempt=1,
-            error="overloaded_error: busy",
-            retryable=True,
-            usage=Usage(input_tokens=10, output_tokens=1),
-        )
-    )
+    s.fail_model(usage=Usage(input_tokens=10, output_tokens=1))
     s.now += 60
     reply = ModelReply(text="done", usage=Usage(input_tokens=20, output_tokens=5))
     s.result(protocol.ModelReplied(gen.generation_id, 2, reply))

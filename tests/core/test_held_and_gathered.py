@@ -75,13 +75,7 @@ def test_a_model_retry_whose_failure_arrives_while_paused_is_made_only_on_resume
     gen = s.state.current_generation()
     assert gen is not None
     s.command(protocol.Pause("p1"))  # the model call in flight is let finish
-    failed = protocol.ModelFailed(
-        generation_id=gen.generation_id,
-        attempt=gen.attempt,
-        error="overloaded_error: busy",
-        retryable=True,
-    )
-    step = s.result(failed)
+    step = s.fail_model()
     assert not model_calls(step), "paused: no new attempt"
     step, _ = s.command(protocol.Resume("p2"))
     assert model_calls(step) == [gen.generation_id]

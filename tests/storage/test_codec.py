@@ -41,6 +41,7 @@ from perdure.storage.records import (
     ThinkingBlock,
     ToolCall,
     ToolCompleted,
+    ToolHeartbeat,
     ToolTaskCreated,
     Usage,
 )
@@ -441,3 +442,49 @@ def test_a_float_field_takes_an_integer_only_where_a_float_holds_it_exactly() ->
     good["at"] = 2**53 + 1  # would be read as 2**53: another number
     with pytest.raises(CorruptRecord, match=r"expected float @ \$\.at"):
         decode(3, frame_of(json.dumps(good).encode(), 3))
+
+
+# -- the reason of each defect, in words (found unguarded by mutation testing) --------------
+
+
+def reason_of(frame: bytes, seq: int = 7) -> str:
+    with pytest.raises(CorruptRecord) as info:
+        decode(seq, frame)
+    assert info.value.seq == seq
+    return info.value.reason
+
+
+def test_each_defect_of_a_frame_is_named() -> None:
+    header = codec._HEADER
+    assert reason_of(b"\x01" * (header + 1)) == f"frame too short ({header + 1} bytes)"
+    # The shortest frame that is not too short is an empty object: its defect is its type.
+    assert reason_of(frame_of(b"{}", 7)) == "unknown record type None"
+    assert reason_of(bytes((9, 1)) + frame_of(b"{}", 7)[2:]) == "unknown frame format 9"
+    good = encode(ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0), 7)
+    assert reason_of(good, seq=8) == "checksum mismatch", "a frame read under another seq"
+    assert reason_of(frame_of(b'{"t":1} x', 7)) == (
+        "payload is not JSON: extra data after the object (at character 7)"
+    )
+    assert reason_of(frame_of(b"[]", 7)) == "payload is not an object"
+    assert reason_of(frame_of(b'{"t":"ToolHeartbeat","at":NaN}', 7)) == (
+        "payload is not JSON: NaN is not allowed in a record"
+    )
+
+
+def test_fields_that_do_not_match_are_each_named() -> None:
+    payload = {"t": "ToolHeartbeat", "v": 1, "session_id": 5, "call_id": "c", "attempt": "two"}
+    reason = reason_of(frame_of(json.dumps(payload).encode(), 7))
+    assert reason == (
+        "fields do not match ToolHeartbeat: invalid value for type, expected str @ "
+        "$.session_id; invalid value for type, expected int @ $.attempt; required field "
+        "missing @ $.at"
+    )
+
+
+def test_a_record_type_decoded_for_the_first_time_gets_its_own_structure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(codec, "_STRUCTURE", {})
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
+    assert decode(3, encode(beat, 3)) == beat
+    assert decode(4, encode(beat, 4)) == beat, "and the cached one the second time"

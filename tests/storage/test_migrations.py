@@ -132,3 +132,21 @@ def test_a_registry_that_does_not_lead_to_the_present_is_refused() -> None:
     with pytest.raises(ValueError, match="the current version is 1"):
         migration("ToolHeartbeat", 1)(progress_to_details)  # version 1 is in force today
     assert codec.MIGRATIONS == {}
+
+
+def test_a_step_reads_the_fields_alone_and_a_failing_one_names_the_seq() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def watching(fields: dict[str, Any]) -> dict[str, Any]:
+        seen.append(dict(fields))
+        return progress_to_details(fields)
+
+    steps = {("ToolHeartbeat", 1): watching}
+    decode(SEQ, frame({"t": "ToolHeartbeat", "v": 1, **OLD}), versions=PRESENT, migrations=steps)
+    assert seen == [OLD], "a step never sees the tag nor the version"
+    broken = {k: v for k, v in OLD.items() if k != "progress"}
+    with pytest.raises(CorruptRecord) as info:
+        decode(
+            SEQ, frame({"t": "ToolHeartbeat", "v": 1, **broken}), versions=PRESENT, migrations=STEPS
+        )
+    assert info.value.seq == SEQ
