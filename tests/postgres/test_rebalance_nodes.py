@@ -125,18 +125,31 @@ def test_a_joining_node_gets_a_quarter(
     ws = tmp_path / "ws"
     ws.mkdir()
     groups = {f"n{k}": [f"s{k}-{i:03d}" for i in range(100)] for k in range(3)}
-    steps = long_run(turns=14, delay=1.0)
+    # Runs long enough (20 turns of over a second each) that most are still going when
+    # the fourth node joins, however slowly a loaded machine starts the first three.
+    steps = long_run(turns=20, delay=1.0)
     for name, sessions in groups.items():
         nodes.append(NodeProcess(plan(pg_url, ws, name, sessions, 300, steps), tmp_path, name))
+    seen: list[tuple[dict[str, int], int]] = []
 
     def three_settled() -> bool:
         # The nodes started one after another, so the first ones may have shed some
-        # sessions to the later ones meanwhile: wait until no node is over its share
-        # (100) by more than the slack (5), so that what follows measures the join.
+        # sessions to the later ones meanwhile: wait until every node holds a third of
+        # the active sessions, give or take 5 % of them, so that what follows measures
+        # the join. (A run or two may have finished by then: the shares are of the
+        # sessions still active, as in the join's own check below.)
         held, active, _ = holdings(pg_url)
-        return active == 300 and len(held) == 3 and all(95 <= h <= 105 for h in held.values())
+        seen.append((held, active))
+        return (
+            active >= 200
+            and len(held) == 3
+            and all(abs(h - active / 3) <= 0.05 * active for h in held.values())
+        )
 
-    wait_until("300 active sessions settled on three nodes", three_settled, 90, nodes)
+    try:
+        wait_until("the active sessions settled on three nodes", three_settled, 90, nodes)
+    except AssertionError as exc:  # say how the holdings moved, not only that they did not settle
+        raise AssertionError(f"{exc}\nlast holdings (per node, active): {seen[-10:]}") from None
     before = holdings(pg_url)[0]
     nodes.append(NodeProcess(plan(pg_url, ws, "n3", [], 300, steps), tmp_path, "n3"))
 
@@ -150,7 +163,12 @@ def test_a_joining_node_gets_a_quarter(
         shares = [h / active for h in held.values()] if active else []
         return len(held) == 4 and all(0.20 <= s <= 0.30 for s in shares)
 
-    wait_until("the four nodes to hold a quarter each", quartered, 60, nodes)
+    try:
+        wait_until("the four nodes to hold a quarter each", quartered, 60, nodes)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nlast holdings (joined for, per node, active): {samples[-10:]}"
+        ) from None
     joined_for, balanced, active = samples[-1]
     first_move = next((t for t, held, _ in samples if held.get("n3", 0) > 0), joined_for)
     half = next((t for t, held, n in samples if held.get("n3", 0) >= n / 8), joined_for)
