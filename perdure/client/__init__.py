@@ -1,11 +1,13 @@
 """Typed clients of ``perdure serve``: ``PerdureClient`` (sync) and ``AsyncPerdureClient``.
 
-Both send the same calls (``perdure.client._model``): every route of the daemon as
-a method returning attrs objects (``perdure.Accepted`` and ``perdure.Done`` for
-commands, as the embedded runtime returns them), commands re-sent with the same
-request id when the daemon cannot be reached or answers a retryable error (it
-deduplicates, so a command is recorded once), event streams that reconnect with
-``Last-Event-ID`` across daemon restarts, and errors typed by the daemon's codes
+Both send the same calls (``perdure.client._model``): every route of the daemon's
+``/v1`` API as a method returning attrs objects (``perdure.Accepted``,
+``perdure.Done`` and ``perdure.Forked`` for commands, as the embedded runtime
+returns them; the frontend protocols ``/chat`` and ``/ag-ui`` are for their own
+SDKs), commands re-sent with the same request id when the daemon cannot be
+reached or answers a retryable error (it deduplicates, so a command is recorded
+once), event streams that reconnect with ``Last-Event-ID`` across daemon
+restarts, and errors typed by the daemon's codes
 (``perdure.client.errors``). Needs the ``client`` extra (httpx):
 ``pip install 'perdure[client]'``.
 """
@@ -13,6 +15,7 @@ deduplicates, so a command is recorded once), event streams that reconnect with
 from perdure.client._async import AsyncPerdureClient
 from perdure.client._model import (
     EphemeralEvent,
+    Grant,
     Health,
     PendingCall,
     RecordEvent,
@@ -21,6 +24,7 @@ from perdure.client._model import (
     SessionCreated,
     SessionInfo,
     SessionState,
+    SessionToken,
     Stats,
     StreamEvent,
     TranscriptMessage,
@@ -33,6 +37,7 @@ from perdure.client.errors import (
     Conflict,
     CorruptRecord,
     DaemonError,
+    Forbidden,
     InvalidState,
     LogUnavailable,
     NotFound,
@@ -54,6 +59,8 @@ __all__ = [
     "CorruptRecord",
     "DaemonError",
     "EphemeralEvent",
+    "Forbidden",
+    "Grant",
     "Health",
     "InvalidState",
     "LogUnavailable",
@@ -71,6 +78,7 @@ __all__ = [
     "SessionCreated",
     "SessionInfo",
     "SessionState",
+    "SessionToken",
     "Stats",
     "StreamEvent",
     "TooLarge",

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import httpx
 
-from perdure.actors.protocol import Accepted, Done
+from perdure.actors.protocol import Accepted, Done, Forked, IfBusy
 from perdure.client import _model as m
 from perdure.client.errors import DaemonError
 
@@ -67,7 +67,10 @@ class AsyncPerdureClient:
             error: DaemonError
             try:
                 resp = await self._http.request(
-                    call.method, self._base + call.path, json=call.body, headers=self._auth
+                    call.method,
+                    self._base + call.path,
+                    json=call.body,
+                    headers={**self._auth, **call.headers} if call.headers else self._auth,
                 )
             except httpx.TransportError as exc:
                 error = m.unreachable(exc)
@@ -95,17 +98,65 @@ class AsyncPerdureClient:
     async def transcript(self, session_id: str) -> list[m.TranscriptMessage]:
         return await self._send(m.transcript(session_id))
 
+    async def whoami(self) -> m.Grant:
+        """What this client's token opens."""
+        return await self._send(m.whoami())
+
+    async def mint_token(
+        self, session_id: str, *, scope: Literal["read", "write"] = "read", ttl_s: int = 3600
+    ) -> m.SessionToken:
+        """A token for ``session_id`` only (``read``: look; ``write``: also send), valid
+        ``ttl_s`` seconds: to hand to a browser or another service. Needs the admin token."""
+        return await self._send(m.mint_token(session_id, scope, ttl_s))
+
     # -- commands (each carries a request id; a retry re-sends the same one) -----------
 
     async def create_session(
-        self, session_id: str | None = None, *, system: str | None = None
+        self,
+        session_id: str | None = None,
+        *,
+        system: str | None = None,
+        if_busy: IfBusy | None = None,
     ) -> m.SessionCreated:
-        return await self._send(m.create_session(session_id, system))
+        """Create a session (idempotent for an explicit id). ``if_busy`` is its default
+        for input sent while a run is busy (see ``submit``)."""
+        return await self._send(m.create_session(session_id, system, if_busy))
 
     async def submit(
-        self, session_id: str, text: str, *, request_id: str | None = None
+        self,
+        session_id: str,
+        text: str,
+        *,
+        request_id: str | None = None,
+        if_busy: IfBusy | None = None,
+        traceparent: str | None = None,
     ) -> Accepted:
-        return await self._send(m.submit(session_id, text, request_id))
+        """Queue input; durable when this returns. While a run is busy, ``if_busy`` says
+        what happens: ``queue`` (the default), ``interrupt``, ``reject`` or ``steer``;
+        the answer's ``disposition`` says which it was. ``traceparent`` (W3C) makes the
+        run a child of the caller's trace."""
+        return await self._send(m.submit(session_id, text, request_id, if_busy, traceparent))
+
+    async def fork(
+        self,
+        source: str,
+        *,
+        at: int | str | None = None,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> Forked:
+        """A new session from ``source``'s history up to a settled point: ``at`` is None
+        (the latest), a run id (the end of that run) or a sequence number. The same
+        request id forks once (``duplicate`` on a retry)."""
+        return await self._send(m.fork(source, at, session_id, request_id))
+
+    async def delete_session(self, session_id: str) -> int:
+        """Remove a finished session from the log; the number of records removed.
+
+        ``Busy`` while it has unfinished work. A retry whose first attempt went
+        through (its answer lost) answers ``NotFound``: the session is gone either way.
+        """
+        return await self._send(m.delete_session(session_id))
 
     async def cancel(self, session_id: str, *, request_id: str | None = None) -> Done:
         return await self._send(m.cancel(session_id, request_id))

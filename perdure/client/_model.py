@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from attrs import field, frozen
 
-from perdure.actors.protocol import Accepted, Done
+from perdure.actors.protocol import Accepted, Done, Forked, IfBusy
 from perdure.client.errors import DaemonError, ProtocolError, Unavailable, error_from
 
 T = TypeVar("T")
@@ -60,6 +60,25 @@ class Stats:
 class SessionCreated:
     session_id: str
     created: bool  # False: it existed already (e.g. a retry of a lost answer)
+
+
+@frozen
+class Grant:
+    """What the caller's credential opens: ``admin`` (the daemon's token) or one session."""
+
+    scope: str  # admin, read or write
+    session_id: str | None  # None for admin
+    expires_at: float | None  # wall-clock seconds; None for admin
+
+
+@frozen
+class SessionToken:
+    """A token for one session only (``mint_token``), e.g. for a browser."""
+
+    token: str
+    session_id: str
+    scope: str  # read (look) or write (also send)
+    expires_at: float  # wall-clock seconds
 
 
 @frozen
@@ -173,6 +192,7 @@ class Call(Generic[T]):
     read: Callable[[Any], T]
     body: Mapping[str, Any] | None = None
     ok: tuple[int, ...] = (200,)
+    headers: Mapping[str, str] | None = None  # besides the token
 
     def answer(self, status: int, content: bytes) -> T:
         """The typed value of a successful answer; a ``DaemonError`` for any other."""
@@ -274,17 +294,60 @@ def sessions() -> Call[list[SessionInfo]]:
     )
 
 
-def create_session(session_id: str | None, system: str | None) -> Call[SessionCreated]:
+def create_session(
+    session_id: str | None, system: str | None, if_busy: IfBusy | None = None
+) -> Call[SessionCreated]:
     # An id chosen here (as the daemon would) makes a retried create idempotent.
     body: dict[str, Any] = {"session_id": session_id or "s-" + uuid.uuid4().hex[:16]}
     if system is not None:
         body["system"] = system
+    if if_busy is not None:
+        body["if_busy"] = if_busy
     return Call(
         "POST",
         "/v1/sessions",
         lambda d: SessionCreated(d["session_id"], bool(d["created"])),
         body,
         ok=(200, 201),
+    )
+
+
+def delete_session(session_id: str) -> Call[int]:
+    return Call("DELETE", _s(session_id), lambda d: int(d["records"]))
+
+
+def fork(
+    source: str, at: int | str | None, session_id: str | None, rid: str | None
+) -> Call[Forked]:
+    if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
+        raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
+    body: dict[str, Any] = {"request_id": rid or request_id(), "at": at}
+    if session_id is not None:
+        body["session_id"] = session_id
+    return Call(
+        "POST",
+        _s(source) + "/forks",
+        lambda d: Forked(
+            d["session_id"], d["source"], int(d["position"]), duplicate=bool(d["duplicate"])
+        ),
+        body,
+        ok=(200, 201),
+    )
+
+
+def whoami() -> Call[Grant]:
+    return Call(
+        "GET", "/v1/whoami", lambda d: Grant(d["scope"], d.get("session_id"), d.get("expires_at"))
+    )
+
+
+def mint_token(session_id: str, scope: str, ttl_s: int) -> Call[SessionToken]:
+    return Call(
+        "POST",
+        _s(session_id) + "/tokens",
+        lambda d: SessionToken(d["token"], d["session_id"], d["scope"], float(d["expires_at"])),
+        {"scope": scope, "ttl_s": ttl_s},
+        ok=(201,),
     )
 
 
@@ -300,13 +363,25 @@ def transcript(session_id: str) -> Call[list[TranscriptMessage]]:
     )
 
 
-def submit(session_id: str, text: str, rid: str | None) -> Call[Accepted]:
+def submit(
+    session_id: str,
+    text: str,
+    rid: str | None,
+    if_busy: IfBusy | None = None,
+    traceparent: str | None = None,
+) -> Call[Accepted]:
+    body: dict[str, Any] = {"text": text, "request_id": rid or request_id()}
+    if if_busy is not None:
+        body["if_busy"] = if_busy
     return Call(
         "POST",
         _s(session_id) + "/messages",
-        lambda d: Accepted(d["submission_id"], int(d["seq"]), bool(d["duplicate"])),
-        {"text": text, "request_id": rid or request_id()},
+        lambda d: Accepted(
+            d["submission_id"], int(d["seq"]), bool(d["duplicate"]), d["disposition"]
+        ),
+        body,
         ok=(202,),
+        headers={"traceparent": traceparent} if traceparent else None,
     )
 
 

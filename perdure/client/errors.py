@@ -52,6 +52,11 @@ class Unauthorized(DaemonError):
     """401: no token, or the wrong one."""
 
 
+class Forbidden(DaemonError):
+    """403: a scoped token used beyond what it opens (another session, or a write with
+    a read token)."""
+
+
 class TooLarge(DaemonError):
     """413: the body exceeds the daemon's limit."""
 
@@ -145,6 +150,7 @@ _BY_CODE: Final[dict[str, type[DaemonError]]] = {
     "busy": Busy,
     "parked": Parked,
     "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
     "too_large": TooLarge,
     "session_restarting": Restarting,
     "log_unavailable": LogUnavailable,

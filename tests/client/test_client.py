@@ -6,16 +6,20 @@ under asyncio and under trio.
 
 from __future__ import annotations
 
+import time
 from contextlib import aclosing
 from typing import Any
 
 import pytest
 
 import perdure
+import perdure.client
 from perdure.client import (
     BadRequest,
+    Busy,
     Conflict,
     DaemonError,
+    Forbidden,
     InvalidState,
     NotFound,
     PendingCall,
@@ -184,3 +188,75 @@ def test_resolve_a_call_that_needs_a_person_and_compensate_a_completed_one(
         assert task["phase"] == "completed"
 
     run(flavor, people_daemon, scenario)
+
+
+TRACEPARENT = "00-" + "4bf92f3577b34da6a3ce929d0e0e4736" + "-" + "00f067aa0ba902b7" + "-01"
+
+
+def test_input_while_busy_forks_deletes_and_scoped_tokens(
+    flavor: str, approval_daemon: Daemon
+) -> None:
+    minted: list[perdure.client.SessionToken] = []
+    sid = f"{flavor}-fork"
+
+    async def scenario(client: Any) -> None:
+        assert await client.whoami() == perdure.client.Grant("admin", None, None)
+        await client.create_session(sid, if_busy="reject")
+        first = await client.submit(sid, "deploy it", traceparent=TRACEPARENT)
+        assert first.disposition == "queued"
+        pending = await awaiting_approval(client, sid)
+        with pytest.raises(Busy) as busy:  # the session's default while a run is busy
+            await client.submit(sid, "and report back")
+        assert busy.value.status == 409 and isinstance(busy.value, perdure.Refused)
+        with pytest.raises(Busy):  # a busy session is not deleted
+            await client.delete_session(sid)
+
+        token = await client.mint_token(sid, scope="read", ttl_s=120)
+        assert (token.session_id, token.scope) == (sid, "read") and token.token
+        assert token.expires_at > time.time() + 60
+        minted.append(token)
+
+        await client.approve(sid, pending.call_id)
+        outcome = await client.wait_idle(sid)
+        assert outcome is not None and outcome.status == "completed"
+        async with aclosing(client.events(sid, live=False)) as stream:
+            accepted = [e async for e in stream if e.type == "InputAccepted"]
+        assert [e.record["traceparent"] for e in accepted] == [TRACEPARENT]
+
+        forked = await client.fork(sid, request_id="fork-1")
+        assert isinstance(forked, perdure.Forked) and not forked.duplicate
+        assert forked.source == sid and forked.position > 0
+        assert await client.fork(sid, request_id="fork-1") == perdure.Forked(
+            forked.session_id, sid, forked.position, duplicate=True
+        )
+        assert await client.transcript(forked.session_id) == await client.transcript(sid)
+        at_run = await client.fork(sid, at=outcome.run_id, session_id=f"{sid}-copy")
+        assert (at_run.session_id, at_run.position) == (f"{sid}-copy", forked.position)
+        with pytest.raises(InvalidState):  # not a settled point of the source
+            await client.fork(sid, at=pending_seq(accepted))
+
+        removed = await client.delete_session(at_run.session_id)
+        assert removed > 0
+        with pytest.raises(NotFound):
+            await client.state(at_run.session_id)
+        with pytest.raises(NotFound):  # gone: a second delete has nothing to remove
+            await client.delete_session(at_run.session_id)
+        assert (await client.state(forked.session_id)).idle  # the other fork stays
+
+    async def with_the_read_token(client: Any) -> None:
+        grant = await client.whoami()
+        assert grant == perdure.client.Grant("read", sid, minted[0].expires_at)
+        assert (await client.state(sid)).idle
+        with pytest.raises(Forbidden) as refused:
+            await client.submit(sid, "a read token does not send")
+        assert refused.value.status == 403
+        with pytest.raises(Forbidden):
+            await client.state(f"{flavor}-a")  # another session
+
+    run(flavor, approval_daemon, scenario)
+    run(flavor, approval_daemon, with_the_read_token, token=minted[0].token)
+
+
+def pending_seq(accepted: list[Any]) -> int:
+    """The seq of the input record: inside a run, so no settled point to fork at."""
+    return int(accepted[0].seq)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import trio
+from starlette.routing import Route
 
 import perdure
 from perdure.client import _model as m
 from perdure.client import errors
+from perdure.server.app import create_app
 
 
 @pytest.mark.parametrize(
@@ -19,6 +24,7 @@ from perdure.client import errors
         (409, "busy", errors.Busy, perdure.Refused),
         (423, "parked", errors.Parked, perdure.SessionParkedError),
         (401, "unauthorized", errors.Unauthorized, errors.DaemonError),
+        (403, "forbidden", errors.Forbidden, errors.DaemonError),
         (413, "too_large", errors.TooLarge, errors.DaemonError),
         (400, "invalid_field", errors.BadRequest, ValueError),
         (503, "session_restarting", errors.Restarting, perdure.SessionRestarting),
@@ -113,3 +119,74 @@ def test_commands_carry_a_request_id_and_sessions_an_id_of_their_own() -> None:
     created = m.create_session(None, None).body
     assert created is not None and created["session_id"].startswith("s-")
     assert m.approve("a/b", "c d", True, "r", "").path == "/v1/sessions/a%2Fb/approvals/c%20d"
+
+
+# Routes of the daemon that are not the client's: the page, its files, the frontend
+# protocols (their own SDKs speak them) and the Prometheus scrape.
+_NOT_THE_CLIENTS = {"/", "/static/{name}", "/metrics"}
+_FRONTEND_SUFFIXES = ("/chat", "/chat/{chat_id}/stream", "/ag-ui")
+
+
+def test_every_v1_route_of_the_daemon_has_a_client_call() -> None:
+    app = create_app(None, token="t", closing=trio.Event())  # type: ignore[arg-type]
+    routes = {
+        (method, route.path)
+        for route in app.app.routes  # type: ignore[attr-defined]
+        if isinstance(route, Route)
+        and route.path not in _NOT_THE_CLIENTS
+        and not route.path.endswith(_FRONTEND_SUFFIXES)
+        for method in (route.methods or ()) - {"HEAD"}
+    }
+    sid, call = "{session_id}", "{call_id}"
+    calls = [
+        m.health(),
+        m.stats(),
+        m.whoami(),
+        m.sessions(),
+        m.create_session(None, None),
+        m.state(sid),
+        m.delete_session(sid),
+        m.transcript(sid),
+        m.submit(sid, "hi", None),
+        m.cancel(sid, None),
+        m.fork(sid, None, None, None),
+        m.approve(sid, call, True, None, ""),
+        m.revise(sid, "x", None),
+        m.pause(sid, None),
+        m.resume(sid, None),
+        m.compensate(sid, call, None),
+        m.resolve(sid, call, "skip", None, None),
+        m.mint_token(sid, "read", 60),
+    ]
+    covered = {(c.method, c.path.replace("%7B", "{").replace("%7D", "}")) for c in calls}
+    covered.add(("GET", m.Follower(sid, 0, True).path.replace("%7B", "{").replace("%7D", "}")))
+    assert routes - covered == set(), "daemon routes without a client call"
+    assert covered - routes == set(), "client calls to routes the daemon does not have"
+
+
+def test_new_commands_send_what_the_daemon_reads() -> None:
+    sub = m.submit(
+        "s 1", "hi", "r1", if_busy="steer", traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    )
+    assert sub.path == "/v1/sessions/s%201/messages"
+    assert sub.body == {"text": "hi", "request_id": "r1", "if_busy": "steer"}
+    assert sub.headers == {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
+    plain = m.submit("s", "hi", None)
+    assert plain.headers is None and "if_busy" not in (plain.body or {})
+    answer = {"submission_id": "sub", "seq": 7, "duplicate": False, "disposition": "interrupted"}
+    assert sub.answer(202, json.dumps(answer).encode()) == perdure.Accepted(
+        "sub", 7, False, "interrupted"
+    )
+    fork = m.fork("src", 12, "dst", "rf")
+    assert (fork.method, fork.path) == ("POST", "/v1/sessions/src/forks")
+    assert fork.body == {"request_id": "rf", "at": 12, "session_id": "dst"}
+    got = fork.answer(
+        201, b'{"session_id": "dst", "source": "src", "position": 12, "duplicate": false}'
+    )
+    assert got == perdure.Forked("dst", "src", 12, duplicate=False)
+    with pytest.raises(ValueError, match="at must be"):
+        m.fork("src", True, None, None)
+    created = m.create_session("s", None, "reject")
+    assert created.body == {"session_id": "s", "if_busy": "reject"}
+    token = m.mint_token("s", "write", 90)
+    assert token.body == {"scope": "write", "ttl_s": 90} and token.ok == (201,)
