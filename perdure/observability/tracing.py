@@ -278,11 +278,15 @@ class Tracing:
     def _run_finished(self, state: SessionState, r: RunFinished) -> None:
         span = self._runs.pop((r.session_id, r.run_id), None)
         self._contexts.pop((r.session_id, r.run_id), None)
-        ended = [
-            k for k, a in self._attempts.items() if k[0] == r.session_id and a.run_id == r.run_id
-        ]
-        for key in ended:
-            del self._attempts[key]  # turns the run left unanswered (cancelled, failed)
+        # Turns the run left unanswered (cancelled, failed). Looked up through its
+        # submission's generations, not by a scan: this tracer holds the live attempts
+        # of every session, and a scan per finished run grew with the sessions.
+        sub = state.submissions.get(r.submission_id)
+        for generation_id in sub.generations if sub is not None else ():
+            key = (r.session_id, generation_id)
+            found = self._attempts.get(key)
+            if found is not None and found.run_id == r.run_id:
+                del self._attempts[key]
         if span is None:
             return  # started by a process that died; its span went with it
         if self._current.get(r.session_id) is span:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -276,3 +277,27 @@ async def test_sessions_with_the_same_run_ids_keep_their_own_spans(log_dir: Path
         own = runs[str(span.attributes["gen_ai.conversation.id"])].get_span_context()
         assert own is not None
         assert span.parent.span_id == own.span_id
+
+
+async def test_a_cancelled_run_forgets_its_unanswered_attempt_and_only_its_own(
+    log_dir: Path,
+) -> None:
+    telemetry = Telemetry()
+    slow = [Reply(text="never seen", delay=60.0)]
+    async with perdure.open_runtime(
+        log_dir, provider=ScriptedProvider(slow), tools=[look], telemetry=telemetry.tracing
+    ) as rt:
+        for sid in ("a", "b"):  # the same run and generation ids in both sessions
+            await rt.create_session(sid)
+            await rt.submit(sid, "go", request_id="r1")
+        with trio.fail_after(10):
+            while len(telemetry.tracing._attempts) < 2:  # noqa: ASYNC110 (both calls started)
+                await trio.sleep(0.01)
+        await rt.cancel("a")
+        outcome = await rt.wait_idle("a")
+        assert outcome is not None and outcome.status == "cancelled"
+        # Nothing of "a" is held for an answer that will never come; "b" keeps its own.
+        assert [key[0] for key in telemetry.tracing._attempts] == ["b"]
+        await rt.cancel("b")
+        await rt.wait_idle("b")
+        assert telemetry.tracing._attempts == {}
