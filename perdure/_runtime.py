@@ -157,13 +157,25 @@ class Runtime:
 
     @property
     def resident_sessions(self) -> list[str]:
-        """The sessions whose actor is in memory now (the others live in the log)."""
-        return [sid for sid, box in self._sup.mailboxes.items() if not box.evicted]
+        """The sessions in memory now: with a running actor, or hibernated (the
+        others live in the log only)."""
+        running = [sid for sid, box in self._sup.mailboxes.items() if not box.evicted]
+        return running + [sid for sid in self._sup.dormant.keys() - set(running)]
+
+    @property
+    def hibernated_sessions(self) -> list[str]:
+        """The resident sessions whose actor hibernated: their state only, no task."""
+        return list(self._sup.dormant)
 
     @property
     def evictions(self) -> int:
-        """How many idle session actors have been evicted since the runtime opened."""
+        """How many idle sessions have been evicted from memory since the runtime opened."""
         return self._sup.evictions
+
+    @property
+    def hibernations(self) -> int:
+        """How many times an idle session's actor hibernated since the runtime opened."""
+        return self._sup.hibernations
 
     def stats(self) -> JournalStats:
         """A snapshot of the Journal's counters (appends, transactions, records)."""
@@ -736,6 +748,7 @@ async def open_runtime(
     node_id: str | None = None,
     lease_ttl: float | None = None,
     idle_timeout: float | None = 300.0,
+    hibernate_after: float | None = 1.0,
     rebalance: bool = True,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
@@ -760,7 +773,12 @@ async def open_runtime(
     ``map_size`` is LMDB's initial map size. A session left idle for
     ``idle_timeout`` seconds has its actor evicted from memory (and, with
     PostgreSQL, its lease given up); its next command starts it again from the log.
-    ``None`` keeps every session's actor resident. ``budget`` limits what every
+    ``None`` keeps every session resident. Before that, an idle session's actor
+    hibernates after ``hibernate_after`` seconds: its task, mailbox and cancel scopes
+    go, its folded state stays in memory, and its next command starts a new actor on
+    that state without reading the log (``None``: actors stay until evicted; always
+    so with PostgreSQL, whose other nodes may write a session meanwhile).
+    ``budget`` limits what every
     session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
     model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
     replaces the built-in price table used for cost. ``mcp_servers``
@@ -779,6 +797,11 @@ async def open_runtime(
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
             f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
+        )
+    if hibernate_after is not None and not hibernate_after >= 0:
+        raise ValueError(
+            "hibernate_after must be a number of seconds (0 or more) or None, "
+            f"not {hibernate_after!r}"
         )
     by_name = registry(tools)
     observers = _observers(telemetry)
@@ -818,6 +841,8 @@ async def open_runtime(
                 retry_base=retry_base,
                 retry_cap=retry_cap,
                 idle_timeout=idle_timeout,
+                # Another node may write a session of a shared log while it sleeps.
+                hibernate_after=None if journal.log.multi_node else hibernate_after,
                 rebalance=rebalance,
                 forget_settled=durability == "full",
                 budget=budget,

@@ -185,7 +185,14 @@ def demo(keep: bool) -> None:
     default=300.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Seconds before an idle session's actor leaves memory (0: never).",
+    help="Seconds before an idle session leaves memory (0: never).",
+)
+@click.option(
+    "--hibernate-after",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds before an idle session's actor stops, its state kept in memory.",
 )
 @mcp_config_option
 @click.option(
@@ -216,6 +223,7 @@ def serve(
     heartbeat: float,
     durability: str,
     idle_timeout: float,
+    hibernate_after: float,
     mcp_config: Path | None,
     metrics_port: int | None,
     log_format: str,
@@ -265,6 +273,7 @@ def serve(
         heartbeat=heartbeat,
         durability="fast" if durability == "fast" else "full",
         idle_timeout=idle_timeout or None,
+        hibernate_after=hibernate_after,
         mcp_servers=servers,
         metrics_port=metrics_port,
     )

@@ -331,6 +331,12 @@ class AsyncioRuntime:
     async def evictions(self) -> int:
         return await self.run(_sync(lambda: self.trio_runtime.evictions))
 
+    async def hibernated_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.hibernated_sessions))
+
+    async def hibernations(self) -> int:
+        return await self.run(_sync(lambda: self.trio_runtime.hibernations))
+
     # -- the methods of Runtime ------------------------------------------------------
 
     async def create_session(

@@ -48,9 +48,14 @@ class ActorContext:
     heartbeat_interval: float = 1.0
     max_restarts: int = 3  # actor crashes within restart_window before a session is parked
     restart_window: float = 60.0
-    # Seconds an idle session's actor stays resident before it is evicted (its
-    # state lives in the log; the next message starts it again). None: never.
+    # Seconds an idle session stays in memory before it is evicted (its state lives
+    # in the log; the next message starts it again, from the log). None: never.
     idle_timeout: float | None = 300.0
+    # Seconds an idle session's actor runs before it hibernates: its task, mailbox and
+    # scopes go, its folded state stays in memory, and the next message starts a new
+    # actor on that state without reading the log. None (or not below idle_timeout):
+    # the actor stays until it is evicted. Only on a single-owner log (LMDB).
+    hibernate_after: float | None = 1.0
     # Let tools drop a settled call's reconcile state. Only when every commit is
     # synced ("full" durability): a terminal record that a power loss could still undo
     # must not outlive the evidence its reconcile would need.

@@ -176,6 +176,7 @@ class SessionActor:
         ctx: ActorContext,
         mailbox: Mailbox,
         records: list[Committed] | None = None,
+        state: SessionState | None = None,
     ) -> None:
         self.session_id = session_id
         self.ctx = ctx
@@ -183,8 +184,12 @@ class SessionActor:
         # The session's records if the supervisor already read them (a batched read at
         # start-up); folded once by ``run``, then dropped. None: ``run`` reads them.
         self._preloaded = records
+        # Or its state as a hibernated actor left it, checked against the log by the
+        # supervisor (the same last seq): taken as it is, nothing read or folded.
+        self._woken = state
         self.state = SessionState(session_id)
         self.started = False
+        self.hibernated = False  # it stopped idle and left its state to the supervisor
         self._nursery: trio.Nursery | None = None
         self._models: dict[str, trio.CancelScope] = {}
         self._tools: dict[str, trio.CancelScope] = {}
@@ -207,7 +212,10 @@ class SessionActor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             records, self._preloaded = self._preloaded, None
-            if records is None:
+            woken, self._woken = self._woken, None
+            if woken is not None:
+                self.state = woken
+            elif records is None:
                 self.state = await self._load()
             else:
                 self.state = SessionState.fold(self.session_id, records)
@@ -233,7 +241,10 @@ class SessionActor:
         mailbox nobody will read (a sender sees it closed and goes to a new actor).
         """
         receive = self.mailbox.receive
-        timeout = self.ctx.idle_timeout
+        timeout, hibernate = self.ctx.idle_timeout, self.ctx.hibernate_after
+        hibernating = hibernate is not None and (timeout is None or hibernate < timeout)
+        if hibernating:
+            timeout = hibernate
         while True:
             if timeout is None or not self._evictable():
                 return await receive.receive()
@@ -246,6 +257,7 @@ class SessionActor:
             # A cancelled receive took nothing, but a message may have arrived since.
             if self._evictable() and receive.statistics().current_buffer_used == 0:
                 self.mailbox.evicted = True
+                self.hibernated = hibernating
                 receive.close()
                 return None
 

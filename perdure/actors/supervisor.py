@@ -6,9 +6,14 @@ its state from its own records and re-issues its pending work before it reports
 started. Other sessions are started on first use.
 
 A session that stays idle (no run, no queued input, nothing in flight) for
-``idle_timeout`` seconds has its actor evicted: its state is in the log, so memory
-holds only the sessions in use, and with several nodes its lease is given up. The
-next message for it starts a fresh actor, which rebuilds the state as at start-up.
+``hibernate_after`` seconds has its actor hibernate: the task, its mailbox and
+scopes go, the folded state stays here (``dormant``), and the next message starts
+a new actor on it, without reading the log, if the log's last seq of the session
+is still the state's. After ``idle_timeout`` seconds idle the session is evicted:
+its state is in the log, so memory holds only the sessions in use, and with
+several nodes its lease is given up (actors never hibernate there: another node
+may write the session). The next message for it starts a fresh actor, which
+rebuilds the state as at start-up.
 
 An actor that raises is restarted from its log. An actor stopped because the log
 could not be reached (``LogUnavailable``, ``CommitUnknown``) or is full is
@@ -137,6 +142,16 @@ class _StartedOnce:
         status.started(value)
 
 
+class _Dormant:
+    """A hibernated session: the state its idle actor left, until it is evicted."""
+
+    __slots__ = ("state", "until")
+
+    def __init__(self, state: SessionState, until: float) -> None:
+        self.state = state
+        self.until = until  # trio time; inf without an idle_timeout
+
+
 class _Unreachable:
     """What ``_supervise`` reports when the log could not be read to start the actor."""
 
@@ -174,7 +189,11 @@ class Supervisor:
         self._balance = balance.Policy.for_lease_ttl(ttl)
         self._handover_timeout = 2 * ttl
         self._draining = False
-        self.evictions = 0  # idle session actors evicted so far
+        self.evictions = 0  # idle sessions evicted so far (their state dropped)
+        self.hibernations = 0  # idle actors that stopped and left their state here
+        # Hibernated sessions (ctx.hibernate_after): no actor, the state kept for the
+        # next message; evicted by ``_evict_dormant`` once idle_timeout has passed.
+        self.dormant: dict[str, _Dormant] = {}
         # Sessions whose running actor stopped because the log could not be reached,
         # while they wait to restart: commands for them are refused at once.
         self.unreachable: dict[str, LogError] = {}
@@ -192,6 +211,8 @@ class Supervisor:
                 await trio.lowlevel.checkpoint()
             self.recovered = claimed
             task_status.started()
+            if self.ctx.hibernate_after is not None and self.ctx.idle_timeout is not None:
+                nursery.start_soon(self._evict_dormant)
             if self.journal.log.multi_node:
                 nursery.start_soon(self._keep_leases)
                 await self._take_and_shed()
@@ -552,6 +573,7 @@ class Supervisor:
                 while self.actors.get(session_id) is actor:  # noqa: ASYNC110
                     await trio.sleep(0.005)  # _supervise forgets it (its callers are told)
             self.parked.pop(session_id, None)
+            self.dormant.pop(session_id, None)
             return await retention.delete_session(
                 self.journal, session_id, self.ctx.clock(), reason
             )
@@ -582,8 +604,16 @@ class Supervisor:
             return await self.mailbox(session_id)
         starting = self._starting[session_id] = trio.Event()
         try:
-            if not records and await self.journal.session_info(session_id) is None:
-                raise UnknownSession(session_id)
+            dormant = self.dormant.pop(session_id, None)
+            woken: SessionState | None = None
+            if not records:
+                info = await self.journal.session_info(session_id)
+                if info is None:
+                    raise UnknownSession(session_id)
+                # A hibernated state is taken only if the log has nothing newer for the
+                # session (it would, had anything but its own actor written to it).
+                if dormant is not None and dormant.state.last_seq == info.last_seq:
+                    woken = dormant.state
             await self._acquire(session_id)
             box = Mailbox.open()
             assert self._nursery is not None
@@ -593,7 +623,7 @@ class Supervisor:
             # same session). The caller hears its cancellation at its next checkpoint.
             with trio.CancelScope(shield=True):
                 parked = await self._nursery.start(
-                    self._supervise, session_id, box, records or None
+                    self._supervise, session_id, box, records or None, woken
                 )
                 if parked is None:
                     self.mailboxes[session_id] = box
@@ -619,6 +649,7 @@ class Supervisor:
         session_id: str,
         box: Mailbox,
         records: list[Committed] | None = None,
+        woken: SessionState | None = None,
         *,
         task_status: trio.TaskStatus[Any],
     ) -> None:
@@ -629,8 +660,8 @@ class Supervisor:
         outages = 0  # consecutive restarts because the log could not be reached
         told: set[str] = set()  # crashes already logged with their traceback
         while True:
-            actor = SessionActor(session_id, self.ctx, box, records)
-            records = None  # a restarted actor reads the log afresh
+            actor = SessionActor(session_id, self.ctx, box, records, woken)
+            records = woken = None  # a restarted actor reads the log afresh
             self.actors[session_id] = actor
             scope = self._scopes[session_id] = trio.CancelScope()
             try:
@@ -729,13 +760,22 @@ class Supervisor:
     async def _forget_evicted(
         self, session_id: str, actor: SessionActor, box: Mailbox, scope: trio.CancelScope
     ) -> None:
-        """Drop an actor evicted while idle, and its lease unless it is back in use."""
-        self.evictions += 1
+        """Drop an actor stopped while idle: keep its state if it hibernated, else
+        give up its lease, unless the session is back in use."""
         if self.mailboxes.get(session_id) is box:
             del self.mailboxes[session_id]
         self._drop(session_id, actor, scope)
         if session_id in self._starting or session_id in self.mailboxes:
+            if not actor.hibernated:
+                self.evictions += 1
             return  # a new actor is starting (or running) and holds the lease
+        if actor.hibernated:
+            self.hibernations += 1
+            timeout, hibernate = self.ctx.idle_timeout, self.ctx.hibernate_after
+            rest = float("inf") if timeout is None else timeout - (hibernate or 0.0)
+            self.dormant[session_id] = _Dormant(actor.state, trio.current_time() + rest)
+            return  # the lease stays with the state (a single-owner log grants all)
+        self.evictions += 1
         # Hold the start gate while the lease goes, so a new actor cannot acquire the
         # lease first and then lose it to this release.
         gate = self._starting[session_id] = trio.Event()
@@ -746,6 +786,18 @@ class Supervisor:
         finally:
             del self._starting[session_id]
             gate.set()
+
+    async def _evict_dormant(self) -> None:
+        """Evict hibernated sessions once they have been idle for ``idle_timeout``."""
+        assert self.ctx.idle_timeout is not None
+        period = min(max(self.ctx.idle_timeout / 8, 0.01), 5.0)
+        while True:
+            await trio.sleep(period)
+            now = trio.current_time()
+            expired = [sid for sid, d in self.dormant.items() if d.until <= now]
+            for session_id in expired:
+                del self.dormant[session_id]
+            self.evictions += len(expired)
 
     async def _let_lease_go(self, session_id: str) -> None:
         """The session stopped here as no longer ours: hold no lease on it any more.

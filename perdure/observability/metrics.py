@@ -102,7 +102,14 @@ class RuntimeMetrics:
             ["type"],
             registry=r,
         )
-        self.resident = Gauge("perdure_resident_sessions", "Session actors in memory", registry=r)
+        self.resident = Gauge(
+            "perdure_resident_sessions", "Sessions in memory (running or hibernated)", registry=r
+        )
+        self.hibernated = Gauge(
+            "perdure_hibernated_sessions",
+            "Sessions in memory whose idle actor hibernated (their state only)",
+            registry=r,
+        )
         self.subscribers = Gauge(
             "perdure_event_stream_subscribers",
             "Open event streams (SSE clients and Runtime.events readers)",
@@ -124,6 +131,7 @@ class RuntimeMetrics:
         too, so that its commits, recovery's included, are counted)."""
         bus = rt.journal.bus
         self.resident.set_function(lambda: len(rt.resident_sessions))
+        self.hibernated.set_function(lambda: len(rt.hibernated_sessions))
         self.subscribers.set_function(lambda: len(bus.subscriptions()))
         self.backlog.set_function(bus.backlog)
         self.lagged.set_function(lambda: bus.lagged)

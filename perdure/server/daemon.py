@@ -67,6 +67,7 @@ class ServeOptions:
     graceful_timeout: float = 5.0
     shutdown_grace: float = 10.0
     idle_timeout: float | None = 300.0
+    hibernate_after: float | None = 1.0
     mcp_servers: Sequence[Any] = ()  # perdure.tools.mcp.McpServer (the mcp extra)
     # Prometheus /metrics: on the API port behind the token, or (also) without the
     # token on this separate port, bound to loopback only. Needs perdure[metrics].
@@ -212,6 +213,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         durability=opts.durability,
         shutdown_grace=opts.shutdown_grace,
         idle_timeout=opts.idle_timeout,
+        hibernate_after=opts.hibernate_after,
         mcp_servers=opts.mcp_servers,
         telemetry=auto_observers() + ((metrics,) if metrics is not None else ()),
     ) as rt:

@@ -1,0 +1,231 @@
+"""Idle actors hibernate: their task goes, their state stays, and nothing is lost.
+
+* an idle session's actor stops after ``hibernate_after``; the session stays
+  resident (its folded state), and its next input runs in a new actor on that state
+  without reading the log, seeing the whole history and the requests already seen;
+* a hibernated session is evicted once ``idle_timeout`` has passed; its next input
+  then reads the log, as after any eviction;
+* a hibernated state the log has moved past is not used: the log is read instead;
+* messages racing the hibernation are never lost, each input processed once;
+* a deleted session's hibernated state goes with it.
+
+Each test runs on a ``MemoryLog`` under an autojumping MockClock and on a real LMDB
+log in real time (``tests/support/deterministic.py``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+from trio.testing import MockClock
+
+import perdure
+from perdure import ReplayPolicy, ToolContext
+from perdure.observability.metrics import RuntimeMetrics
+from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+from tests.runtime.test_eviction import _actor_tasks, final_texts
+from tests.support.deterministic import Where
+
+SID = "s"
+
+
+@perdure.tool(replay=ReplayPolicy.SAFE)
+async def lookup(ctx: ToolContext, query: str) -> str:
+    """Look something up."""
+    return f"found {query}"
+
+
+def count_reads(rt: perdure.Runtime) -> list[str]:
+    """Record every session whose records the runtime reads from the log from now on."""
+    reads: list[str] = []
+    real = rt.journal.read_session
+
+    async def reading(session_id: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(session_id)
+        return await real(session_id, *args, **kwargs)
+
+    rt.journal.read_session = reading  # type: ignore[method-assign]
+    return reads
+
+
+async def hibernated(rt: perdure.Runtime, count: int) -> None:
+    with trio.fail_after(10):
+        while SID not in rt.hibernated_sessions or rt.hibernations < count:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+def script() -> ScriptedProvider:
+    return ScriptedProvider(
+        [
+            Reply(text="looking", tool_uses=[ToolUse("lookup", {"query": "a"})]),
+            Reply(text="first done"),
+            Reply(text="second done"),  # chosen only if the model sees the two turns before
+        ]
+    )
+
+
+async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
+    where: Where, clock: MockClock
+) -> None:
+    model = script()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.05, idle_timeout=None),
+    ) as rt:
+        await rt.create_session(SID)
+        first = await rt.submit(SID, "one", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await hibernated(rt, 1)
+        assert SID in rt.resident_sessions and _actor_tasks(SID) == 0
+        assert rt.evictions == 0
+        metrics = RuntimeMetrics()
+        metrics.attach(rt)
+        gauges = {
+            s.name: s.value
+            for family in text_string_to_metric_families(metrics.render().decode())
+            for s in family.samples
+        }
+        assert gauges["perdure_resident_sessions"] == gauges["perdure_hibernated_sessions"] == 1
+        reads = count_reads(rt)
+
+        again = await rt.submit(SID, "one", request_id="r1")  # wakes it: a request seen
+        assert (again.submission_id, again.seq, again.duplicate) == (
+            first.submission_id,
+            first.seq,
+            True,
+        )
+        await rt.submit(SID, "two", request_id="r2")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"
+        assert reads == []  # woken on the state it left, the log not read
+        assert _actor_tasks(SID) == 1
+        assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
+        assert model.calls == 3
+
+
+async def test_a_hibernated_session_is_evicted_after_the_idle_timeout(
+    where: Where, clock: MockClock
+) -> None:
+    model = script()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.05, idle_timeout=0.5),
+    ) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "one", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await hibernated(rt, 1)
+        hibernated_at = trio.current_time()
+        with trio.fail_after(10):
+            while SID in rt.resident_sessions:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        # Idle for idle_timeout in all (0.05 awake, then asleep), give or take a sweep.
+        assert trio.current_time() - hibernated_at >= 0.45 - 0.01
+        assert rt.evictions == 1 and rt.hibernated_sessions == []
+        reads = count_reads(rt)
+        await rt.submit(SID, "two", request_id="r2")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"
+        assert reads == [SID]  # evicted: the state came back from the log
+
+
+async def test_a_state_the_log_has_moved_past_is_not_used(where: Where, clock: MockClock) -> None:
+    model = script()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.05, idle_timeout=None),
+    ) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "one", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await hibernated(rt, 1)
+        # As if something but the session's own actor had written to its log since.
+        rt._sup.dormant[SID].state.last_seq -= 1
+        reads = count_reads(rt)
+        await rt.submit(SID, "two", request_id="r2")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"
+        assert reads == [SID]
+
+
+async def test_messages_racing_the_hibernation_are_never_lost(
+    where: Where, clock: MockClock
+) -> None:
+    n = 40
+    model = ScriptedProvider([Reply(text=f"answer {i}") for i in range(n)])
+    rng = random.Random(11)
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.001, idle_timeout=None),
+    ) as rt:
+        await rt.create_session(SID)
+        with trio.fail_after(60):  # a message lost in a closed mailbox hangs its caller
+            for i in range(n):
+                await rt.submit(SID, f"input {i}", request_id=f"r{i}")
+                await rt.wait_idle(SID)
+                for _ in range(5):  # queries at random moments around the hibernation
+                    await trio.sleep(rng.choice([0, 0.0005, 0.001, 0.002]))
+                    runs = await rt.state(SID, lambda s: len(s.runs))
+                    assert runs == i + 1
+        assert rt.hibernations >= n // 2, rt.hibernations
+        assert rt.evictions == 0
+
+        async def submit(i: int) -> None:
+            await trio.sleep(rng.random() * 0.01)
+            await rt.submit(SID, f"input {i}", request_id=f"r{i}")  # repeats: answered, not rerun
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(submit, i)
+        state = await rt.load_state(SID)
+        assert len(state.submissions) == n
+        assert final_texts(state) == [f"answer {i}" for i in range(n)]
+        assert model.calls == n
+
+
+async def test_a_deleted_session_leaves_no_hibernated_state(where: Where, clock: MockClock) -> None:
+    model = ScriptedProvider([Reply(text="hello")])
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[],
+        **where.options(hibernate_after=0.05, idle_timeout=None),
+    ) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "hi", request_id="r1")
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        await hibernated(rt, 1)
+        await rt.delete_session(SID)
+        assert SID not in rt.resident_sessions
+        await rt.create_session(SID)  # the same id, a new session
+        fresh = await rt.submit(SID, "hi", request_id="r1")
+        assert not fresh.duplicate  # the old session's requests went with it
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "hello"  # turn 1 again
+
+
+async def test_a_negative_hibernate_after_is_refused(log_dir: Path) -> None:
+    with pytest.raises(ValueError, match="hibernate_after must be a number of seconds"):
+        async with perdure.open_runtime(log_dir, provider=ScriptedProvider([]), hibernate_after=-1):
+            pass
