@@ -7,7 +7,7 @@
     python bench/perdure_bench.py build-finished LOG SESSIONS K
     python bench/perdure_bench.py build-interrupted LOG SESSIONS K BLOCK_AT_TURN
     python bench/perdure_bench.py recover LOG SESSIONS K
-    python bench/perdure_bench.py memory LOG SESSIONS K
+    python bench/perdure_bench.py memory LOG SESSIONS K [burst|waves] [hibernate|awake]
     python bench/perdure_bench.py stream LOG SESSIONS SUBSCRIBERS_PER_SESSION K
     python bench/perdure_bench.py tracing LOG K off|noop|on
 
@@ -491,37 +491,78 @@ def recover(log: str, sessions: int, k: int) -> dict[str, Any]:
 # -- memory -----------------------------------------------------------------------------------
 
 
-async def memory(log: str, sessions: int, k: int) -> dict[str, Any]:
-    """RSS per idle session: sessions whose actors are started (created, run once, idle).
+MEMORY_WAVES = 10  # ``waves``: the sessions run this many groups at a time, one after another
 
-    Then the idle actors are evicted (``idle_timeout``) and the objects the garbage
-    collector tracks are counted again: what eviction spares every later collection.
-    RSS is reported too, but the allocator rarely returns freed memory to the system,
-    so it barely moves.
+
+async def memory(
+    log: str, sessions: int, k: int, arrival: str = "burst", actors: str = "hibernate"
+) -> dict[str, Any]:
+    """RSS per idle session: sessions created, run once each, then left idle.
+
+    ``arrival``: ``burst`` runs every session at once (the headline, the workload the
+    target was set on); ``waves`` runs them in ``MEMORY_WAVES`` groups one after
+    another, as sessions arrive in a daemon, so that the peak of the busy ones does
+    not stay behind as allocator fragmentation. ``actors``: ``hibernate`` (the
+    runtime's default: an idle actor hibernates after ``hibernate_after``, its state
+    kept) or ``awake`` (``hibernate_after=None``: every idle actor keeps running).
+
+    Measured once idle: every session's actor hibernated (``hibernate``) and the log
+    quiet long enough for the writer to release the map's pages (about a second;
+    ``Journal`` ``RELEASE_QUIET``). Then the sessions are evicted (``idle_timeout``)
+    and the objects the garbage collector tracks are counted again.
 
     RSS counts two kinds of pages, reported apart as well: anonymous ones (Python's
     heap: the sessions' states, actors, and what the run left behind in the allocator)
-    and file pages mapped into the process, here the LMDB map of the log, whose
-    resident part grows with the log's size (reclaimable page cache, the same whether
-    a session's actor is resident or evicted).
+    and file pages mapped into the process, here the LMDB map of the log (clean page
+    cache, which the writer releases from the resident set once the log is quiet).
     """
+    if arrival not in ("burst", "waves") or actors not in ("hibernate", "awake"):
+        raise SystemExit(f"memory: unknown mode {arrival!r} {actors!r}")
     provider = BenchProvider(k, record=False)
     # Longer than the whole run of every session, so that none leaves before it is counted.
-    idle_timeout = max(3.0, sessions * 0.03)
+    idle_timeout = max(6.0, sessions * 0.03)
+    hibernate_after = 0.5 if actors == "hibernate" else None
     async with perdure.open_runtime(
-        log, provider=provider, tools=[lookup], idle_timeout=idle_timeout, **runtime_options(k)
+        log,
+        provider=provider,
+        tools=[lookup],
+        idle_timeout=idle_timeout,
+        hibernate_after=hibernate_after,
+        **runtime_options(k),
     ) as rt:
+        lmdb_log = rt.journal.log
+
+        async def quiet() -> None:
+            """Until the idle actors hibernated and the writer released the map's pages."""
+            released = getattr(lmdb_log, "map_releases", 0)
+
+            def awake() -> bool:
+                asleep = len(rt.hibernated_sessions)
+                return hibernate_after is not None and asleep < len(rt.resident_sessions)
+
+            with trio.fail_after(idle_timeout / 2):
+                while awake():  # noqa: ASYNC110 (waiting out hibernate_after)
+                    await trio.sleep(0.05)
+                while getattr(lmdb_log, "map_releases", 1) == released:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+
         # Warm up every code path once so that the delta is the sessions' own memory.
         await _run_sessions(rt, [await rt.create_session("warm")], "warm")
+        await quiet()
         gc.collect()
         before, split_before = current_rss_mib(), rss_split_kib()
         objects_before = len(gc.get_objects())
         sids = [await rt.create_session(_sid("idle", i)) for i in range(sessions)]
-        await _run_sessions(rt, sids, "idle")
+        groups = MEMORY_WAVES if arrival == "waves" else 1
+        size = -(-sessions // groups)
+        for g in range(groups):
+            await _run_sessions(rt, sids[g * size : (g + 1) * size], "idle")
+        await quiet()
         gc.collect()
         after, split_after = current_rss_mib(), rss_split_kib()
         objects_after = len(gc.get_objects())
-        actors = len(rt.resident_sessions)
+        resident = len(rt.resident_sessions)
+        hibernated = len(rt.hibernated_sessions)
         with trio.fail_after(idle_timeout * 4):
             while rt.resident_sessions:  # noqa: ASYNC110 (waiting out the idle timeout)
                 await trio.sleep(0.1)
@@ -531,7 +572,10 @@ async def memory(log: str, sessions: int, k: int) -> dict[str, Any]:
     return {
         "sessions": sessions,
         "k": k,
-        "actors_alive": actors,
+        "arrival": arrival,
+        "actors": actors,
+        "resident": resident,
+        "hibernated": hibernated,
         "rss_before_mib": before,
         "rss_after_mib": after,
         "kib_per_idle_session": (after - before) * 1024 / sessions,
@@ -616,7 +660,7 @@ def _run(fn: Callable[..., Any], *args: Any) -> Any:
 
 def main(argv: list[str]) -> None:
     cmd, log, *rest = argv
-    nums = [int(x) for x in rest] if cmd not in ("tracing", "concurrency") else []
+    nums = [int(x) for x in rest] if cmd not in ("tracing", "concurrency", "memory") else []
     if cmd == "turns":
         emit(_run(turns, log, *nums))
     elif cmd == "breakdown":
@@ -632,7 +676,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "recover":
         emit(recover(log, *nums))
     elif cmd == "memory":
-        emit(_run(memory, log, *nums))
+        emit(_run(memory, log, int(rest[0]), int(rest[1]), *rest[2:]))
     elif cmd == "stream":
         emit(_run(stream, log, *nums))
     elif cmd == "tracing":

@@ -95,6 +95,10 @@ QUICK: dict[str, Any] = {
     "timeout": 120,
 }
 
+# The memory benchmark's companions of the headline (all at once, actors hibernate).
+MEMORY_VARIANTS = (("burst", "awake"), ("waves", "hibernate"), ("waves", "awake"))
+MEMORY_WAVES = 10  # bench/perdure_bench.py's MEMORY_WAVES
+
 TARGETS = {
     "floor": 1.5,  # perdure per turn <= 1.5 x the floor
     "peer_turn": 4.0,  # perdure >= 4 x faster per turn than each peer (K small)
@@ -456,9 +460,18 @@ class Suite:
         return out
 
     def memory(self) -> dict[str, Any]:
+        """The headline (all sessions at once, the runtime's defaults) and, beside it,
+        the same sessions with every idle actor kept awake and arriving in waves."""
         n, k = self.cfg["memory_sessions"], self.cfg["memory_k"]
         log(f"memory: {n} idle sessions")
-        return self.run("perdure_bench.py", "memory", self.path("memory"), n, k)
+        out = self.run("perdure_bench.py", "memory", self.path("memory"), n, k)
+        out["variants"] = {}
+        for arrival, actors in MEMORY_VARIANTS:
+            log(f"memory: {n} idle sessions, {arrival}, actors {actors}")
+            out["variants"][f"{arrival}/{actors}"] = self.run(
+                "perdure_bench.py", "memory", self.path("memory"), n, k, arrival, actors
+            )
+        return out
 
     def postgres(self, quick: bool) -> dict[str, Any]:
         """The PostgreSQL backend beside LMDB (``bench_pg.py``), if a server can start."""
@@ -1029,8 +1042,9 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     lines.append("### Memory and streaming")
     lines.append("")
     lines.append(
-        f"- RSS per idle session ({mem['sessions']} sessions open, actors started, each having "
-        f"run the {mem['k']}-turn workload once): {_fmt(mem['kib_per_idle_session'], 1)} KiB"
+        f"- RSS per idle session ({mem['sessions']} sessions, each having run the "
+        f"{mem['k']}-turn workload once, all at once; measured once idle: actors "
+        f"hibernated, the log's pages released): {_fmt(mem['kib_per_idle_session'], 1)} KiB"
         + (
             f" (anonymous {_fmt(mem['kib_anon_per_idle_session'], 1)} KiB, the log's LMDB "
             f"pages mapped into the process {_fmt(mem['kib_file_per_idle_session'], 1)} KiB)"
@@ -1038,6 +1052,25 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             else ""
         )
     )
+    variants = mem.get("variants", {})
+    if variants:
+        lines.append("")
+        lines.append(
+            "  | sessions arrive | idle actors | RSS KiB per idle session | anonymous | "
+            "LMDB pages mapped | tracked objects |"
+        )
+        lines.append("  |---|---|---|---|---|---|")
+        for name, r in [("burst/hibernate", mem), *variants.items()]:
+            arrival, actors = name.split("/")
+            lines.append(
+                f"  | {'all at once' if arrival == 'burst' else f'in {MEMORY_WAVES} waves'} | "
+                f"{'hibernate (default)' if actors == 'hibernate' else 'stay awake'} | "
+                f"{_fmt(r['kib_per_idle_session'], 1)} | "
+                f"{_fmt(r['kib_anon_per_idle_session'], 1)} | "
+                f"{_fmt(r['kib_file_per_idle_session'], 1)} | "
+                f"{_fmt(r['gc_objects_per_idle_session'], 0)} |"
+            )
+        lines.append("")
     if "gc_objects_per_evicted_session" in mem:
         lines.append(
             "- objects the garbage collector tracks, per idle session: "

@@ -94,6 +94,10 @@ class JournalStats:
 # Commits on the trio thread while the recent ones took at most this long (an
 # exponentially weighted mean of the backend's commit time, in seconds).
 LOOP_COMMIT_BUDGET: Final = 0.002
+# A mapped log's pages are released after this many seconds without a commit, and at
+# least this often while commits go on (seconds).
+RELEASE_QUIET: Final = 1.0
+RELEASE_EVERY: Final = 10.0
 _EWMA_WEIGHT: Final = 0.2
 
 
@@ -217,8 +221,28 @@ class Journal:
             self._queue.put(request)
 
     def _writer(self) -> None:
+        # The pages of an LMDB map that commits fault in are released once the log has
+        # been quiet for a moment, and at least every few seconds while it is busy
+        # (``LmdbLog.release_mapped_pages``): transactions are counted on the trio
+        # thread too (commits on the loop), so the writer compares the counter.
+        release: Callable[[], int] | None = getattr(self.log, "release_mapped_pages", None)
+        released_at, released_after = time.monotonic(), self.stats.transactions
+        seen = released_after  # the count at the previous wake-up
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=None if release is None else RELEASE_QUIET)
+            except queue.Empty:
+                first = None
+            count = self.stats.transactions
+            if release is not None and count != released_after:
+                now = time.monotonic()
+                # Quiet: a whole timeout with no commit here nor on the loop.
+                if (first is None and count == seen) or now - released_at >= RELEASE_EVERY:
+                    released_at, released_after = now, count
+                    release()
+            seen = count
+            if first is None:
+                continue
             batch = [first]
             while True:
                 try:

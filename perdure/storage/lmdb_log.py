@@ -203,6 +203,7 @@ class LmdbLog(SingleOwner):
         self._gate = _Gate()
         self._lock: _OwnerLock | None = None
         self._writers: tuple[threading.Thread, ...] = ()
+        self.map_releases = 0  # calls of release_mapped_pages that went through
         self.write_threads: set[int] = set()  # idents of threads that ran write txns
         self.epoch = 0
         if readonly:
@@ -547,6 +548,54 @@ class LmdbLog(SingleOwner):
     def stat(self) -> dict[str, Any]:
         info = self.env.info()
         return {"map_size": info["map_size"], "next_seq": self._next_seq, "epoch": self.epoch}
+
+    # -- the map's resident pages (any thread) ---------------------------------------
+
+    def release_mapped_pages(self) -> int:
+        """Drop the log's pages from this process's resident set; they stay cached.
+
+        LMDB reads the log through a shared read-only map, and on each page fault the
+        kernel also maps the neighbouring pages that are in the page cache (fault-
+        around): the pages every commit has just written. So the resident set grows
+        toward the size of the log although the process holds none of it. Those are
+        clean page-cache pages; ``MADV_DONTNEED`` on a shared file mapping only
+        removes this process's page-table entries, and the next read maps the same
+        page again, unchanged. Under the shared side of the gate, so the map cannot
+        move meanwhile (a resize takes the exclusive side). Linux only (elsewhere,
+        and if anything fails, it does nothing); returns the bytes advised.
+        """
+        data = os.path.realpath(self.path / "data.mdb")
+        with self._gate.shared():
+            try:
+                ranges = _mapped_ranges(data)
+                advised = sum(_dont_need(start, end) for start, end in ranges)
+            except OSError:
+                return 0
+        self.map_releases += 1
+        return advised
+
+
+def _mapped_ranges(path: str) -> list[tuple[int, int]]:
+    """The address ranges where this process maps ``path`` (from /proc/self/maps)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].rstrip("\n") == path:
+                start, end = fields[0].split("-")
+                found.append((int(start, 16), int(end, 16)))
+    return found
+
+
+def _dont_need(start: int, end: int) -> int:
+    import ctypes  # only where pages are released: not at import
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.madvise(start, end - start, mmap.MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed on the log's map")
+    return end - start
 
 
 # Less free space than one LMDB write (64 pages) after a short write means "full".

@@ -3,9 +3,10 @@
 * a session left idle is evicted; its next input runs in a fresh actor that sees
   the whole history, and a repeated ``request_id`` still gets the first answer;
 * nothing is evicted while work is in flight (a slow tool, an approval awaited);
-* a message racing the eviction is never lost: hundreds of commands against a
-  near-zero idle timeout are all answered, each input processed exactly once;
-* ``idle_timeout=None`` keeps every actor resident;
+* a message racing the eviction (or the hibernation) is never lost: hundreds of
+  commands against a near-zero idle timeout are all answered, each input processed
+  exactly once;
+* ``idle_timeout=None`` keeps every session in memory;
 * a caller cancelled while its message starts the session's actor leaves that one
   actor registered: the next message goes to it, never to a second actor.
 
@@ -124,12 +125,23 @@ async def test_work_in_flight_keeps_the_actor_resident(where: Where, clock: Mock
         await evicted(rt, 1)
 
 
-async def test_messages_racing_the_eviction_are_never_lost(where: Where, clock: MockClock) -> None:
+# The actor stops as it goes idle: evicted (the next one reads the log), or hibernated
+# (the next one starts on the state it left, perdure.actors.supervisor).
+STOPS = {
+    "evicted": {"idle_timeout": 0.001},
+    "hibernated": {"idle_timeout": None, "hibernate_after": 0.001},
+}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+async def test_messages_racing_the_eviction_are_never_lost(
+    where: Where, clock: MockClock, stop: str
+) -> None:
     n = 40
     script = ScriptedProvider([Reply(text=f"answer {i}") for i in range(n)])
     rng = random.Random(7)
     async with perdure.open_runtime(
-        where.open(), provider=script, tools=[lookup], **where.options(idle_timeout=0.001)
+        where.open(), provider=script, tools=[lookup], **where.options(**STOPS[stop])
     ) as rt:
         await rt.create_session(SID)
         with trio.fail_after(60):  # a message lost in a closed mailbox hangs its caller
@@ -140,7 +152,9 @@ async def test_messages_racing_the_eviction_are_never_lost(where: Where, clock: 
                     await trio.sleep(rng.choice([0, 0.0005, 0.001, 0.002]))
                     runs = await rt.state(SID, lambda s: len(s.runs))
                     assert runs == i + 1
-        assert rt.evictions >= n // 2, rt.evictions
+        stops = rt.evictions if stop == "evicted" else rt.hibernations
+        assert stops >= n // 2, stops
+        assert (rt.evictions if stop == "hibernated" else rt.hibernations) == 0
 
         async def submit(i: int) -> None:
             await trio.sleep(rng.random() * 0.01)

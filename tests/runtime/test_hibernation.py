@@ -6,7 +6,7 @@
 * a hibernated session is evicted once ``idle_timeout`` has passed; its next input
   then reads the log, as after any eviction;
 * a hibernated state the log has moved past is not used: the log is read instead;
-* messages racing the hibernation are never lost, each input processed once;
+* messages racing the hibernation: ``tests/runtime/test_eviction.py``;
 * a deleted session's hibernated state goes with it.
 
 Each test runs on a ``MemoryLog`` under an autojumping MockClock and on a real LMDB
@@ -15,7 +15,6 @@ log in real time (``tests/support/deterministic.py``).
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -163,43 +162,6 @@ async def test_a_state_the_log_has_moved_past_is_not_used(where: Where, clock: M
             outcome = await rt.wait_idle(SID)
         assert outcome is not None and outcome.final_text == "second done"
         assert reads == [SID]
-
-
-async def test_messages_racing_the_hibernation_are_never_lost(
-    where: Where, clock: MockClock
-) -> None:
-    n = 40
-    model = ScriptedProvider([Reply(text=f"answer {i}") for i in range(n)])
-    rng = random.Random(11)
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.001, idle_timeout=None),
-    ) as rt:
-        await rt.create_session(SID)
-        with trio.fail_after(60):  # a message lost in a closed mailbox hangs its caller
-            for i in range(n):
-                await rt.submit(SID, f"input {i}", request_id=f"r{i}")
-                await rt.wait_idle(SID)
-                for _ in range(5):  # queries at random moments around the hibernation
-                    await trio.sleep(rng.choice([0, 0.0005, 0.001, 0.002]))
-                    runs = await rt.state(SID, lambda s: len(s.runs))
-                    assert runs == i + 1
-        assert rt.hibernations >= n // 2, rt.hibernations
-        assert rt.evictions == 0
-
-        async def submit(i: int) -> None:
-            await trio.sleep(rng.random() * 0.01)
-            await rt.submit(SID, f"input {i}", request_id=f"r{i}")  # repeats: answered, not rerun
-
-        async with trio.open_nursery() as nursery:
-            for i in range(n):
-                nursery.start_soon(submit, i)
-        state = await rt.load_state(SID)
-        assert len(state.submissions) == n
-        assert final_texts(state) == [f"answer {i}" for i in range(n)]
-        assert model.calls == n
 
 
 async def test_a_deleted_session_leaves_no_hibernated_state(where: Where, clock: MockClock) -> None:

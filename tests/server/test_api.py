@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from functools import partial
 from typing import Any
 
 import httpx
@@ -332,8 +333,26 @@ def test_cancel_pause_and_resume(api_daemon: Daemon) -> None:
 async def test_event_stream_replays_then_streams_live(api_daemon: Daemon) -> None:
     async with api_daemon.aclient() as c:
         sid = (await c.post("/v1/sessions", json={})).json()["session_id"]
-        await c.post(f"/v1/sessions/{sid}/messages", json={"text": "go", "request_id": "e1"})
-        stream = await follow(c, sid, after=0, until=lambda e: e.event == "ToolAwaitingApproval")
+        # Live events (text deltas) are not replayed: the input goes in only once the
+        # stream is open (it has replayed SessionCreated), or a loaded machine could
+        # run the first turns before the stream subscribes.
+        stream = Stream()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(
+                    follow,
+                    c,
+                    sid,
+                    after=0,
+                    until=lambda e: e.event == "ToolAwaitingApproval",
+                    stream=stream,
+                )
+            )
+            with trio.fail_after(30):
+                while not stream.events:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            message = {"text": "go", "request_id": "e1"}
+            await c.post(f"/v1/sessions/{sid}/messages", json=message)
         assert stream.retry == 1000
         assert stream.seqs == sorted(set(stream.seqs))
         types = [e.event for e in stream.events]
@@ -458,6 +477,37 @@ def test_an_idle_session_leaves_memory_and_answers_as_before(tmp_path: Any) -> N
             )
             assert again.json() == {**first, "duplicate": True}
             assert c.get("/v1/stats").json()["resident_sessions"] == 1
+    finally:
+        daemon.close()
+
+
+def test_an_idle_session_hibernates_and_answers_as_before(tmp_path: Any) -> None:
+    script = [{"text": "first answer"}, {"text": "second answer"}]
+    args = ("--hibernate-after", "0.2", "--idle-timeout", "60")
+    daemon = Daemon(tmp_path, script, extra_args=args).start()
+    try:
+        with daemon.client() as c:
+            sid = new_session(c)
+            first = submit(c, sid, text="one", rid="task-1")
+            before = wait_for(c, sid, idle)
+
+            def hibernated() -> float:
+                scrape = c.get("/metrics").text
+                line = next(x for x in scrape.splitlines() if x.startswith("perdure_hib"))
+                return float(line.split()[-1])
+
+            deadline = time.monotonic() + 30
+            while hibernated() != 1.0:
+                assert time.monotonic() < deadline, c.get("/v1/stats").json()
+                time.sleep(0.1)
+            stats = c.get("/v1/stats").json()
+            assert (stats["resident_sessions"], stats["evictions"]) == (1, 0)
+            assert c.get(f"/v1/sessions/{sid}").json() == before  # woken on its state
+            again = submit(c, sid, text="one", rid="task-1")
+            assert again == {**first, "duplicate": True}
+            submit(c, sid, text="two", rid="task-2")
+            done = wait_for(c, sid, lambda s: idle(s) and len(s["runs"]) == 2)
+            assert done["runs"][-1]["final_text"] == "second answer"
     finally:
         daemon.close()
 
