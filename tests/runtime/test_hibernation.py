@@ -58,6 +58,16 @@ async def hibernated(rt: perdure.Runtime, count: int) -> None:
             await trio.sleep(0.01)
 
 
+async def run_once_and_sleep(rt: perdure.Runtime, text: str = "one") -> perdure.Accepted:
+    """Create the session, run one input to the end, and wait until its actor hibernates."""
+    await rt.create_session(SID)
+    accepted = await rt.submit(SID, text, request_id="r1")
+    with trio.fail_after(10):
+        await rt.wait_idle(SID)
+    await hibernated(rt, 1)
+    return accepted
+
+
 def script() -> ScriptedProvider:
     return ScriptedProvider(
         [
@@ -78,11 +88,7 @@ async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
         tools=[lookup],
         **where.options(hibernate_after=0.05, idle_timeout=None),
     ) as rt:
-        await rt.create_session(SID)
-        first = await rt.submit(SID, "one", request_id="r1")
-        with trio.fail_after(10):
-            await rt.wait_idle(SID)
-        await hibernated(rt, 1)
+        first = await run_once_and_sleep(rt)
         assert SID in rt.resident_sessions and _actor_tasks(SID) == 0
         assert rt.evictions == 0
         metrics = RuntimeMetrics()
@@ -121,11 +127,7 @@ async def test_a_hibernated_session_is_evicted_after_the_idle_timeout(
         tools=[lookup],
         **where.options(hibernate_after=0.05, idle_timeout=0.5),
     ) as rt:
-        await rt.create_session(SID)
-        await rt.submit(SID, "one", request_id="r1")
-        with trio.fail_after(10):
-            await rt.wait_idle(SID)
-        await hibernated(rt, 1)
+        await run_once_and_sleep(rt)
         hibernated_at = trio.current_time()
         with trio.fail_after(10):
             while SID in rt.resident_sessions:  # noqa: ASYNC110
@@ -149,11 +151,7 @@ async def test_a_state_the_log_has_moved_past_is_not_used(where: Where, clock: M
         tools=[lookup],
         **where.options(hibernate_after=0.05, idle_timeout=None),
     ) as rt:
-        await rt.create_session(SID)
-        await rt.submit(SID, "one", request_id="r1")
-        with trio.fail_after(10):
-            await rt.wait_idle(SID)
-        await hibernated(rt, 1)
+        await run_once_and_sleep(rt)
         # As if something but the session's own actor had written to its log since.
         rt._sup.dormant[SID].state.last_seq -= 1
         reads = count_reads(rt)
@@ -172,11 +170,7 @@ async def test_a_deleted_session_leaves_no_hibernated_state(where: Where, clock:
         tools=[],
         **where.options(hibernate_after=0.05, idle_timeout=None),
     ) as rt:
-        await rt.create_session(SID)
-        await rt.submit(SID, "hi", request_id="r1")
-        with trio.fail_after(10):
-            await rt.wait_idle(SID)
-        await hibernated(rt, 1)
+        await run_once_and_sleep(rt, "hi")
         await rt.delete_session(SID)
         assert SID not in rt.resident_sessions
         await rt.create_session(SID)  # the same id, a new session
