@@ -517,10 +517,23 @@ class Runtime:
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
+        dormant = self._sup.dormant.get(session_id)
+        if dormant is not None:  # hibernated, so idle: no actor is woken to say so
+            outcome = dormant.state.last_outcome
+            await trio.lowlevel.checkpoint()
+            return outcome
         return await self._sup.ask(session_id, WaitIdle)
 
     async def state(self, session_id: str, fn: Callable[[SessionState], T]) -> T:
-        """Evaluate ``fn`` on the live state of a session, inside its actor (read-only!)."""
+        """Evaluate ``fn`` on the live state of a session, inside its actor (read-only!).
+
+        A hibernated session's state is read where it sleeps: no actor is woken for it.
+        """
+        dormant = self._sup.dormant.get(session_id)
+        if dormant is not None:
+            answer = fn(dormant.state)
+            await trio.lowlevel.checkpoint()
+            return answer
         return await self._sup.ask(session_id, lambda: Query(fn))
 
     async def load_state(self, session_id: str) -> SessionState:

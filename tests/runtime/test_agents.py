@@ -122,12 +122,14 @@ async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
     async with perdure.open_runtime(log_dir, provider=script, tools=[lookup, research]) as rt:
         await rt.create_session("p")
         seen: list[tuple[str, str]] = []
+        seqs: dict[tuple[str, str], int] = {}
         async with rt.watch("p") as events:
             await rt.submit("p", "what is the capital?", request_id="r1")
             with trio.fail_after(20):
                 async for event in events:
                     if event.seq is not None:
                         seen.append((event.session_id, event.kind))
+                        seqs.setdefault((event.session_id, event.kind), event.seq)
                     if event.session_id == "p" and event.kind == "RunFinished":
                         break
         beats = [c.record for c in await rt.journal.read_session("p")]
@@ -136,8 +138,10 @@ async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
         assert (child, "SessionCreated") in seen and (child, "RunFinished") in seen
         parent_kinds = [k for s, k in seen if s == "p"]
         assert parent_kinds.index("ToolHeartbeat") < parent_kinds.index("ToolCompleted")
-        child_end = seen.index((child, "RunFinished"))
-        assert child_end < seen.index(("p", "ToolCompleted")), "the child finished first"
+        # Committed first (the two sessions' streams interleave in arrival order, which a
+        # loaded machine may swap: compare their sequence numbers).
+        child_end = seqs[(child, "RunFinished")]
+        assert child_end < seqs[("p", "ToolCompleted")], "the child finished first"
 
 
 async def test_a_sub_agent_cannot_use_a_tool_it_was_not_given(log_dir: Path) -> None:

@@ -117,6 +117,29 @@ async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
         assert model.calls == 3
 
 
+async def test_queries_of_a_hibernated_session_wake_no_actor(
+    where: Where, clock: MockClock
+) -> None:
+    model = script()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.05, idle_timeout=None),
+    ) as rt:
+        await run_once_and_sleep(rt)
+        outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "first done"
+        assert await rt.state(SID, lambda s: len(s.runs)) == 1
+        with pytest.raises(ZeroDivisionError):  # fn's error is the caller's, as before
+            await rt.state(SID, lambda s: 1 / 0)
+        assert _actor_tasks(SID) == 0 and rt.hibernated_sessions == [SID]
+        await rt.submit(SID, "two", request_id="r2")  # a command does wake it
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"
+
+
 async def test_a_hibernated_session_is_evicted_after_the_idle_timeout(
     where: Where, clock: MockClock
 ) -> None:
