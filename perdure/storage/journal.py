@@ -241,26 +241,33 @@ class Journal:
                     released_at, released_after = now, count
                     release()
             seen = count
-            if first is None:
-                continue
-            batch = [first]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is _STOP for item in batch)
-            requests: list[_Append] = [item for item in batch if item is not _STOP]
-            if requests:
-                if _faults.SLOW_COMMIT:
-                    time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
-                results, took = self._commit(requests)
-                assert self._token is not None
-                self._token.run_sync_soon(self._handed_back, requests, results, took)
+            stop = first is not None and self._write_batch(first)
+            first = None  # nor by this one's
             if stop:
                 assert self._token is not None
                 self._token.run_sync_soon(self._stopped.set)
                 return
+
+    def _write_batch(self, first: Any) -> bool:
+        """Commit ``first`` and whatever else is queued (writer thread); True on stop.
+
+        A method of its own so that the batch, its records and its waiters' tasks are
+        not kept alive by the loop's locals while the writer waits for the next one.
+        """
+        batch = [first]
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        requests: list[_Append] = [item for item in batch if item is not _STOP]
+        if requests:
+            if _faults.SLOW_COMMIT:
+                time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
+            results, took = self._commit(requests)
+            assert self._token is not None
+            self._token.run_sync_soon(self._handed_back, requests, results, took)
+        return len(requests) != len(batch)
 
     def _handed_back(self, requests: list[_Append], results: list[Any], took: float) -> None:
         # The writer thread's transaction, delivered on the trio thread.

@@ -18,10 +18,12 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import signal
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,21 @@ async def test_without_loop_commits_every_transaction_is_the_writer_threads(log:
         assert log.write_threads == {writer.ident}
         with pytest.raises(RuntimeError, match="only the journal's writer thread may write"):
             log.commit([([tool_result("s", "rogue")], None)])  # the trio thread: refused
+
+
+async def test_the_writer_keeps_nothing_of_a_batch_it_committed(log: LmdbLog) -> None:
+    # The writer thread waits for the next batch with nothing of the last one held: its
+    # records, and the tasks that waited for them, belong to their callers alone (a burst
+    # of sessions going idle must not leave its last batch resident).
+    async with open_journal(log, commit_on_loop=False) as journal:
+        records = [tool_result("s", f"c{i}") for i in range(3)]
+        refs = [weakref.ref(r) for r in records]
+        await journal.append(records[:2])
+        await journal.append(records[2:])
+        assert journal.stats.loop_transactions == 0  # both went through the writer
+        del records
+        gc.collect()
+        assert [ref() for ref in refs] == [None, None, None]
 
 
 class _Watched:
