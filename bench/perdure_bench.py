@@ -34,6 +34,7 @@ import perdure
 from bench import workload
 from bench.agent import BenchProvider, ToolControl, lookup, runtime_options
 from bench.common import current_rss_mib, emit, note, rss_split_kib
+from perdure.actors.supervisor import FREEZE_AFTER
 from perdure.storage.codec import encode
 
 _BATCH = 250  # sessions driven at once while building a big log
@@ -506,7 +507,8 @@ async def memory(
     runtime's default: an idle actor hibernates after ``hibernate_after``, its state
     kept) or ``awake`` (``hibernate_after=None``: every idle actor keeps running).
 
-    Measured once idle: every session's actor hibernated (``hibernate``) and the log
+    Measured once idle: every session's actor hibernated and its state frozen
+    (``hibernate``: ``FREEZE_AFTER`` x ``hibernate_after`` later, 5-10 s here) and the log
     quiet long enough for the writer to release the map's pages (about a second;
     ``Journal`` ``RELEASE_QUIET``). Then the sessions are evicted (``idle_timeout``)
     and the objects the garbage collector tracks are counted again.
@@ -519,9 +521,11 @@ async def memory(
     if arrival not in ("burst", "waves") or actors not in ("hibernate", "awake"):
         raise SystemExit(f"memory: unknown mode {arrival!r} {actors!r}")
     provider = BenchProvider(k, record=False)
-    # Longer than the whole run of every session, so that none leaves before it is counted.
-    idle_timeout = max(6.0, sessions * 0.03)
     hibernate_after = 0.5 if actors == "hibernate" else None
+    # Longer than the whole run of every session and the freezing of its state after,
+    # so that none leaves before it is counted.
+    freezing = 2 * FREEZE_AFTER * (hibernate_after or 0.0)
+    idle_timeout = max(6.0, sessions * 0.03) + freezing
     async with perdure.open_runtime(
         log,
         provider=provider,
@@ -537,10 +541,14 @@ async def memory(
             released = getattr(lmdb_log, "map_releases", 0)
 
             def awake() -> bool:
-                asleep = len(rt.hibernated_sessions)
-                return hibernate_after is not None and asleep < len(rt.resident_sessions)
+                if hibernate_after is None:
+                    return False
+                resident = len(rt.resident_sessions)
+                return len(rt.hibernated_sessions) < resident or (
+                    len(rt.frozen_sessions) < resident
+                )
 
-            with trio.fail_after(idle_timeout / 2):
+            with trio.fail_after(idle_timeout - 1):
                 while awake():  # noqa: ASYNC110 (waiting out hibernate_after)
                     await trio.sleep(0.05)
                 while getattr(lmdb_log, "map_releases", 1) == released:  # noqa: ASYNC110

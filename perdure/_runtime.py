@@ -37,7 +37,7 @@ from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
-from perdure.actors.supervisor import Supervisor
+from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
@@ -166,6 +166,12 @@ class Runtime:
     def hibernated_sessions(self) -> list[str]:
         """The resident sessions whose actor hibernated: their state only, no task."""
         return list(self._sup.dormant)
+
+    @property
+    def frozen_sessions(self) -> list[str]:
+        """The hibernated sessions whose state has been frozen into a compact blob
+        (asleep for ``FREEZE_AFTER`` times ``hibernate_after``; unpickled when they wake)."""
+        return [sid for sid, entry in self._sup.dormant.items() if isinstance(entry, bytes)]
 
     @property
     def evictions(self) -> int:
@@ -517,9 +523,9 @@ class Runtime:
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
-        dormant = self._sup.dormant.get(session_id)
-        if dormant is not None:  # hibernated, so idle: no actor is woken to say so
-            outcome = dormant.state.last_outcome
+        asleep = self._sup.dormant.get(session_id)
+        if asleep is not None:  # hibernated, so idle: no actor is woken to say so
+            outcome = dormant_state(asleep).last_outcome
             await trio.lowlevel.checkpoint()
             return outcome
         return await self._sup.ask(session_id, WaitIdle)
@@ -529,9 +535,9 @@ class Runtime:
 
         A hibernated session's state is read where it sleeps: no actor is woken for it.
         """
-        dormant = self._sup.dormant.get(session_id)
-        if dormant is not None:
-            answer = fn(dormant.state)
+        asleep = self._sup.dormant.get(session_id)
+        if asleep is not None:
+            answer = fn(dormant_state(asleep))
             await trio.lowlevel.checkpoint()
             return answer
         return await self._sup.ask(session_id, lambda: Query(fn))

@@ -6,6 +6,10 @@
 * a hibernated session is evicted once ``idle_timeout`` has passed; its next input
   then reads the log, as after any eviction;
 * a hibernated state the log has moved past is not used: the log is read instead;
+* a session asleep for ``FREEZE_AFTER`` times ``hibernate_after`` has its state frozen
+  into one blob; queries and the next input thaw it (still no log read), and a frozen
+  session is evicted like any other; a session that woke meanwhile waits a whole
+  round again (``freeze_round``, pure);
 * messages racing the hibernation: ``tests/runtime/test_eviction.py``;
 * a deleted session's hibernated state goes with it.
 
@@ -15,6 +19,8 @@ log in real time (``tests/support/deterministic.py``).
 
 from __future__ import annotations
 
+import pickle
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,9 @@ from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, ToolContext
+from perdure.actors import dormant
+from perdure.actors.state import SessionState
+from perdure.actors.supervisor import FREEZE_AFTER, _Dormant, freeze_round
 from perdure.observability.metrics import RuntimeMetrics
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from tests.runtime.test_eviction import _actor_tasks, final_texts
@@ -208,3 +217,129 @@ async def test_a_negative_hibernate_after_is_refused(log_dir: Path) -> None:
     with pytest.raises(ValueError, match="hibernate_after must be a number of seconds"):
         async with perdure.open_runtime(log_dir, provider=ScriptedProvider([]), hibernate_after=-1):
             pass
+
+
+async def frozen(rt: perdure.Runtime) -> None:
+    with trio.fail_after(30):
+        while SID not in rt.frozen_sessions:  # noqa: ASYNC110 (the freezing round's period)
+            await trio.sleep(0.01)
+
+
+async def test_a_long_asleep_session_is_frozen_and_wakes_on_its_thawed_state(
+    where: Where, clock: MockClock
+) -> None:
+    model = script()
+    hibernate_after = 0.02
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=hibernate_after, idle_timeout=None),
+    ) as rt:
+        await run_once_and_sleep(rt)
+        awake_state = await rt.state(SID, lambda s: s)
+        asleep_at = trio.current_time()
+        await frozen(rt)
+        # Found asleep at two rounds in a row: one to two periods after it hibernated.
+        period = FREEZE_AFTER * hibernate_after
+        assert trio.current_time() - asleep_at >= period - 0.01
+        assert isinstance(rt._sup.dormant[SID], bytes) and rt._sup.freezes == 1
+        assert SID in rt.hibernated_sessions and SID in rt.resident_sessions
+        reads = count_reads(rt)
+        # Queries thaw it where it sleeps: an equal state, no actor, no log read.
+        thawed = await rt.state(SID, lambda s: s)
+        assert thawed == awake_state and thawed is not awake_state
+        outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "first done"
+        assert _actor_tasks(SID) == 0 and rt.frozen_sessions == [SID]
+
+        again = await rt.submit(SID, "one", request_id="r1")  # a request it has seen
+        assert again.duplicate
+        await rt.submit(SID, "two", request_id="r2")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"  # saw the history
+        assert reads == []  # woken on the thawed state, the log not read
+        assert rt.frozen_sessions == []
+        assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
+
+
+async def test_a_frozen_session_is_evicted_after_the_idle_timeout(
+    where: Where, clock: MockClock
+) -> None:
+    model = script()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.01, idle_timeout=1.0),
+    ) as rt:
+        await run_once_and_sleep(rt)
+        await frozen(rt)
+        with trio.fail_after(10):
+            while SID in rt.resident_sessions:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        assert rt.evictions == 1 and rt._sup.dormant == {}
+        reads = count_reads(rt)
+        await rt.submit(SID, "two", request_id="r2")
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"
+        assert reads == [SID]
+
+
+def test_a_freezing_round_takes_only_sessions_asleep_since_the_last_one() -> None:
+    asleep = _Dormant(SessionState("a"), 10.0)
+    woke_and_slept_again = _Dormant(SessionState("b"), 12.0)
+    new = _Dormant(SessionState("c"), 13.0)
+    entries: dict[str, _Dormant | bytes] = {
+        "a": asleep,
+        "b": woke_and_slept_again,
+        "c": new,
+        "d": dormant.freeze(SessionState("d"), 9.0),
+    }
+    due, later = freeze_round(entries, {"a": 10.0, "b": 11.0, "gone": 5.0})
+    assert due == ["a"]  # b's eviction time changed: it woke; c was not seen; d is frozen
+    assert later == {"b": 12.0, "c": 13.0}
+    assert freeze_round(entries, later) == (["b", "c"], {"a": 10.0})
+
+
+def test_a_frozen_state_thaws_equal_and_keeps_its_eviction_time() -> None:
+    state = SessionState("s", system="be brief", allowed_tools=frozenset({"lookup"}))
+    state.queue.append("in1")
+    blob = dormant.freeze(state, float("inf"))
+    assert dormant.until(blob) == float("inf")
+    assert dormant.until(dormant.freeze(state, 12.5)) == 12.5
+    thawed = dormant.thaw(blob)
+    assert thawed == state and thawed is not state
+    assert dormant.thaw(blob) == state  # a blob thaws any number of times
+    with pytest.raises(TypeError, match="thawed into a dict"):
+        dormant.thaw(blob[:8] + zlib.compress(pickle.dumps({"not": "a state"})))
+
+
+async def test_a_state_that_cannot_be_frozen_stays_as_it_is(
+    where: Where, clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = script()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup],
+        **where.options(hibernate_after=0.01, idle_timeout=None),
+    ) as rt:
+        await run_once_and_sleep(rt)
+        entry = rt._sup.dormant[SID]
+        assert isinstance(entry, _Dormant)
+        entry.state.spend["a bug"] = lambda: None  # type: ignore[assignment]
+        with trio.fail_after(30):
+            while not entry.unfrozen:  # noqa: ASYNC110 (the freezing round's period)
+                await trio.sleep(0.01)
+        await trio.sleep(FREEZE_AFTER * 0.01 * 3)  # more rounds: no retry, no second line
+        assert rt._sup.dormant[SID] is entry and rt._sup.freezes == 0
+        lines = [r for r in caplog.records if "stays unfrozen" in r.getMessage()]
+        assert len(lines) == 1 and SID in lines[0].getMessage()
+        del entry.state.spend["a bug"]
+        await rt.submit(SID, "two", request_id="r2")  # the runtime goes on; it wakes
+        with trio.fail_after(10):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.final_text == "second done"
