@@ -77,6 +77,32 @@ async def run_once_and_sleep(rt: perdure.Runtime, text: str = "one") -> perdure.
     return accepted
 
 
+def sleepy_runtime(
+    where: Where, model: ScriptedProvider, tools: list[Any] | None = None, **options: Any
+) -> Any:
+    """A runtime on ``where`` whose idle actors hibernate as ``options`` say."""
+    return perdure.open_runtime(
+        where.open(),
+        provider=model,
+        tools=[lookup] if tools is None else tools,
+        **where.options(**options),
+    )
+
+
+async def evicted(rt: perdure.Runtime) -> None:
+    with trio.fail_after(10):
+        while SID in rt.resident_sessions:  # noqa: ASYNC110 (waiting out the idle timeout)
+            await trio.sleep(0.01)
+
+
+async def second_input(rt: perdure.Runtime) -> None:
+    """Send the second input and check the model saw the first run's history."""
+    await rt.submit(SID, "two", request_id="r2")
+    with trio.fail_after(10):
+        outcome = await rt.wait_idle(SID)
+    assert outcome is not None and outcome.final_text == "second done"
+
+
 def script() -> ScriptedProvider:
     return ScriptedProvider(
         [
@@ -91,12 +117,7 @@ async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
     where: Where, clock: MockClock
 ) -> None:
     model = script()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.05, idle_timeout=None),
-    ) as rt:
+    async with sleepy_runtime(where, model, hibernate_after=0.05, idle_timeout=None) as rt:
         first = await run_once_and_sleep(rt)
         assert SID in rt.resident_sessions and _actor_tasks(SID) == 0
         assert rt.evictions == 0
@@ -116,10 +137,7 @@ async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
             first.seq,
             True,
         )
-        await rt.submit(SID, "two", request_id="r2")
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"
+        await second_input(rt)
         assert reads == []  # woken on the state it left, the log not read
         assert _actor_tasks(SID) == 1
         assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
@@ -130,12 +148,7 @@ async def test_queries_of_a_hibernated_session_wake_no_actor(
     where: Where, clock: MockClock
 ) -> None:
     model = script()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.05, idle_timeout=None),
-    ) as rt:
+    async with sleepy_runtime(where, model, hibernate_after=0.05, idle_timeout=None) as rt:
         await run_once_and_sleep(rt)
         outcome = await rt.wait_idle(SID)
         assert outcome is not None and outcome.final_text == "first done"
@@ -143,64 +156,40 @@ async def test_queries_of_a_hibernated_session_wake_no_actor(
         with pytest.raises(ZeroDivisionError):  # fn's error is the caller's, as before
             await rt.state(SID, lambda s: 1 / 0)
         assert _actor_tasks(SID) == 0 and rt.hibernated_sessions == [SID]
-        await rt.submit(SID, "two", request_id="r2")  # a command does wake it
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"
+        await second_input(rt)  # a command does wake it
 
 
 async def test_a_hibernated_session_is_evicted_after_the_idle_timeout(
     where: Where, clock: MockClock
 ) -> None:
     model = script()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.05, idle_timeout=0.5),
-    ) as rt:
+    async with sleepy_runtime(where, model, hibernate_after=0.05, idle_timeout=0.5) as rt:
         await run_once_and_sleep(rt)
         hibernated_at = trio.current_time()
-        with trio.fail_after(10):
-            while SID in rt.resident_sessions:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await evicted(rt)
         # Idle for idle_timeout in all (0.05 awake, then asleep), give or take a sweep.
         assert trio.current_time() - hibernated_at >= 0.45 - 0.01
         assert rt.evictions == 1 and rt.hibernated_sessions == []
         reads = count_reads(rt)
-        await rt.submit(SID, "two", request_id="r2")
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"
+        await second_input(rt)
         assert reads == [SID]  # evicted: the state came back from the log
 
 
 async def test_a_state_the_log_has_moved_past_is_not_used(where: Where, clock: MockClock) -> None:
     model = script()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.05, idle_timeout=None),
-    ) as rt:
+    async with sleepy_runtime(where, model, hibernate_after=0.05, idle_timeout=None) as rt:
         await run_once_and_sleep(rt)
         # As if something but the session's own actor had written to its log since.
         rt._sup.dormant[SID].state.last_seq -= 1
         reads = count_reads(rt)
-        await rt.submit(SID, "two", request_id="r2")
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"
+        await second_input(rt)
         assert reads == [SID]
 
 
 async def test_a_deleted_session_leaves_no_hibernated_state(where: Where, clock: MockClock) -> None:
     model = ScriptedProvider([Reply(text="hello")])
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[],
-        **where.options(hibernate_after=0.05, idle_timeout=None),
+    async with sleepy_runtime(
+        where, model, tools=[], hibernate_after=0.05, idle_timeout=None
     ) as rt:
         await run_once_and_sleep(rt, "hi")
         await rt.delete_session(SID)
@@ -230,11 +219,8 @@ async def test_a_long_asleep_session_is_frozen_and_wakes_on_its_thawed_state(
 ) -> None:
     model = script()
     hibernate_after = 0.02
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=hibernate_after, idle_timeout=None),
+    async with sleepy_runtime(
+        where, model, hibernate_after=hibernate_after, idle_timeout=None
     ) as rt:
         await run_once_and_sleep(rt)
         awake_state = await rt.state(SID, lambda s: s)
@@ -255,10 +241,7 @@ async def test_a_long_asleep_session_is_frozen_and_wakes_on_its_thawed_state(
 
         again = await rt.submit(SID, "one", request_id="r1")  # a request it has seen
         assert again.duplicate
-        await rt.submit(SID, "two", request_id="r2")
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"  # saw the history
+        await second_input(rt)  # saw the history
         assert reads == []  # woken on the thawed state, the log not read
         assert rt.frozen_sessions == []
         assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
@@ -268,23 +251,13 @@ async def test_a_frozen_session_is_evicted_after_the_idle_timeout(
     where: Where, clock: MockClock
 ) -> None:
     model = script()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.01, idle_timeout=1.0),
-    ) as rt:
+    async with sleepy_runtime(where, model, hibernate_after=0.01, idle_timeout=1.0) as rt:
         await run_once_and_sleep(rt)
         await frozen(rt)
-        with trio.fail_after(10):
-            while SID in rt.resident_sessions:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await evicted(rt)
         assert rt.evictions == 1 and rt._sup.dormant == {}
         reads = count_reads(rt)
-        await rt.submit(SID, "two", request_id="r2")
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"
+        await second_input(rt)
         assert reads == [SID]
 
 
@@ -321,12 +294,7 @@ async def test_a_state_that_cannot_be_frozen_stays_as_it_is(
     where: Where, clock: MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = script()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=model,
-        tools=[lookup],
-        **where.options(hibernate_after=0.01, idle_timeout=None),
-    ) as rt:
+    async with sleepy_runtime(where, model, hibernate_after=0.01, idle_timeout=None) as rt:
         await run_once_and_sleep(rt)
         entry = rt._sup.dormant[SID]
         assert isinstance(entry, _Dormant)
@@ -339,7 +307,4 @@ async def test_a_state_that_cannot_be_frozen_stays_as_it_is(
         lines = [r for r in caplog.records if "stays unfrozen" in r.getMessage()]
         assert len(lines) == 1 and SID in lines[0].getMessage()
         del entry.state.spend["a bug"]
-        await rt.submit(SID, "two", request_id="r2")  # the runtime goes on; it wakes
-        with trio.fail_after(10):
-            outcome = await rt.wait_idle(SID)
-        assert outcome is not None and outcome.final_text == "second done"
+        await second_input(rt)  # the runtime goes on; it wakes
