@@ -337,6 +337,9 @@ class AsyncioRuntime:
     async def hibernations(self) -> int:
         return await self.run(_sync(lambda: self.trio_runtime.hibernations))
 
+    async def frozen_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.frozen_sessions))
+
     # -- the methods of Runtime ------------------------------------------------------
 
     async def create_session(

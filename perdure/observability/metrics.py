@@ -110,6 +110,11 @@ class RuntimeMetrics:
             "Sessions in memory whose idle actor hibernated (their state only)",
             registry=r,
         )
+        self.frozen = Gauge(
+            "perdure_frozen_sessions",
+            "Hibernated sessions whose state is frozen into one compact blob",
+            registry=r,
+        )
         self.subscribers = Gauge(
             "perdure_event_stream_subscribers",
             "Open event streams (SSE clients and Runtime.events readers)",
@@ -132,6 +137,7 @@ class RuntimeMetrics:
         bus = rt.journal.bus
         self.resident.set_function(lambda: len(rt.resident_sessions))
         self.hibernated.set_function(lambda: len(rt.hibernated_sessions))
+        self.frozen.set_function(lambda: len(rt.frozen_sessions))
         self.subscribers.set_function(lambda: len(bus.subscriptions()))
         self.backlog.set_function(bus.backlog)
         self.lagged.set_function(lambda: bus.lagged)

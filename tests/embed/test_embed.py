@@ -93,6 +93,7 @@ def test_the_whole_api_from_asyncio(mode: str, tmp_path: Path, workspace: Path) 
             assert (await rt.stats()).appends > 0 and await rt.resident_sessions() == [sid]
             assert await rt.evictions() == 0 and await rt.taken_over_sessions() == []
             assert await rt.hibernations() == len(await rt.hibernated_sessions())
+            assert set(await rt.frozen_sessions()) <= set(await rt.hibernated_sessions())
             assert rt.log_path == tmp_path / "log" and rt.epoch == 1 and rt.node_id
 
             assert (await rt.pause(sid)).seq > 0

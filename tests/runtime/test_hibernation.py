@@ -89,6 +89,14 @@ def sleepy_runtime(
     )
 
 
+def gauges(metrics: RuntimeMetrics) -> dict[str, float]:
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+
+
 async def evicted(rt: perdure.Runtime) -> None:
     with trio.fail_after(10):
         while SID in rt.resident_sessions:  # noqa: ASYNC110 (waiting out the idle timeout)
@@ -123,12 +131,9 @@ async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
         assert rt.evictions == 0
         metrics = RuntimeMetrics()
         metrics.attach(rt)
-        gauges = {
-            s.name: s.value
-            for family in text_string_to_metric_families(metrics.render().decode())
-            for s in family.samples
-        }
-        assert gauges["perdure_resident_sessions"] == gauges["perdure_hibernated_sessions"] == 1
+        now = gauges(metrics)
+        assert now["perdure_resident_sessions"] == now["perdure_hibernated_sessions"] == 1
+        assert now["perdure_frozen_sessions"] == 0
         reads = count_reads(rt)
 
         again = await rt.submit(SID, "one", request_id="r1")  # wakes it: a request seen
@@ -231,6 +236,9 @@ async def test_a_long_asleep_session_is_frozen_and_wakes_on_its_thawed_state(
         assert trio.current_time() - asleep_at >= period - 0.01
         assert isinstance(rt._sup.dormant[SID], bytes) and rt._sup.freezes == 1
         assert SID in rt.hibernated_sessions and SID in rt.resident_sessions
+        metrics = RuntimeMetrics()
+        metrics.attach(rt)
+        assert gauges(metrics)["perdure_frozen_sessions"] == 1
         reads = count_reads(rt)
         # Queries thaw it where it sleeps: an equal state, no actor, no log read.
         thawed = await rt.state(SID, lambda s: s)
