@@ -41,6 +41,7 @@ from perdure.server.streams import serve_sse
 from perdure.storage.bus import EventStreamLagged
 
 if TYPE_CHECKING:
+    from perdure.actors.state import SessionState
     from perdure.server.app import Api
 
 FORMATS: Final = ("ai-sdk", "ag-ui")
@@ -209,9 +210,18 @@ class ChatRoutes:
                 raise
 
     async def _submission_seq(self, session_id: str, submission_id: str) -> int:
-        state = await self.api.rt.load_state(session_id)
-        sub = state.submissions.get(submission_id)
-        return max(0, (sub.seq if sub is not None else 1) - 1)
+        """Where a reply's stream starts: just before its submission's first record.
+
+        Asked of the session's live state (it was just sent the input, so it is in
+        memory), not folded from the log: that cost grew with the session's history
+        on every chat request (about 30 ms at 200 turns).
+        """
+
+        def start(state: SessionState) -> int:
+            sub = state.submissions.get(submission_id)
+            return max(0, (sub.seq if sub is not None else 1) - 1)
+
+        return await self.api.rt.state(session_id, start)
 
     def _chat_stream(
         self, session_id: str, submission_id: str, after: int, cut: int

@@ -213,6 +213,16 @@ def test_ai_sdk_chat_with_an_approval(daemon: Daemon) -> None:
         # Nothing in progress now: the resume route says so.
         assert c.get(f"/v1/sessions/{sid}/chat/{sid}/stream").status_code == 204
 
+        # The next user message streams its own reply only, from its own submission on
+        # (the script has no fourth reply, so that run fails: the stream says so).
+        again = {"id": "m-2", "role": "user", "parts": [{"type": "text", "text": "Again"}]}
+        third = [e for _, e in chat(c, sid, chat_body(sid, again))]
+        assert third[0]["type"] == "start" and third[0]["messageId"] != message_id
+        assert not [e for e in third if e["type"].startswith(("text-", "tool-"))]
+        (error,) = [e for e in third if e["type"] == "error"]
+        assert "none for turn 4" in error["errorText"]  # it saw the three turns before
+        assert third[-1]["type"] == "finish" and third[-1]["finishReason"] == "error"
+
 
 def test_ai_sdk_chat_errors_are_clear(daemon: Daemon) -> None:
     with daemon.client() as c:
