@@ -525,7 +525,7 @@ class Runtime:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
         asleep = self._sup.dormant.get(session_id)
         if asleep is not None:  # hibernated, so idle: no actor is woken to say so
-            outcome = dormant_state(asleep).last_outcome
+            outcome = (await dormant_state(asleep)).last_outcome
             await trio.lowlevel.checkpoint()
             return outcome
         return await self._sup.ask(session_id, WaitIdle)
@@ -537,7 +537,7 @@ class Runtime:
         """
         asleep = self._sup.dormant.get(session_id)
         if asleep is not None:
-            answer = fn(dormant_state(asleep))
+            answer = fn(await dormant_state(asleep))
             await trio.lowlevel.checkpoint()
             return answer
         return await self._sup.ask(session_id, lambda: Query(fn))

@@ -22,6 +22,13 @@ import zlib
 
 from perdure.actors.state import SessionState
 
+# Past these sizes the supervisor freezes (a state with this many conversation items)
+# and thaws (a blob this long) in a worker thread: that takes milliseconds (about
+# 40 µs per turn of history each way), which other sessions should not wait for; a
+# smaller state costs less than the trip to a thread and back.
+OFF_LOOP_ITEMS = 150
+OFF_LOOP_BYTES = 16 * 1024
+
 _UNTIL = struct.Struct("<d")
 # Fast compression: the blob is thawed in the same process soon or never; a higher
 # level costs more CPU at every hibernation than the few hundred bytes it would save.

@@ -165,9 +165,14 @@ def _dormant_until(entry: _Dormant | bytes) -> float:
     return dormant.until(entry) if isinstance(entry, bytes) else entry.until
 
 
-def dormant_state(entry: _Dormant | bytes) -> SessionState:
-    """The state of a dormant session (thawed, if it was frozen: a new object tree)."""
-    return dormant.thaw(entry) if isinstance(entry, bytes) else entry.state
+async def dormant_state(entry: _Dormant | bytes) -> SessionState:
+    """The state of a dormant session (thawed, if it was frozen: a new object tree;
+    a large one in a worker thread)."""
+    if not isinstance(entry, bytes):
+        return entry.state
+    if len(entry) < dormant.OFF_LOOP_BYTES:
+        return dormant.thaw(entry)
+    return await trio.to_thread.run_sync(dormant.thaw, entry)
 
 
 def freeze_round(
@@ -657,7 +662,7 @@ class Supervisor:
                     raise UnknownSession(session_id)
                 # A hibernated state is taken only if the log has nothing newer for the
                 # session (it would, had anything but its own actor written to it).
-                woken = None if asleep is None else dormant_state(asleep)
+                woken = None if asleep is None else await self._wake_state(session_id, asleep)
                 if woken is not None and woken.last_seq != info.last_seq:
                     woken = None
             await self._acquire(session_id)
@@ -845,6 +850,15 @@ class Supervisor:
                 del self.dormant[session_id]
             self.evictions += len(expired)
 
+    async def _wake_state(self, session_id: str, entry: _Dormant | bytes) -> SessionState | None:
+        try:
+            return await dormant_state(entry)
+        except Exception as exc:  # a bug, not the session's fault: its log has it all
+            log.warning(
+                "session %s: its frozen state did not thaw (%r); read from the log", session_id, exc
+            )
+            return None
+
     async def _freeze_dormant(self, hibernate_after: float) -> None:
         """Freeze the states that have been dormant for ``FREEZE_AFTER`` periods.
 
@@ -857,23 +871,29 @@ class Supervisor:
             await trio.sleep(period)
             due, seen = freeze_round(self.dormant, seen)
             for session_id in due:
-                if self._freeze(session_id):
-                    await trio.lowlevel.checkpoint()
+                await self._freeze(session_id)
 
-    def _freeze(self, session_id: str) -> bool:
+    async def _freeze(self, session_id: str) -> None:
         # A method of its own: no local of the round keeps a frozen state's objects.
         entry = self.dormant.get(session_id)
         if not isinstance(entry, _Dormant):  # woken (or evicted) meanwhile
-            return False
+            return
         try:
-            blob = dormant.freeze(entry.state, entry.until)
-        except Exception as exc:  # a state that does not pickle: a bug, but not fatal
-            entry.unfrozen = True
-            log.warning("session %s: its hibernated state stays unfrozen: %r", session_id, exc)
-            return False
-        self.dormant[session_id] = blob
-        self.freezes += 1
-        return True
+            if len(entry.state.conversation) < dormant.OFF_LOOP_ITEMS:
+                blob = dormant.freeze(entry.state, entry.until)
+            else:
+                blob = await trio.to_thread.run_sync(dormant.freeze, entry.state, entry.until)
+        except Exception as exc:
+            # Woken while a thread pickled it, its new actor may have changed the state
+            # under the pickler: that blob was not going to be used anyway.
+            if self.dormant.get(session_id) is entry:  # a state that does not pickle: a bug
+                entry.unfrozen = True
+                log.warning("session %s: its hibernated state stays unfrozen: %r", session_id, exc)
+            return
+        if self.dormant.get(session_id) is entry:  # still asleep, not woken meanwhile
+            self.dormant[session_id] = blob
+            self.freezes += 1
+        await trio.lowlevel.checkpoint()
 
     async def _let_lease_go(self, session_id: str) -> None:
         """The session stopped here as no longer ours: hold no lease on it any more.

@@ -20,6 +20,7 @@ log in real time (``tests/support/deterministic.py``).
 from __future__ import annotations
 
 import pickle
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,71 @@ async def test_a_state_that_cannot_be_frozen_stays_as_it_is(
         assert len(lines) == 1 and SID in lines[0].getMessage()
         del entry.state.spend["a bug"]
         await second_input(rt)  # the runtime goes on; it wakes
+
+
+def _in_threads(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]]) -> threading.Event:
+    """Freeze and thaw every state in a worker thread, noting where each ran; the
+    returned event, once cleared, holds a freeze until it is set again."""
+    monkeypatch.setattr(dormant, "OFF_LOOP_ITEMS", 0)
+    monkeypatch.setattr(dormant, "OFF_LOOP_BYTES", 0)
+    real_freeze, real_thaw = dormant.freeze, dormant.thaw
+    go = threading.Event()
+    go.set()
+
+    def freeze(state: SessionState, until: float) -> bytes:
+        calls.append(("freeze", threading.get_ident()))
+        go.wait(10)
+        return real_freeze(state, until)
+
+    def thaw(blob: bytes) -> SessionState:
+        calls.append(("thaw", threading.get_ident()))
+        return real_thaw(blob)
+
+    monkeypatch.setattr(dormant, "freeze", freeze)
+    monkeypatch.setattr(dormant, "thaw", thaw)
+    return go
+
+
+async def test_a_large_state_freezes_and_thaws_in_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, int]] = []
+    _in_threads(monkeypatch, calls)
+    where = Where.real(tmp_path)  # real time: an autojumping clock jumps while threads work
+    async with sleepy_runtime(where, script(), hibernate_after=0.01, idle_timeout=None) as rt:
+        await run_once_and_sleep(rt)
+        await frozen(rt)
+        reads = count_reads(rt)
+        assert await rt.state(SID, lambda s: len(s.runs)) == 1
+        await second_input(rt)
+        assert reads == []  # woken on the state thawed in a thread
+        loop = threading.get_ident()
+        kinds = [kind for kind, _ in calls]
+        assert kinds == ["freeze", "thaw", "thaw"]  # frozen, queried, woken
+        assert all(ident != loop for _, ident in calls)
+
+
+async def test_a_session_woken_while_a_thread_freezes_it_keeps_its_new_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[tuple[str, int]] = []
+    go = _in_threads(monkeypatch, calls)
+    go.clear()  # the first freeze waits in its thread until the session has woken
+    where = Where.real(tmp_path)
+    async with sleepy_runtime(where, script(), hibernate_after=0.01, idle_timeout=None) as rt:
+        await run_once_and_sleep(rt)
+        with trio.fail_after(10):
+            while not calls:  # noqa: ASYNC110 (until a thread is freezing it)
+                await trio.sleep(0.01)
+        reads = count_reads(rt)
+        await second_input(rt)  # wakes it on its objects, while the thread holds them
+        await hibernated(rt, 2)  # and asleep again, before the old freeze ends
+        go.set()
+        with trio.fail_after(10):
+            while rt._sup.freezes == 0 or len(calls) < 2:  # noqa: ASYNC110
+                await trio.sleep(0.01)  # frozen by a later round, from the new state
+        # The blob of the old state was dropped: the frozen one has both runs.
+        assert isinstance(rt._sup.dormant[SID], bytes)
+        assert await rt.state(SID, lambda s: len(s.runs)) == 2
+        assert reads == [] and rt._sup.freezes == 1
+        assert not [r for r in caplog.records if "unfrozen" in r.getMessage()]
