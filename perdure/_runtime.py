@@ -530,11 +530,21 @@ class Runtime:
             return outcome
         return await self._sup.ask(session_id, WaitIdle)
 
-    async def state(self, session_id: str, fn: Callable[[SessionState], T]) -> T:
+    async def state(
+        self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
+    ) -> T:
         """Evaluate ``fn`` on the live state of a session, inside its actor (read-only!).
 
         A hibernated session's state is read where it sleeps: no actor is woken for it.
+        ``wake=False``: a session no actor runs here (evicted, parked, never started on
+        this node) is read from the log instead, as ``load_state`` does; the read then
+        starts no actor, takes no lease and runs no recovery.
         """
+        if not wake:
+            found, answer = await self._sup.peek(session_id, fn)
+            if found:
+                return cast(T, answer)  # T itself may allow None
+            return fn(await self.load_state(session_id))
         asleep = self._sup.dormant.get(session_id)
         if asleep is not None:
             answer = fn(await dormant_state(asleep))
@@ -550,8 +560,11 @@ class Runtime:
 
     async def transcript(self, session_id: str) -> list[Message]:
         """The conversation as the model sees it (unfinished tool calls shown by phase)."""
-        state = await self.load_state(session_id)
-        return list(conversation.messages(state, include_pending=True))
+        return await self.state(
+            session_id,
+            lambda state: list(conversation.messages(state, include_pending=True)),
+            wake=False,
+        )
 
     async def events(
         self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False

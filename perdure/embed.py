@@ -456,9 +456,12 @@ class AsyncioRuntime:
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         return await self.run(self.trio_runtime.wait_idle, session_id)
 
-    async def state(self, session_id: str, fn: Callable[[SessionState], T]) -> T:
-        """``fn`` on the live state, inside the session's actor (on the trio thread)."""
-        return await self.run(self.trio_runtime.state, session_id, fn)
+    async def state(
+        self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
+    ) -> T:
+        """``fn`` on the live state, inside the session's actor (on the trio thread);
+        ``wake=False`` reads a session no actor runs from the log (``Runtime.state``)."""
+        return await self.run(partial(self.trio_runtime.state, wake=wake), session_id, fn)
 
     async def load_state(self, session_id: str) -> SessionState:
         return await self.run(self.trio_runtime.load_state, session_id)

@@ -67,6 +67,7 @@ from perdure.actors.session import (
     Drain,
     HandOver,
     Mailbox,
+    Query,
     Reply,
     SessionActor,
     allowed_tools,
@@ -973,6 +974,29 @@ class Supervisor:
                 f"session {session_id} is no longer run by this node: {reason}"
             ) from None
         return await message.reply.wait()
+
+    async def peek(self, session_id: str, fn: Callable[[SessionState], T]) -> tuple[bool, T | None]:
+        """``(True, fn(state))`` on the state in memory, if the session has one: the live
+        actor's (asked through its mailbox) or a dormant one's. ``(False, None)`` when
+        no actor runs it here: the caller reads the log instead. Never starts an actor,
+        so a read takes no lease and runs no recovery.
+        """
+        asleep = self.dormant.get(session_id)
+        if asleep is not None:
+            answer = fn(await dormant_state(asleep))
+            await trio.lowlevel.checkpoint()
+            return True, answer
+        box = self.mailboxes.get(session_id)
+        if box is None or box.evicted or session_id in self.parked:
+            return False, None
+        if session_id in self.unreachable:  # its actor waits for the log: so would this
+            return False, None
+        message: Query[T] = Query(fn)
+        try:
+            await box.send.send(message)
+        except trio.BrokenResourceError:
+            return False, None  # evicted or gone since the lookup: the log has it all
+        return True, await message.reply.wait()
 
     async def drain(self) -> None:
         """Ask every session to stop dispatching and wait until their tools are done."""

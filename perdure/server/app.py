@@ -235,7 +235,9 @@ class Api:
 
     async def get_session(self, request: Request) -> Response:
         sid = path_session(request)
-        return JSONResponse(summarize(await self.rt.load_state(sid)))
+        # The live state when the session is in memory (no fold of its whole log), else
+        # the log's; never wakes an actor.
+        return JSONResponse(await self.rt.state(sid, summarize, wake=False))
 
     async def transcript(self, request: Request) -> Response:
         sid = path_session(request)

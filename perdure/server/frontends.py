@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.responses import Response
@@ -179,12 +180,13 @@ def _end_if_still_blocked(
     (a replay passes points where a run waited and was answered long ago)."""
 
     async def check(part: Part) -> list[Chunk] | None:
-        state = await api.rt.load_state(session_id)
-        waiting = [
-            c
-            for c in part.data["call_ids"]
-            if c in state.tasks and state.tasks[c].phase == "awaiting_approval"
-        ]
+        def still_waiting(state: SessionState) -> bool:
+            return any(
+                c in state.tasks and state.tasks[c].phase == "awaiting_approval"
+                for c in part.data["call_ids"]
+            )
+
+        waiting = await api.rt.state(session_id, still_waiting, wake=False)
         return closing(part) if waiting else None
 
     return check
@@ -217,11 +219,8 @@ class ChatRoutes:
         on every chat request (about 30 ms at 200 turns).
         """
 
-        def start(state: SessionState) -> int:
-            sub = state.submissions.get(submission_id)
-            return max(0, (sub.seq if sub is not None else 1) - 1)
-
-        return await self.api.rt.state(session_id, start)
+        seq = await self.api.rt.state(session_id, partial(_seq_of, submission_id))
+        return max(0, (seq if seq is not None else 1) - 1)
 
     def _chat_stream(
         self, session_id: str, submission_id: str, after: int, cut: int
@@ -295,21 +294,20 @@ class ChatRoutes:
             )
         for call_id, _seq, approved, note, rid in answered:
             await self._approve(session_id, call_id, approved, rid, note)
-        state = await self.api.rt.load_state(session_id)
-        if submission_id not in state.submissions:
+        seq = await self.api.rt.state(session_id, partial(_seq_of, submission_id), wake=False)
+        if seq is None:
             raise ApiError(404, "not_found", f"no reply {message.get('id')!r} in this session")
-        after = max(0, state.submissions[submission_id].seq - 1)
+        after = max(0, seq - 1)
         cut = max(seq for _c, seq, _a, _n, _r in answered)
         return self._chat_stream(session_id, submission_id, after, cut)
 
     async def chat_resume(self, session_id: str) -> Response:
         """The reply in progress, replayed from its start; 204 when there is none."""
-        state = await self.api.rt.load_state(session_id)
-        open_subs = [s for s in state.submissions.values() if s.outcome is None]
-        if not open_subs:
+        found = await self.api.rt.state(session_id, _open_submission, wake=False)
+        if found is None:
             return Response(status_code=204)
-        sub = min(open_subs, key=lambda s: s.seq)  # the one running (or next to run)
-        return self._chat_stream(session_id, sub.submission_id, max(0, sub.seq - 1), 0)
+        submission_id, seq = found
+        return self._chat_stream(session_id, submission_id, max(0, seq - 1), 0)
 
     # -- AG-UI -------------------------------------------------------------------------
 
@@ -374,16 +372,12 @@ class ChatRoutes:
             await self._approve(session_id, call_id, approved, entry.interrupt_id, note)
             cut = max(cut, seq)
             call_ids.append(call_id)
-        state = await self.api.rt.load_state(session_id)
-        task = state.tasks.get(call_ids[0])
-        gen = state.generations.get(task.generation_id) if task is not None else None
-        if gen is None:
+        found = await self.api.rt.state(session_id, partial(_reply_of, call_ids[0]), wake=False)
+        if found is None:
             raise ApiError(404, "not_found", f"no tool call {call_ids[0]!r} in this session")
-        sub = state.submissions[gen.submission_id]
-        head = encoder.start(run_id, _snapshot(state))
-        return self._ag_ui_stream(
-            session_id, sub.submission_id, max(0, sub.seq - 1), cut, encoder, head
-        )
+        submission_id, seq, snapshot = found
+        head = encoder.start(run_id, snapshot)
+        return self._ag_ui_stream(session_id, submission_id, max(0, seq - 1), cut, encoder, head)
 
     def _ag_ui_stream(
         self,
@@ -407,6 +401,34 @@ class ChatRoutes:
             on_blocked=_end_if_still_blocked(self.api, session_id, interrupt),
             resumed=encoder.reopen if cut else None,
         )
+
+
+# -- what the routes read of a session's state (run inside its actor: read-only) -------
+
+
+def _seq_of(submission_id: str, state: SessionState) -> int | None:
+    """The seq of a submission's first record (None: no such submission)."""
+    sub = state.submissions.get(submission_id)
+    return sub.seq if sub is not None else None
+
+
+def _open_submission(state: SessionState) -> tuple[str, int] | None:
+    """The unanswered input that runs (or runs next), with its seq."""
+    open_subs = [s for s in state.submissions.values() if s.outcome is None]
+    if not open_subs:
+        return None
+    sub = min(open_subs, key=lambda s: s.seq)
+    return sub.submission_id, sub.seq
+
+
+def _reply_of(call_id: str, state: SessionState) -> tuple[str, int, dict[str, Any]] | None:
+    """The submission whose reply made ``call_id``, its seq, and the AG-UI snapshot."""
+    task = state.tasks.get(call_id)
+    gen = state.generations.get(task.generation_id) if task is not None else None
+    if gen is None:
+        return None
+    sub = state.submissions[gen.submission_id]
+    return sub.submission_id, sub.seq, _snapshot(state)
 
 
 def _snapshot(state: Any) -> dict[str, Any]:
