@@ -48,9 +48,7 @@ async def test_a_session_in_memory_is_read_in_place(where: Where, clock: MockClo
             await rt.state(SID, lambda s: 1 / 0, wake=False)
 
 
-async def test_a_hibernated_session_is_read_where_it_sleeps(
-    where: Where, clock: MockClock
-) -> None:
+async def test_a_hibernated_session_is_read_where_it_sleeps(where: Where, clock: MockClock) -> None:
     async with sleepy_runtime(where, script(), hibernate_after=0.05, idle_timeout=None) as rt:
         await run_once_and_sleep(rt)
         reads = count_reads(rt)
