@@ -193,9 +193,8 @@ class Journal:
         except BaseException as exc:  # every caller of this transaction must hear it
             return [exc] * len(requests), time.perf_counter() - began
         took = time.perf_counter() - began
-        if _faults.ACTIVE:  # counts durable appends: refused ones are not
-            durable = sum(isinstance(result, list) for result in results)
-            _faults.hit("commit", count=durable)
+        if _faults.ACTIVE:  # pragma: no mutate
+            _count_commit_fault(results)
         return results, took
 
     def _end_round(self, timeout: float) -> None:
@@ -274,7 +273,7 @@ class Journal:
         self._in_flight -= len(requests)
         self._deliver(requests, results, took)
 
-    def _deliver(self, requests: list[_Append], results: list[Any], took: float = 0.0) -> None:
+    def _deliver(self, requests: list[_Append], results: list[Any], took: float) -> None:
         # Runs on the trio thread, in commit order.
         self._commit_seconds += _EWMA_WEIGHT * (took - self._commit_seconds)
         committed_any = False
@@ -479,6 +478,14 @@ class Journal:
 
 def _nothing() -> None:
     pass
+
+
+# Test-only (``PERDURE_FAULT=commit@n`` kills the process after the n-th durable append).
+# Its proof runs in a child process (tests/storage/test_journal.py), where the mutation
+# campaign cannot switch a mutant on, so it is not counted there (RELIABILITY.md).
+def _count_commit_fault(results: Sequence[Any]) -> None:  # pragma: no mutate block
+    durable = sum(isinstance(result, list) for result in results)  # refused ones are not
+    _faults.hit("commit", count=durable)
 
 
 @asynccontextmanager
