@@ -26,6 +26,7 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -60,6 +61,17 @@ async def journal_on(kind: str, tmp_path: Path) -> AsyncIterator[tuple[Journal, 
             yield journal, log
     finally:
         log.close()
+
+
+@asynccontextmanager
+async def started(watched: _Watched, **options: Any) -> AsyncIterator[Journal]:
+    """A Journal over a watched LMDB log (which thread commits, any overlap); the log is
+    closed after the block."""
+    try:
+        async with open_journal(watched, **options) as journal:  # type: ignore[arg-type]
+            yield journal
+    finally:
+        watched.log.close()
 
 
 # -- answers -------------------------------------------------------------------------------
@@ -142,10 +154,8 @@ async def test_a_caller_cancelled_while_its_commit_runs_still_learns_it(tmp_path
     """Once handed over, the commit happens regardless: the caller's wait cannot be
     cancelled, so it hears the outcome (its seqs) and only then sees the cancellation."""
     watched = _Watched(LmdbLog(tmp_path / "log"), delay=0.05)
-    journal = Journal(watched, commit_on_loop=False)  # type: ignore[arg-type]
-    journal._start()
     got: list[list[Committed]] = []
-    try:
+    async with started(watched, commit_on_loop=False) as journal:
         with trio.CancelScope() as scope:
             scope.deadline = trio.current_time() + 0.01  # inside the 50 ms commit
             got.append(await journal.append([result("s", "a")]))
@@ -153,10 +163,6 @@ async def test_a_caller_cancelled_while_its_commit_runs_still_learns_it(tmp_path
         assert scope.cancelled_caught
         assert [c.record for c in got[0]] == [result("s", "a")]
         assert [c.record for c in await journal.read_session("s")] == [result("s", "a")]
-    finally:
-        with trio.CancelScope(shield=True):
-            await journal._stop()
-        watched.log.close()
 
 
 # -- publication ---------------------------------------------------------------------------
@@ -366,10 +372,8 @@ async def test_the_loop_never_commits_while_any_handed_commit_is_pending(tmp_pat
     writer's, so the next idle round must hand over too (one write transaction at a
     time, in order)."""
     watched = _Watched(LmdbLog(tmp_path / "log"), delay=0.05)
-    journal = Journal(watched, commit_on_loop=True, loop_commit_budget=math.inf)  # type: ignore[arg-type]
-    journal._start()
     got: dict[str, list[Committed]] = {}
-    try:
+    async with started(watched, commit_on_loop=True, loop_commit_budget=math.inf) as journal:
         stop = trio.Event()
 
         async def spinner() -> None:  # keeps the loop busy: rounds are handed over
@@ -393,10 +397,6 @@ async def test_the_loop_never_commits_while_any_handed_commit_is_pending(tmp_pat
         seqs = [got[name][0].seq for name in "abc"]
         assert seqs == sorted(seqs)
         assert journal.stats.loop_transactions == 0
-    finally:
-        with trio.CancelScope(shield=True):
-            await journal._stop()
-        watched.log.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -427,19 +427,12 @@ class FailsOnce(_Watched):
 async def test_a_failed_commit_does_not_keep_the_loop_from_committing(tmp_path: Path) -> None:
     """The failure is the callers' to hear; how long it took (not long) is what the loop's
     commit budget weighs, so the next idle commit runs on the loop again."""
-    watched = FailsOnce(LmdbLog(tmp_path / "log"))
-    journal = Journal(watched, commit_on_loop=True)  # type: ignore[arg-type]
-    journal._start()
-    try:
+    async with started(FailsOnce(LmdbLog(tmp_path / "log")), commit_on_loop=True) as journal:
         with pytest.raises(LogError, match="an I/O error"):
             await journal.append([result("s", "lost")])
         done = await journal.append([result("s", "kept")])
         assert journal.stats.loop_transactions == 2  # the failed one, and the one after it
         assert [c.record for c in await journal.read_session("s")] == [done[0].record]
-    finally:
-        with trio.CancelScope(shield=True):
-            await journal._stop()
-        watched.log.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
