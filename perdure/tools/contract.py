@@ -241,7 +241,11 @@ class RetryPolicy:
     def delay(self, attempt: int, jitter: float, retry_after: float | None = None) -> float:
         """Seconds to wait after failed attempt ``attempt``; ``jitter`` is a sample of U(0, 1)."""
         exponent = min(attempt - 1, 1000)  # past this the cap applies anyway
-        ceiling = min(self.max_interval, self.initial * self.multiplier**exponent)
+        try:
+            grown = self.initial * self.multiplier**exponent
+        except OverflowError:  # multiplier ** 1000 is past a float for a multiplier > ~2.03
+            grown = math.inf
+        ceiling = min(self.max_interval, grown)
         wait = ceiling * (0.5 + jitter / 2)
         return wait if retry_after is None else max(wait, retry_after)
 
@@ -421,6 +425,9 @@ def _build(
         fields[p.name] = (hints[p.name], p.default is inspect.Parameter.empty)
         param_types[p.name] = _strip_annotated(hints[p.name])
     tool_name = name or fn.__name__
+    # Checked before the timeout is made a float below (float("5") or float(True) would
+    # let a wrong value through); the Tool checks again, for attrs.evolve.
+    _check_failure_options(tool_name, replay, retry, heartbeat_timeout, needs_human_on)
     schema = object_schema(fields)
     desc = description if description is not None else _first_line_and_rest(fn.__doc__)
     definition = {
