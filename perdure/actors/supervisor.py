@@ -54,7 +54,7 @@ import contextlib
 import gc
 import logging
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -330,7 +330,9 @@ class Supervisor:
         leases, and stop the sessions whose lease is gone. It runs on a fixed cadence and
         does nothing else, so that claiming and rebalancing never delay a renewal."""
         period = self.journal.log.lease_ttl / 3
-        async for _ in _ticks(period):
+        cadence = _Cadence(period)
+        while True:
+            await cadence.tick()
             try:
                 lost = await self.journal.renew()
             except LogError as exc:
@@ -343,7 +345,9 @@ class Supervisor:
         """Every third of the TTL: run the sessions handed to us and the orphans we
         claim, then shed what rebalancing asks."""
         period = self.journal.log.lease_ttl / 3
-        async for _ in _ticks(period):
+        cadence = _Cadence(period)
+        while True:
+            await cadence.tick()
             if self._draining:
                 continue  # shutting down: keep what we hold, take nothing new
             try:
@@ -1022,14 +1026,20 @@ class Supervisor:
             await message.reply.wait()
 
 
-async def _ticks(period: float) -> AsyncIterator[None]:
-    """Yield every ``period`` seconds on a fixed cadence: work that takes a while does
-    not push the next tick back (a tick that fell behind comes at once, never two)."""
-    due = trio.current_time()
-    while True:
-        due = max(due + period, trio.current_time())
-        await trio.sleep_until(due)
-        yield
+class _Cadence:
+    """Wake every ``period`` seconds on a fixed cadence: work that takes a while does not
+    push the next tick back (a tick that fell behind comes at once, never two).
+
+    A plain object rather than an async generator: a generator abandoned by cancellation
+    is finalized later by the garbage collector, outside any nursery (trio warns)."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.due = trio.current_time()
+
+    async def tick(self) -> None:
+        self.due = max(self.due + self.period, trio.current_time())
+        await trio.sleep_until(self.due)
 
 
 @contextlib.contextmanager
