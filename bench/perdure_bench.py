@@ -9,7 +9,7 @@
     python bench/perdure_bench.py recover LOG SESSIONS K
     python bench/perdure_bench.py memory LOG SESSIONS K [burst|waves] [hibernate|awake]
     python bench/perdure_bench.py stream LOG SESSIONS SUBSCRIBERS_PER_SESSION K
-    python bench/perdure_bench.py tracing LOG K off|noop|on
+    python bench/perdure_bench.py tracing LOG K off|noop|traces|on [SESSIONS]
 
 Each prints one JSON object on its last stdout line (``build-interrupted`` prints
 ``{"ready": true}`` once every session is blocked inside its tool, and waits to be
@@ -19,6 +19,7 @@ SIGKILLed). Every runtime uses ``durability="full"``, the default.
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -151,14 +152,16 @@ def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
     """The ``telemetry`` option of a mode, how to count the spans it exported, and them.
 
     ``off``: no observer. ``noop``: the OpenTelemetry API with no provider installed
-    (what an application that does not trace pays). ``on``: the SDK, a batch span
-    processor into an in-memory exporter, and an in-memory metric reader.
+    (what an application that does not trace pays). ``traces``: the SDK's tracer
+    provider, a batch span processor into an in-memory exporter, no meter provider
+    (the GenAI histograms go to the API's no-op meter). ``on``: the same and the SDK's
+    meter provider with an in-memory metric reader.
     """
     if mode == "off":
         return None, lambda: 0, list
     if mode == "noop":
         return "auto", lambda: 0, list
-    if mode != "on":
+    if mode not in ("on", "traces"):
         raise SystemExit(f"unknown tracing mode {mode!r}")
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -171,7 +174,9 @@ def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    meter_provider = (
+        MeterProvider(metric_readers=[InMemoryMetricReader()]) if mode == "on" else None
+    )
 
     def exported() -> int:
         tracer_provider.force_flush()
@@ -181,32 +186,40 @@ def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
     return tracing, exported, exporter.get_finished_spans
 
 
-async def tracing(log: str, k: int, mode: str) -> dict[str, Any]:
-    """Per-turn latency and process CPU per turn of one session, in the given mode."""
+async def tracing(log: str, k: int, mode: str, sessions: int = 1) -> dict[str, Any]:
+    """Per-turn latency and process CPU per turn in the given mode, over ``sessions``
+    sessions of K turns run one after the other (more turns per trial: one session's
+    50 turns are ~70 ms of CPU, at the mercy of whatever else the machine does)."""
     telemetry, exported, finished = _tracing(mode)
     provider = BenchProvider(k)
+    gaps: list[float] = []
+    turns = 0
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], telemetry=telemetry, **runtime_options(k)
     ) as rt:
         await _warm_up(rt, provider)
-        sid = await rt.create_session("turns")
+        sids = [await rt.create_session(f"turns-{i}") for i in range(sessions)]
         spans0 = exported()
         cpu = time.process_time()  # every thread: the batch processor's exporter too
-        await rt.submit(sid, workload.USER_TEXT, request_id="turns-1")
-        outcome = await rt.wait_idle(sid)
+        for i, sid in enumerate(sids):
+            await rt.submit(sid, workload.USER_TEXT, request_id=f"turns-{i}")
+            outcome = await rt.wait_idle(sid)
+            assert outcome is not None and outcome.status == "completed", outcome
         spans = exported() - spans0  # flushed inside the measured span of CPU
         cpu = time.process_time() - cpu
-    assert outcome is not None and outcome.status == "completed", outcome
-    starts = provider.starts[sid]
-    assert len(starts) == k + 1, len(starts)
-    if mode == "on":  # a run span, K + 1 chat spans and K tool spans
-        assert spans == 2 * k + 2, spans
-    stats = workload.turn_stats(starts)
+    for sid in sids:
+        starts = provider.starts[sid]
+        assert len(starts) == k + 1, len(starts)
+        gaps += [b - a for a, b in itertools.pairwise(starts)]
+        turns += k + 1
+    if mode in ("on", "traces"):  # per session a run span, K + 1 chat and K tool spans
+        assert spans == sessions * (2 * k + 2), spans
     result = {
         "system": f"perdure tracing {mode}",
         "k": k,
-        "median_ms": stats["median_ms"],
-        "cpu_ms_per_turn": cpu / (k + 1) * 1e3,
+        "sessions": sessions,
+        "median_ms": workload.median(gaps) * 1e3,
+        "cpu_ms_per_turn": cpu / turns * 1e3,
         "spans": spans,
     }
     if mode == "on":
@@ -384,6 +397,11 @@ async def concurrency(log: str, sessions: int, k: int, gc_mode: str = "default")
         "gc": gc_mode,
         "gc_collections": collections,
         "gc_cpu_share": in_gc.seconds / cpu if cpu else 0.0,
+        "gc_longest_ms": in_gc.longest * 1e3,
+        "gc_by_generation": {
+            str(g): {"collections": n, "cpu_share": s / cpu if cpu else 0.0}
+            for g, (n, s) in in_gc.by_generation.items()
+        },
     }
 
 
@@ -392,13 +410,20 @@ class _CollectorTime:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.by_generation = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}  # collections, s
+        self.longest = 0.0
         self._began = 0.0
 
     def _note(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._began = time.process_time()
+            self._began = time.thread_time()
         else:
-            self.seconds += time.process_time() - self._began
+            took = time.thread_time() - self._began
+            self.seconds += took
+            self.longest = max(self.longest, took)
+            tally = self.by_generation[info["generation"]]
+            tally[0] += 1
+            tally[1] += took
 
     def __enter__(self) -> _CollectorTime:
         gc.callbacks.append(self._note)
@@ -688,7 +713,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "stream":
         emit(_run(stream, log, *nums))
     elif cmd == "tracing":
-        emit(_run(tracing, log, int(rest[0]), rest[1]))
+        emit(_run(tracing, log, int(rest[0]), rest[1], *map(int, rest[2:3])))
     else:
         raise SystemExit(f"unknown command {cmd!r}")
 

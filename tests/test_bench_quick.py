@@ -57,6 +57,7 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     assert _positive(results["breakdown"]["turn_ms"])
     tracing = results["tracing"]  # on / off measured in the same run
     assert _positive(tracing["on_over_off_cpu"]) and _positive(tracing["noop_over_off_cpu"])
+    assert _positive(tracing["traces_over_off_cpu"])
     assert tracing["on"]["spans"] == 2 * cfg["k_small"] + 2  # run, K + 1 chats, K tools
     assert tracing["off"]["spans"] == 0
     assert _positive(results["breakdown"]["commit_ms"])
