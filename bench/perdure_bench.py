@@ -10,6 +10,7 @@
     python bench/perdure_bench.py memory LOG SESSIONS K [burst|waves] [hibernate|awake]
     python bench/perdure_bench.py stream LOG SESSIONS SUBSCRIBERS_PER_SESSION K
     python bench/perdure_bench.py tracing LOG K off|noop|traces|on [SESSIONS]
+    python bench/perdure_bench.py tracing-ab LOG K ROUNDS
 
 Each prints one JSON object on its last stdout line (``build-interrupted`` prints
 ``{"ready": true}`` once every session is blocked inside its tool, and waits to be
@@ -225,6 +226,53 @@ async def tracing(log: str, k: int, mode: str, sessions: int = 1) -> dict[str, A
     if mode == "on":
         result["sdk_floor_ms_per_turn"] = _sdk_floor(list(finished()), max(k, 200))
     return result
+
+
+async def tracing_ab(log: str, k: int, rounds: int) -> dict[str, Any]:
+    """Tracing off, traces and on in ONE process: ``rounds`` rounds, each running one
+    K-turn session per mode on a fresh runtime (its own log), in an order that rotates
+    from round to round. A round's three sessions run within a second of each other,
+    so the ratios of a round compare like with like on a VM whose speed drifts."""
+    setups = {mode: _tracing(mode) for mode in ("off", "traces", "on")}
+    modes = list(setups)
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    for r in range(rounds):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
+        for mode in order:
+            telemetry, exported, _ = setups[mode]
+            provider = BenchProvider(k, record=False)
+            async with perdure.open_runtime(
+                f"{log}/{mode}-{r}",
+                provider=provider,
+                tools=[lookup],
+                telemetry=telemetry,
+                **runtime_options(k),
+            ) as rt:
+                await _warm_up(rt, provider)
+                sid = await rt.create_session("turns")
+                exported()
+                gc.collect()  # the previous runtimes' garbage is not this session's
+                began = time.process_time()
+                await rt.submit(sid, workload.USER_TEXT, request_id="turns-1")
+                outcome = await rt.wait_idle(sid)
+                exported()  # flushed inside the measured span of CPU
+                took = time.process_time() - began
+            assert outcome is not None and outcome.status == "completed", outcome
+            cpu[mode].append(took / (k + 1) * 1e3)
+    ratios = {
+        mode: [a / b for a, b in zip(cpu[mode], cpu["off"], strict=True)]
+        for mode in ("traces", "on")
+    }
+
+    return {
+        "system": "perdure tracing, one process",
+        "k": k,
+        "rounds": rounds,
+        "cpu_ms_per_turn": cpu,
+        "ratios": ratios,
+        "traces_over_off_cpu": workload.median(ratios["traces"]),
+        "on_over_off_cpu": workload.median(ratios["on"]),
+    }
 
 
 # -- where a turn's time goes (instrumented, not used for the headline figures) -------------
@@ -712,6 +760,8 @@ def main(argv: list[str]) -> None:
         emit(_run(memory, log, int(rest[0]), int(rest[1]), *rest[2:]))
     elif cmd == "stream":
         emit(_run(stream, log, *nums))
+    elif cmd == "tracing-ab":
+        emit(_run(tracing_ab, log, *nums))
     elif cmd == "tracing":
         emit(_run(tracing, log, int(rest[0]), rest[1], *map(int, rest[2:3])))
     else:
