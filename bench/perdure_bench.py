@@ -250,14 +250,15 @@ async def tracing_ab(log: str, k: int, rounds: int) -> dict[str, Any]:
             ) as rt:
                 await _warm_up(rt, provider)
                 sid = await rt.create_session("turns")
-                exported()
+                spans = exported()
                 gc.collect()  # the previous runtimes' garbage is not this session's
                 began = time.process_time()
                 await rt.submit(sid, workload.USER_TEXT, request_id="turns-1")
                 outcome = await rt.wait_idle(sid)
-                exported()  # flushed inside the measured span of CPU
+                spans = exported() - spans  # flushed inside the measured span of CPU
                 took = time.process_time() - began
             assert outcome is not None and outcome.status == "completed", outcome
+            assert spans == (0 if mode == "off" else 2 * k + 2), (mode, spans)
             cpu[mode].append(took / (k + 1) * 1e3)
     ratios = {
         mode: [a / b for a, b in zip(cpu[mode], cpu["off"], strict=True)]
