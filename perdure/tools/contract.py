@@ -164,7 +164,10 @@ class RetryableError(Exception):
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         if retry_after is not None and not (
-            isinstance(retry_after, int | float) and math.isfinite(retry_after) and retry_after >= 0
+            isinstance(retry_after, int | float)
+            and not isinstance(retry_after, bool)  # True is an int, not a number of seconds
+            and math.isfinite(retry_after)
+            and retry_after >= 0
         ):
             raise ValueError(
                 f"retry_after must be a number of seconds >= 0 or None, not {retry_after!r}"

@@ -259,3 +259,79 @@ def test_render_result_gives_the_model_text() -> None:
     assert render_result([1, 2.5, True]) == "[1, 2.5, true]"
     assert render_result({"when": math}) == '{"when": "' + str(math) + '"}'  # str() fallback
     assert render_result({1.5: "x", (1, 2): "y"}) == repr({1.5: "x", (1, 2): "y"})
+
+
+# -- what a running tool is handed ------------------------------------------------------
+
+
+def _context(**hooks: Any) -> ToolContext:
+    return ToolContext(
+        idempotency_key="k-1", call_id="c-1", session_id="s", attempt=1, workspace=None, **hooks
+    )
+
+
+def test_progress_emits_an_ephemeral_event_naming_the_call() -> None:
+    emitted: list[tuple[str, dict[str, Any]]] = []
+    ctx = _context(emit=lambda kind, data: emitted.append((kind, data)))
+    ctx.progress("half way", done=5, total=10)
+    assert emitted == [
+        ("tool_progress", {"call_id": "c-1", "message": "half way", "done": 5, "total": 10})
+    ]
+
+
+def test_heartbeat_hands_json_details_on_and_refuses_anything_else_by_name() -> None:
+    beats: list[Any] = []
+    ctx = _context(beat=beats.append)
+    ctx.heartbeat({"rows": 3})
+    ctx.heartbeat()
+    assert beats == [{"rows": 3}, None]
+    for bad in ({"at": object()}, float("nan"), {1, 2}):
+        with pytest.raises(TypeError, match=r"ctx\.heartbeat\(details\) of call c-1 needs a JSON"):
+            ctx.heartbeat(bad)
+    assert beats == [{"rows": 3}, None]  # nothing refused was passed on
+
+
+def test_a_context_without_hooks_is_quiet_and_has_no_sub_agents() -> None:
+    ctx = _context()
+    ctx.progress("nobody listens")
+    ctx.heartbeat([1, 2])
+    assert ctx.last_heartbeat is None
+
+
+async def test_run_agent_needs_a_runtime_and_passes_its_arguments_through() -> None:
+    with pytest.raises(RuntimeError, match=r"^run_agent needs a tool run by a perdure runtime$"):
+        await _context().run_agent("summarise")
+    asked: list[tuple[str, str | None, list[str] | None]] = []
+
+    async def agents(task: str, system: str | None, tools: list[str] | None) -> str:
+        asked.append((task, system, tools))
+        return "done"
+
+    ctx = _context(agents=agents)
+    assert await ctx.run_agent("summarise") == "done"
+    assert await ctx.run_agent("look up", system="be brief", tools=("search",)) == "done"
+    assert asked == [("summarise", None, None), ("look up", "be brief", ["search"])]
+
+
+def test_reconciled_says_what_recovery_found() -> None:
+    from perdure.tools.contract import Reconciled
+
+    assert Reconciled.applied({"id": 7}) == Reconciled("applied", {"id": 7}, "")
+    assert Reconciled.not_applied() == Reconciled("not_applied", None, "")
+    assert Reconciled.unknown() == Reconciled("unknown", None, "")
+    assert Reconciled.unknown("the API is down") == Reconciled("unknown", None, "the API is down")
+
+
+def test_the_failures_a_tool_raises_keep_their_words() -> None:
+    from perdure.tools.contract import OutcomeUnknown
+
+    unknown = OutcomeUnknown("connection lost after the request was sent")
+    assert unknown.reason == str(unknown) == "connection lost after the request was sent"
+    plain = RetryableError("503")
+    assert (plain.message, plain.retry_after, str(plain)) == ("503", None, "503")
+    later = RetryableError("429", retry_after=2)
+    assert later.retry_after == 2.0 and isinstance(later.retry_after, float)
+    assert RetryableError("x", retry_after=0).retry_after == 0.0
+    for bad in (-1, math.inf, math.nan, "2", True):
+        with pytest.raises(ValueError, match="retry_after must be a number of seconds >= 0"):
+            RetryableError("x", retry_after=bad)
