@@ -59,7 +59,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from perdure import retention
+from perdure import _libc, retention
 from perdure.actors import balance, decide, dormant
 from perdure.actors.context import ActorContext
 from perdure.actors.protocol import Forked, Submit
@@ -243,6 +243,8 @@ class Supervisor:
         # ``_evict_dormant`` once idle_timeout has passed.
         self.dormant: dict[str, _Dormant | bytes] = {}
         self.freezes = 0  # dormant states frozen so far
+        self.heap_trims = 0  # free heap given back after a round that froze some
+        self.freezes_at_trim = 0  # ``freezes`` when the heap was last trimmed
         # Sessions whose running actor stopped because the log could not be reached,
         # while they wait to restart: commands for them are refused at once.
         self.unreachable: dict[str, LogError] = {}
@@ -877,6 +879,27 @@ class Supervisor:
             due, seen = freeze_round(self.dormant, seen)
             for session_id in due:
                 await self._freeze(session_id)
+            if due:
+                await self._give_back_memory()
+
+    async def _give_back_memory(self) -> None:
+        """After a round froze states: give the heap's free pages back to the kernel.
+
+        The states just frozen were most of what their sessions held, and the busy
+        hours before left holes in the heap besides: free pages that stay resident
+        for the life of the process unless given back (``perdure._libc.trim_heap``).
+        When no actor is awake a full collection comes first: it also empties the
+        interpreter's free lists (tuples, dicts, floats kept for reuse, scattered
+        through the heap by the busy hours), and it is cheap then, a frozen state
+        holding nothing the collector tracks. With actors awake that pass would hold
+        the loop for every live object of theirs: the trim alone then.
+        """
+        if all(box.evicted for box in self.mailboxes.values()):
+            gc.collect()
+        freezes = self.freezes
+        await trio.to_thread.run_sync(_libc.trim_heap)
+        self.heap_trims += 1
+        self.freezes_at_trim = freezes
 
     async def _freeze(self, session_id: str) -> None:
         # A method of its own: no local of the round keeps a frozen state's objects.

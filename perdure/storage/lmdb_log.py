@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import json
 import os
 import socket
@@ -36,11 +35,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import attrs
 import lmdb
 
+from perdure._libc import dont_need
 from perdure.storage.backend import (
     Batch,
     CommitResult,
@@ -569,7 +569,7 @@ class LmdbLog(SingleOwner):
         with self._gate.shared():
             try:
                 ranges = _mapped_ranges(data)
-                advised = sum(_dont_need(start, end) for start, end in ranges)
+                advised = sum(dont_need(start, end) for start, end in ranges)
             except OSError:
                 return 0
         self.map_releases += 1
@@ -592,26 +592,6 @@ def _mapped_ranges(path: str) -> list[tuple[int, int]]:
             start, end = fields[0].split(b"-")
             found.append((int(start, 16), int(end, 16)))
     return found
-
-
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int]:
-    """libc's ``madvise``, looked up once (a ``CDLL`` per call kept ~50 bytes alive)."""
-    import ctypes  # only where pages are released: not at import
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    madvise = libc.madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return cast(Callable[[int, int, int], int], madvise)
-
-
-def _dont_need(start: int, end: int) -> int:
-    import ctypes
-    import mmap
-
-    if _madvise()(start, end - start, mmap.MADV_DONTNEED) != 0:
-        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed on the log's map")
-    return end - start
 
 
 # Less free space than one LMDB write (64 pages) after a short write means "full".

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
 import perdure
-from perdure import ReplayPolicy, ToolContext
+from perdure import ReplayPolicy, ToolContext, _libc
 from perdure.actors import dormant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import FREEZE_AFTER, _Dormant, freeze_round
@@ -385,3 +385,31 @@ async def test_a_session_woken_while_a_thread_freezes_it_keeps_its_new_state(
         assert await rt.state(SID, lambda s: len(s.runs)) == 2
         assert reads == [] and rt._sup.freezes == 1
         assert not [r for r in caplog.records if "unfrozen" in r.getMessage()]
+
+
+async def test_a_round_that_froze_states_gives_the_free_heap_back_off_the_loop(
+    where: Where, clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[int] = []
+
+    def trim_heap() -> bool:
+        trims.append(threading.get_ident())
+        return True
+
+    monkeypatch.setattr(_libc, "trim_heap", trim_heap)
+    hibernate_after = 0.02
+    async with sleepy_runtime(
+        where, script(), hibernate_after=hibernate_after, idle_timeout=None
+    ) as rt:
+        loop = threading.get_ident()
+        await run_once_and_sleep(rt)
+        # Rounds that freeze nothing trim nothing: the session is asleep, not frozen yet.
+        assert trims == [] and rt._sup.heap_trims == 0
+        await frozen(rt)
+        with trio.fail_after(10):
+            while rt._sup.heap_trims == 0:  # noqa: ASYNC110 (the round's trim, in a thread)
+                await trio.sleep(0.01)
+        assert len(trims) == 1 and trims[0] != loop
+        # Frozen already: later rounds find nothing to freeze, and trim nothing more.
+        await trio.sleep(3 * FREEZE_AFTER * hibernate_after)
+        assert len(trims) == 1 and rt._sup.heap_trims == 1
