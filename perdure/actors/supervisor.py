@@ -243,7 +243,7 @@ class Supervisor:
         # ``_evict_dormant`` once idle_timeout has passed.
         self.dormant: dict[str, _Dormant | bytes] = {}
         self.freezes = 0  # dormant states frozen so far
-        self.heap_trims = 0  # free heap given back after a round that froze some
+        self.heap_trims = 0  # free heap given back after a round that froze or evicted
         self.freezes_at_trim = 0  # ``freezes`` when the heap was last trimmed
         # Sessions whose running actor stopped because the log could not be reached,
         # while they wait to restart: commands for them are refused at once.
@@ -856,6 +856,8 @@ class Supervisor:
             for session_id in expired:
                 del self.dormant[session_id]
             self.evictions += len(expired)
+            if expired:
+                await self._give_back_memory()
 
     async def _wake_state(self, session_id: str, entry: _Dormant | bytes) -> SessionState | None:
         try:
@@ -883,11 +885,13 @@ class Supervisor:
                 await self._give_back_memory()
 
     async def _give_back_memory(self) -> None:
-        """After a round froze states: give the heap's free pages back to the kernel.
+        """After a round froze or evicted idle sessions: give the heap's free pages
+        back to the kernel.
 
-        The states just frozen were most of what their sessions held, and the busy
-        hours before left holes in the heap besides: free pages that stay resident
-        for the life of the process unless given back (``perdure._libc.trim_heap``).
+        The states just frozen or dropped were most of what their sessions held, and
+        the busy hours before left holes in the heap besides: free pages that stay
+        resident for the life of the process unless given back
+        (``perdure._libc.trim_heap``).
         When no actor is awake a full collection comes first: it also empties the
         interpreter's free lists (tuples, dicts, floats kept for reuse, scattered
         through the heap by the busy hours), and it is cheap then, a frozen state

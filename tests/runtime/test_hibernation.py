@@ -413,3 +413,24 @@ async def test_a_round_that_froze_states_gives_the_free_heap_back_off_the_loop(
         # Frozen already: later rounds find nothing to freeze, and trim nothing more.
         await trio.sleep(3 * FREEZE_AFTER * hibernate_after)
         assert len(trims) == 1 and rt._sup.heap_trims == 1
+
+
+async def test_an_eviction_round_gives_the_free_heap_back_too(
+    where: Where, clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[int] = []
+
+    def trim_heap() -> bool:
+        trims.append(rt._sup.evictions)
+        return True
+
+    monkeypatch.setattr(_libc, "trim_heap", trim_heap)
+    # Evicted long before it would be frozen: only the eviction can have trimmed.
+    async with sleepy_runtime(where, script(), hibernate_after=1.0, idle_timeout=1.5) as rt:
+        await run_once_and_sleep(rt)
+        assert trims == []
+        await evicted(rt)
+        with trio.fail_after(10):
+            while rt._sup.heap_trims == 0:  # noqa: ASYNC110 (the round's trim, in a thread)
+                await trio.sleep(0.01)
+        assert trims == [1] and rt._sup.freezes == 0
