@@ -611,7 +611,8 @@ async def memory(
         lmdb_log = rt.journal.log
 
         async def quiet() -> None:
-            """Until the idle actors hibernated and the writer released the map's pages."""
+            """Until the idle actors hibernated, their states were frozen and the heap
+            trimmed after, and the writer released the map's pages."""
             released = getattr(lmdb_log, "map_releases", 0)
 
             def awake() -> bool:
@@ -624,6 +625,10 @@ async def memory(
 
             with trio.fail_after(idle_timeout - 1):
                 while awake():  # noqa: ASYNC110 (waiting out hibernate_after)
+                    await trio.sleep(0.05)
+                # The trim after the round that froze the last of them (ended in its thread).
+                sup = rt._sup
+                while hibernate_after is not None and sup.freezes_at_trim != sup.freezes:  # noqa: ASYNC110
                     await trio.sleep(0.05)
                 while getattr(lmdb_log, "map_releases", 1) == released:  # noqa: ASYNC110
                     await trio.sleep(0.05)

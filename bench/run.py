@@ -133,20 +133,30 @@ class ChildFailed(RuntimeError):
 # -- running children ---------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
+# The allocator setting a memory-bound daemon can choose (README "Memory"): every
+# object from the C library's malloc rather than CPython's pools, whose 1 MiB arenas
+# go back to the kernel only when wholly free.
+MALLOC_ENV = {"PYTHONMALLOC": "malloc"}
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PERDURE_FAULT", None)
+    env.update(extra or {})
     env["PYTHONPATH"] = str(ROOT)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
-def child(python: str, script: str, *args: object, timeout: float) -> dict[str, Any]:
-    """Run ``bench/<script> args`` in ``python``; return the JSON of its last stdout line."""
+def child(
+    python: str, script: str, *args: object, timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``bench/<script> args`` in ``python`` (``env``: variables to add); return
+    the JSON of its last stdout line."""
     cmd = [python, str(BENCH / script), *map(str, args)]
     try:
         proc = subprocess.run(
-            cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+            cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
         raise ChildFailed(f"{' '.join(cmd)} timed out after {timeout:.0f}s") from exc
@@ -301,9 +311,15 @@ class Suite:
         self._n += 1
         return self.workdir / f"{self._n:03d}-{name}"
 
-    def run(self, script: str, *args: object, python: str | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        script: str,
+        *args: object,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         py, timeout = python or self.py, self.cfg["timeout"]
-        return with_pressure(lambda: child(py, script, *args, timeout=timeout))
+        return with_pressure(lambda: child(py, script, *args, timeout=timeout, env=env))
 
     def peer(self, script: str, *args: object) -> dict[str, Any]:
         assert self.peers is not None
@@ -406,6 +422,15 @@ class Suite:
                 out[f"perdure-gc-off_{key}"] = self.run(
                     "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, "off"
                 )
+                # What the memory setting costs in CPU (beside the memory it saves).
+                out[f"perdure-malloc_{key}"] = self.run(
+                    "perdure_bench.py",
+                    "concurrency",
+                    self.path("conc"),
+                    sessions,
+                    k,
+                    env=MALLOC_ENV,
+                )
             if self.peers:
                 out[f"langgraph_{key}"] = self.peer(
                     "peer_langgraph.py", "concurrency", self.path("lg"), sessions, k
@@ -474,17 +499,26 @@ class Suite:
 
     def memory(self) -> dict[str, Any]:
         """The headline (all sessions at once, the runtime's defaults) and, beside it,
-        the same sessions with every idle actor kept awake and arriving in waves."""
+        the same with ``PYTHONMALLOC=malloc`` (``malloc``), and the same sessions with
+        every idle actor kept awake and arriving in waves."""
         n, k = self.cfg["memory_sessions"], self.cfg["memory_k"]
-        trials = []
-        for t in range(self.cfg["memory_trials"]):
-            log(f"memory: {n} idle sessions, trial {t + 1}/{self.cfg['memory_trials']}")
-            trials.append(self.run("perdure_bench.py", "memory", self.path("memory"), n, k))
-        # The headline is the median trial, whole (its RSS split and object counts with
-        # it); how much one process's allocator fragmentation moves the figure is kept.
-        trials.sort(key=lambda r: r["kib_per_idle_session"])
-        out = dict(trials[len(trials) // 2])
-        out["trials_kib_per_idle_session"] = [r["kib_per_idle_session"] for r in trials]
+
+        def median_trial(what: str, env: dict[str, str] | None) -> dict[str, Any]:
+            trials = []
+            for t in range(self.cfg["memory_trials"]):
+                log(f"memory: {n} idle sessions{what}, trial {t + 1}/{self.cfg['memory_trials']}")
+                trials.append(
+                    self.run("perdure_bench.py", "memory", self.path("memory"), n, k, env=env)
+                )
+            # The median trial, whole (its RSS split and object counts with it); how
+            # much one process's allocator fragmentation moves the figure is kept.
+            trials.sort(key=lambda r: r["kib_per_idle_session"])
+            out = dict(trials[len(trials) // 2])
+            out["trials_kib_per_idle_session"] = [r["kib_per_idle_session"] for r in trials]
+            return out
+
+        out = median_trial("", None)
+        out["malloc"] = median_trial(", PYTHONMALLOC=malloc", MALLOC_ENV)
         out["variants"] = {}
         for arrival, actors in MEMORY_VARIANTS:
             log(f"memory: {n} idle sessions, {arrival}, actors {actors}")
@@ -905,6 +939,24 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         kib <= TARGETS["idle_session_kib"],
         note,
     )
+    malloc = mem.get("malloc")
+    if malloc:
+        kib_m = malloc["kib_per_idle_session"]
+        spread = malloc.get("trials_kib_per_idle_session", [])
+        cpu_default = conc.get(f"perdure_{largest}", {}).get("cpu_ms_per_turn")
+        cpu_malloc = conc.get(f"perdure-malloc_{largest}", {}).get("cpu_ms_per_turn")
+        cost = (
+            f"; CPU per turn at {largest} {cpu_malloc / cpu_default:.2f} x the default's"
+            if cpu_default and cpu_malloc
+            else ""
+        )
+        row(
+            f"RSS per idle session, KiB ({malloc['sessions']} sessions, PYTHONMALLOC=malloc)",
+            kib_m,
+            f"<= {TARGETS['idle_session_kib']:.0f}",
+            kib_m <= TARGETS["idle_session_kib"],
+            f"median of {len(spread)} runs: " + ", ".join(f"{v:.1f}" for v in spread) + cost,
+        )
     return rows
 
 
@@ -1090,6 +1142,13 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             else ""
         )
     )
+    malloc = mem.get("malloc")
+    if malloc:
+        lines.append(
+            f"- the same with `PYTHONMALLOC=malloc` (the C library's allocator for every "
+            f'object; README "Memory"): {_fmt(malloc["kib_per_idle_session"], 1)} KiB '
+            f"(anonymous {_fmt(malloc['kib_anon_per_idle_session'], 1)} KiB)"
+        )
     variants = mem.get("variants", {})
     if variants:
         lines.append("")
