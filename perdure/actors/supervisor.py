@@ -245,6 +245,7 @@ class Supervisor:
         self.freezes = 0  # dormant states frozen so far
         self.heap_trims = 0  # free heap given back after a round that froze or evicted
         self.freezes_at_trim = 0  # ``freezes`` when the heap was last trimmed
+        self._trimming = False
         # Sessions whose running actor stopped because the log could not be reached,
         # while they wait to restart: commands for them are refused at once.
         self.unreachable: dict[str, LogError] = {}
@@ -892,18 +893,28 @@ class Supervisor:
         the busy hours before left holes in the heap besides: free pages that stay
         resident for the life of the process unless given back
         (``perdure._libc.trim_heap``).
-        When no actor is awake a full collection comes first: it also empties the
-        interpreter's free lists (tuples, dicts, floats kept for reuse, scattered
-        through the heap by the busy hours), and it is cheap then, a frozen state
-        holding nothing the collector tracks. With actors awake that pass would hold
-        the loop for every live object of theirs: the trim alone then.
+        When no actor is awake and every dormant state is frozen, a full collection
+        comes first: it also empties the interpreter's free lists (tuples, dicts,
+        floats kept for reuse, scattered through the heap by the busy hours), and it
+        is cheap then, nothing of the sessions being left for the collector to walk.
+        Otherwise that pass would hold the loop for every live object of theirs: the
+        trim alone then. One trim at a time (the freezing and the eviction rounds
+        both ask).
         """
-        if all(box.evicted for box in self.mailboxes.values()):
-            gc.collect()
-        freezes = self.freezes
-        await trio.to_thread.run_sync(_libc.trim_heap)
-        self.heap_trims += 1
-        self.freezes_at_trim = freezes
+        if self._trimming:
+            return
+        self._trimming = True
+        try:
+            if all(box.evicted for box in self.mailboxes.values()) and all(
+                isinstance(entry, bytes) for entry in self.dormant.values()
+            ):
+                gc.collect()
+            freezes = self.freezes
+            await trio.to_thread.run_sync(_libc.trim_heap)
+            self.heap_trims += 1
+            self.freezes_at_trim = freezes
+        finally:
+            self._trimming = False
 
     async def _freeze(self, session_id: str) -> None:
         # A method of its own: no local of the round keeps a frozen state's objects.
