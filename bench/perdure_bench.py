@@ -648,6 +648,7 @@ async def memory(
         gc.collect()
         after, split_after = current_rss_mib(), rss_split_kib()
         objects_after = len(gc.get_objects())
+        heap_trims = rt._sup.heap_trims
         resident = len(rt.resident_sessions)
         hibernated = len(rt.hibernated_sessions)
         with trio.fail_after(idle_timeout * 4):
@@ -669,6 +670,7 @@ async def memory(
         "kib_anon_per_idle_session": (split_after["anon"] - split_before["anon"]) / sessions,
         "kib_file_per_idle_session": (split_after["file"] - split_before["file"]) / sessions,
         "rss_after_eviction_mib": evicted_rss,
+        "heap_trims": heap_trims,  # the heap given back so far, when measured idle
         "gc_objects_per_idle_session": (objects_after - objects_before) / sessions,
         "gc_objects_per_evicted_session": (objects_evicted - objects_before) / sessions,
     }

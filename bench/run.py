@@ -133,7 +133,7 @@ class ChildFailed(RuntimeError):
 # -- running children ---------------------------------------------------------------------
 
 
-# The allocator setting a memory-bound daemon can choose (README "Memory"): every
+# The allocator setting a memory-bound daemon can choose (README, "The daemon"): every
 # object from the C library's malloc rather than CPython's pools, whose 1 MiB arenas
 # go back to the kernel only when wholly free.
 MALLOC_ENV = {"PYTHONMALLOC": "malloc"}
@@ -946,7 +946,8 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         cpu_default = conc.get(f"perdure_{largest}", {}).get("cpu_ms_per_turn")
         cpu_malloc = conc.get(f"perdure-malloc_{largest}", {}).get("cpu_ms_per_turn")
         cost = (
-            f"; CPU per turn at {largest} {cpu_malloc / cpu_default:.2f} x the default's"
+            f"; CPU per turn at {largest} {cpu_malloc / cpu_default:.2f} x the default's "
+            "(CPython's collector defaults in both)"
             if cpu_default and cpu_malloc
             else ""
         )
@@ -1146,7 +1147,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     if malloc:
         lines.append(
             f"- the same with `PYTHONMALLOC=malloc` (the C library's allocator for every "
-            f'object; README "Memory"): {_fmt(malloc["kib_per_idle_session"], 1)} KiB '
+            f'object; README, "The daemon"): {_fmt(malloc["kib_per_idle_session"], 1)} KiB '
             f"(anonymous {_fmt(malloc['kib_anon_per_idle_session'], 1)} KiB)"
         )
     variants = mem.get("variants", {})

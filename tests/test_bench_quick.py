@@ -70,7 +70,15 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     for name in ("without", "with_finished"):
         assert rec[name]["recovered_sessions"] == cfg["interrupted_sessions"]
         assert _positive(rec[name]["last_rerun_ms"]) and _positive(rec[name]["peak_rss_mib"])
-    assert _positive(results["memory"]["kib_per_idle_session"])
+    memory = results["memory"]
+    assert _positive(memory["kib_per_idle_session"])
+    # Measured once the heap was given back after the last freezing round.
+    assert memory["heap_trims"] >= 1
+    # The same with PYTHONMALLOC=malloc, and that setting's CPU cost at the largest size.
+    assert _positive(memory["malloc"]["kib_per_idle_session"])
+    assert memory["malloc"]["heap_trims"] >= 1
+    largest = "{}x{}".format(*cfg["concurrency"][-1])
+    assert _positive(results["concurrency"][f"perdure-malloc_{largest}"]["cpu_ms_per_turn"])
     streams = [v for key, v in results["streaming"].items() if key != "sse"]
     assert streams and all(s["deliveries"] > 0 and _positive(s["p99_ms"]) for s in streams)
     sse = results["streaming"]["sse"]
