@@ -35,9 +35,11 @@ only when tracing is used.
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from opentelemetry import context as otel_context
@@ -77,6 +79,14 @@ _W3C = TraceContextTextMapPropagator()
 _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
 _ERROR_WORD = re.compile(r"^([A-Za-z_][\w.]{0,63}):")
+# How often (seconds) the observer looks whether the application has installed its
+# global providers, while it has not.
+PROVIDER_LOOK_EVERY: Final = 1.0
+# The API's stand-in for a global meter provider not installed yet (its class is
+# private: where it cannot be found, the global meter counts as installed).
+_UNSET_METER_PROVIDER: type | None = getattr(
+    getattr(metrics, "_internal", None), "_ProxyMeterProvider", None
+)
 
 
 def _ns(at: float) -> int:
@@ -147,6 +157,10 @@ class Tracing:
         capture_content: bool = False,
     ) -> None:
         self.capture_content = capture_content
+        # With neither provider given, the observer works only once the application
+        # has installed a global one (see ``recording``).
+        self._recording = tracer_provider is not None or meter_provider is not None
+        self._next_look = -math.inf
         self._tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
         self._token_usage = meter.create_histogram(
@@ -168,7 +182,35 @@ class Tracing:
 
     # -- the observer ---------------------------------------------------------------
 
+    def recording(self) -> bool:
+        """Whether what this observer makes can be recorded at all.
+
+        Until the application installs a global tracer or meter provider, the API's
+        stand-ins turn every span and measurement into a no-op, and building them is
+        work for nothing. Providers cannot be uninstalled, so once one is found the
+        answer stays yes; until then the API is asked at most once per
+        ``PROVIDER_LOOK_EVERY`` seconds (asking costs a look-up in ``os.environ``,
+        too much for every commit). A run already going when a provider appears is
+        traced from then on, its spans the roots of their traces, as the API's
+        stand-in tracer would have left them anyway.
+        """
+        if self._recording:
+            return True
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + PROVIDER_LOOK_EVERY
+        unset = _UNSET_METER_PROVIDER
+        self._recording = (
+            not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+            or unset is None
+            or not isinstance(metrics.get_meter_provider(), unset)
+        )
+        return self._recording
+
     def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+        if not self.recording():
+            return records
         if not any(isinstance(r, RunStarted) and not r.traceparent for r in records):
             return records
         out: list[Record] = []
@@ -179,6 +221,8 @@ class Tracing:
         return out
 
     def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+        if not self.recording():
+            return
         for c in committed:
             record = c.record
             handler = _HANDLERS.get(type(record))
