@@ -18,7 +18,6 @@ throttled), the last unsent ones just before the result; and with
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import time
@@ -95,9 +94,11 @@ class Heartbeats:
     ``beat`` is what ``ctx.heartbeat`` calls (from the trio thread, or from a worker
     thread the tool started); ``relay`` forwards the latest details to the session's
     mailbox, skipping the ones superseded meanwhile (latest wins). The relay starts with
-    the first heartbeat (most tools send none), through ``start_relay``. Details are
-    only dropped from here once the session's mailbox has them, so ``take`` after the
-    tool returned yields a final heartbeat the relay had not sent yet.
+    the first heartbeat (most tools send none), in the nursery ``relay_in`` gives (the
+    session's: a nursery of the attempt's own cost every call more than the rest of
+    its trio machinery), and ``stop_relay`` ends it and waits until it has. Details
+    are only dropped from here once the session's mailbox has them, so ``take`` after
+    the relay stopped yields a final heartbeat it had not sent yet.
     """
 
     def __init__(self, executing: ToolExecuting, timeout: float | None) -> None:
@@ -108,7 +109,10 @@ class Heartbeats:
         self._latest: HeartbeatReported | None = None
         self._wake = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
-        self.start_relay: Callable[[], None] | None = None  # set while the tool runs
+        # Where the relay is started by the first heartbeat, while the tool runs.
+        self.relay_in: tuple[trio.Nursery, trio.MemorySendChannel[Any]] | None = None
+        self._relay_scope: trio.CancelScope | None = None  # once a relay was started
+        self._relay_done = trio.Event()
         self.arm()
 
     def arm(self) -> None:
@@ -129,21 +133,33 @@ class Heartbeats:
             call_id=self.call_id, attempt=self.attempt, details=details
         )
         self._wake.set()
-        if self.start_relay is not None:
-            start, self.start_relay = self.start_relay, None
-            start()
+        if self.relay_in is not None:
+            (nursery, outbox), self.relay_in = self.relay_in, None
+            self._relay_scope = trio.CancelScope()
+            nursery.start_soon(self._relay, outbox, self._relay_scope)
         self.arm()
 
-    async def relay(self, outbox: trio.MemorySendChannel[Any]) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            latest = self._latest
-            if latest is None:
-                continue
-            await outbox.send(latest)
-            if self._latest is latest:
-                self._latest = None
+    async def _relay(self, outbox: trio.MemorySendChannel[Any], scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                while True:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    latest = self._latest
+                    if latest is None:
+                        continue
+                    await outbox.send(latest)
+                    if self._latest is latest:
+                        self._latest = None
+        finally:
+            self._relay_done.set()
+
+    async def stop_relay(self) -> None:
+        """No relay from now on; wait for a running one to be over (it may be sending)."""
+        self.relay_in = None
+        if self._relay_scope is not None:
+            self._relay_scope.cancel()
+            await self._relay_done.wait()
 
     def take(self) -> HeartbeatReported | None:
         latest, self._latest = self._latest, None
@@ -179,12 +195,16 @@ async def run_tool(
     )
     started = time.monotonic()
     finished = _attempt(executing, "cancelled", "cancelled")
+    # This task runs in the session's nursery: the relay, if a heartbeat starts one, too.
+    session_nursery = trio.lowlevel.current_task().parent_nursery
+    assert session_nursery is not None
+    beats.relay_in = (session_nursery, outbox)
     with scope:
-        async with trio.open_nursery() as relaying:
-            beats.start_relay = functools.partial(relaying.start_soon, beats.relay, outbox)
+        try:
             finished = await _invoke(tool, tctx, executing, beats)
-            beats.start_relay = None
-            relaying.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await beats.stop_relay()
     if scope.cancelled_caught:
         finished = _attempt(executing, "cancelled", "cancelled")
     final_beat = beats.take()
