@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from attrs import evolve
 
@@ -155,13 +155,14 @@ def fingerprint(tool: Tool, args: dict[str, Any]) -> str:
     the same arguments get from the tool registered NOW, so a call whose tool changed
     since it was dispatched is never taken for the same call (see ``_recover_executing``).
     """
-    canonical = json.dumps(
-        {"tool": tool.name, "definition": tool.definition_hash, "args": args},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
+    canonical = _CANONICAL.encode(
+        {"tool": tool.name, "definition": tool.definition_hash, "args": args}
     )
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+# Built once: ``json.dumps`` with options builds an encoder per call (same output).
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
