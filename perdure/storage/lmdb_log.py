@@ -64,6 +64,8 @@ DEFAULT_MAP_SIZE: Final = 256 << 20
 _SEP: Final = b"\x00"
 SYSTEM: Final = ""  # the index key of records that belong to no session (no session id is "")
 _EPOCH: Final = b"epoch"
+# Session summaries kept as last committed, for the sessions written most recently.
+SUMMARY_CACHE: Final = 4096
 
 
 def _seq_key(seq: int) -> bytes:
@@ -207,6 +209,10 @@ class LmdbLog(SingleOwner):
         self.map_releases = 0  # calls of release_mapped_pages that went through
         self.write_threads: set[int] = set()  # idents of threads that ran write txns
         self.epoch = 0
+        # The summary of each session as this process last committed it (the owner is
+        # the only writer, and a taken-over owner is fenced before it reads one), so a
+        # commit reads the sessions table only for sessions it has not written lately.
+        self._summaries: dict[str, SessionInfo] = {}
         if readonly:
             if not (self.path / "data.mdb").exists():
                 raise FileNotFoundError(f"no perdure log at {self.path}")
@@ -334,6 +340,7 @@ class LmdbLog(SingleOwner):
         seq = self._next_seq
         infos: dict[str, SessionInfo] = {}  # read for guards, advanced for records
         stored: dict[str, SessionInfo] = {}  # as read, to write only what changed
+        deleted: set[str] = set()  # by this transaction: their cached summaries are stale
         with self.env.begin(write=True) as txn:
             raw = txn.get(_EPOCH, db=self._meta)
             if raw is None or int(raw) != self.epoch:
@@ -344,7 +351,10 @@ class LmdbLog(SingleOwner):
 
             def info_of(sid: str) -> SessionInfo:
                 if sid not in infos:
-                    infos[sid] = stored[sid] = self._summary(txn, sid) or SessionInfo.empty(sid)
+                    found = None if sid in deleted else self._summaries.get(sid)
+                    if found is None:
+                        found = self._summary(txn, sid) or SessionInfo.empty(sid)
+                    infos[sid] = stored[sid] = found
                 return infos[sid]
 
             for records, guard in batches:
@@ -361,6 +371,7 @@ class LmdbLog(SingleOwner):
                 for gone in (r.deleted for r in records if isinstance(r, SessionDeleted)):
                     infos.pop(gone, None)  # its summary is gone: not to be written back
                     stored.pop(gone, None)
+                    deleted.add(gone)
                 try:
                     frames = [encode(record, seq + i) for i, record in enumerate(records)]
                 except Exception as exc:  # nothing of this batch was written yet
@@ -392,6 +403,16 @@ class LmdbLog(SingleOwner):
                         txn.put(sid.encode(), str(info.open_submissions).encode(), db=self._active)
                     else:
                         txn.delete(sid.encode(), db=self._active)
+        # Committed: the summaries are what the log holds now (an aborted transaction
+        # raised above and left the cache as the log is, untouched).
+        cache = self._summaries
+        for gone in deleted:
+            cache.pop(gone, None)
+        for sid, info in infos.items():
+            cache.pop(sid, None)  # re-inserted last: the most recently written
+            cache[sid] = info
+        while len(cache) > SUMMARY_CACHE:
+            del cache[next(iter(cache))]
         self._next_seq = seq
         return results
 
