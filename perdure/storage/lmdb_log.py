@@ -341,6 +341,7 @@ class LmdbLog(SingleOwner):
         infos: dict[str, SessionInfo] = {}  # read for guards, advanced for records
         stored: dict[str, SessionInfo] = {}  # as read, to write only what changed
         deleted: set[str] = set()  # by this transaction: their cached summaries are stale
+        cache = self._summaries
         with self.env.begin(write=True) as txn:
             raw = txn.get(_EPOCH, db=self._meta)
             if raw is None or int(raw) != self.epoch:
@@ -351,7 +352,7 @@ class LmdbLog(SingleOwner):
 
             def info_of(sid: str) -> SessionInfo:
                 if sid not in infos:
-                    found = None if sid in deleted else self._summaries.get(sid)
+                    found = None if sid in deleted else cache.get(sid)
                     if found is None:
                         found = self._summary(txn, sid) or SessionInfo.empty(sid)
                     infos[sid] = stored[sid] = found
@@ -405,7 +406,6 @@ class LmdbLog(SingleOwner):
                         txn.delete(sid.encode(), db=self._active)
         # Committed: the summaries are what the log holds now (an aborted transaction
         # raised above and left the cache as the log is, untouched).
-        cache = self._summaries
         for gone in deleted:
             cache.pop(gone, None)
         for sid, info in infos.items():
@@ -586,6 +586,11 @@ class LmdbLog(SingleOwner):
         move meanwhile (a resize takes the exclusive side). Linux only (elsewhere,
         and if anything fails, it does nothing); returns the bytes advised.
         """
+        # The cached summaries go too: a quiet log's cache is memory nobody uses, and
+        # objects left from a burst keep the allocator's pages (the next commit of each
+        # session reads its summary again). Rebound, not cleared: a commit on the trio
+        # thread that runs meanwhile keeps using the dict it started with.
+        self._summaries = {}
         data = os.path.realpath(self.path / "data.mdb")
         with self._gate.shared():
             try:

@@ -133,3 +133,21 @@ def test_a_reopened_log_reads_its_summaries_from_the_table(tmp_path: Path) -> No
         check_consistent(again)
     finally:
         again.close()
+
+
+def test_a_page_release_drops_the_cache_and_the_next_commit_reads_again(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the writer does once the log is quiet: a cache left from a burst is memory
+    nobody uses (and its objects would keep the allocator's pages)."""
+    write(log, [accepted("a", "u1")], [accepted("b", "v1")])
+    assert set(log._summaries) == {"a", "b"}
+    log.release_mapped_pages()
+    assert log._summaries == {}
+    reads = count_reads(log, monkeypatch)
+    write(log, [tool_result("a", "c1")])
+    assert reads == ["a"]
+    info = log.session_info("a")
+    assert info is not None and info.records == 2
+    cache_matches_log(log)
+    check_consistent(log)
