@@ -12,11 +12,9 @@ with its span's context.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.support.procs import ROOT
+from tests.observability.test_light import python
 
 SCRIPT = """
 import json, sys
@@ -94,16 +92,7 @@ trio.run(main)
 
 
 def test_no_work_until_the_application_installs_providers_then_traced(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "log")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = json.loads(python(SCRIPT, str(tmp_path / "log")))
     assert out["recording_before"] is False
     assert out["kept_while_unset"] == 0  # no span, no attempt held for the live run
     assert out["recording_after"] is True
