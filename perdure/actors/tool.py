@@ -96,7 +96,8 @@ class Heartbeats:
     mailbox, skipping the ones superseded meanwhile (latest wins). The relay starts with
     the first heartbeat (most tools send none), in the nursery ``relay_in`` gives (the
     session's: a nursery of the attempt's own cost every call more than the rest of
-    its trio machinery), and ``stop_relay`` ends it and waits until it has. Details
+    its trio machinery), and ``stop_relay`` ends it (the caller waits until it has:
+    with no relay started, nothing is waited for). Details
     are only dropped from here once the session's mailbox has them, so ``take`` after
     the relay stopped yields a final heartbeat it had not sent yet.
     """
@@ -105,19 +106,21 @@ class Heartbeats:
         self.call_id = executing.call_id
         self.attempt = executing.attempt
         self.timeout = timeout
-        self.watchdog = trio.CancelScope()
+        # Most tools have no heartbeat timeout and send no heartbeat: the trio objects
+        # that only those need are made when they are (each costs every call otherwise).
+        self.watchdog: trio.CancelScope | None = trio.CancelScope() if timeout is not None else None
         self._latest: HeartbeatReported | None = None
-        self._wake = trio.Event()
+        self._wake: trio.Event | None = None  # made by the first heartbeat
         self._token = trio.lowlevel.current_trio_token()
         # Where the relay is started by the first heartbeat, while the tool runs.
         self.relay_in: tuple[trio.Nursery, trio.MemorySendChannel[Any]] | None = None
         self._relay_scope: trio.CancelScope | None = None  # once a relay was started
-        self._relay_done = trio.Event()
+        self._relay_done: trio.Event | None = None
         self.arm()
 
     def arm(self) -> None:
         """Give the tool ``timeout`` more seconds to say it is alive."""
-        if self.timeout is not None:
+        if self.watchdog is not None and self.timeout is not None:
             self.watchdog.deadline = trio.current_time() + self.timeout
 
     def beat(self, details: Any) -> None:
@@ -132,17 +135,23 @@ class Heartbeats:
         self._latest = HeartbeatReported(
             call_id=self.call_id, attempt=self.attempt, details=details
         )
+        if self._wake is None:
+            self._wake = trio.Event()
         self._wake.set()
         if self.relay_in is not None:
             (nursery, outbox), self.relay_in = self.relay_in, None
             self._relay_scope = trio.CancelScope()
-            nursery.start_soon(self._relay, outbox, self._relay_scope)
+            self._relay_done = trio.Event()
+            nursery.start_soon(self._relay, outbox, self._relay_scope, self._relay_done)
         self.arm()
 
-    async def _relay(self, outbox: trio.MemorySendChannel[Any], scope: trio.CancelScope) -> None:
+    async def _relay(
+        self, outbox: trio.MemorySendChannel[Any], scope: trio.CancelScope, done: trio.Event
+    ) -> None:
         try:
             with scope:
                 while True:
+                    assert self._wake is not None  # the heartbeat that started the relay
                     await self._wake.wait()
                     self._wake = trio.Event()
                     latest = self._latest
@@ -152,14 +161,16 @@ class Heartbeats:
                     if self._latest is latest:
                         self._latest = None
         finally:
-            self._relay_done.set()
+            done.set()
 
-    async def stop_relay(self) -> None:
-        """No relay from now on; wait for a running one to be over (it may be sending)."""
+    def stop_relay(self) -> trio.Event | None:
+        """No relay from now on. A relay already started is told to stop: the event it
+        sets once it is over (it may be sending) is returned, to be waited for."""
         self.relay_in = None
-        if self._relay_scope is not None:
-            self._relay_scope.cancel()
-            await self._relay_done.wait()
+        if self._relay_scope is None:
+            return None
+        self._relay_scope.cancel()
+        return self._relay_done
 
     def take(self) -> HeartbeatReported | None:
         latest, self._latest = self._latest, None
@@ -203,8 +214,10 @@ async def run_tool(
         try:
             finished = await _invoke(tool, tctx, executing, beats)
         finally:
-            with trio.CancelScope(shield=True):
-                await beats.stop_relay()
+            relay_over = beats.stop_relay()
+            if relay_over is not None:  # a shielded wait only where a relay runs
+                with trio.CancelScope(shield=True):
+                    await relay_over.wait()
     if scope.cancelled_caught:
         finished = _attempt(executing, "cancelled", "cancelled")
     final_beat = beats.take()
@@ -223,7 +236,7 @@ async def _invoke(
     """One attempt under the tool's timeout and heartbeat watchdog, as an outcome."""
     # Scopes only where they can fire: most tools have neither a timeout nor a watchdog.
     limit = trio.move_on_after(tool.timeout) if tool.timeout is not None else None
-    watchdog = beats.watchdog if beats.timeout is not None else None
+    watchdog = beats.watchdog
     finished: ToolFinished | None = None
     with limit or contextlib.nullcontext(), watchdog or contextlib.nullcontext():
         try:
