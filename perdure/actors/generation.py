@@ -39,6 +39,8 @@ async def call_model(
         )
 
         def emit(kind: str, data: dict[str, Any]) -> None:
+            if not bus.has_subscribers(session_id):
+                return  # deltas are ephemeral: with nobody listening there is nothing to do
             payload = {
                 "generation_id": generation_id,
                 "submission_id": request.submission_id,
