@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import trio
 from attrs import define, field
 
 from perdure.actors.protocol import Env
@@ -86,3 +87,18 @@ class ActorContext:
             budget=self.budget,
             prices=self.prices,
         )
+
+
+async def report_last(outbox: trio.MemorySendChannel[Any], message: Any) -> None:
+    """Send a child actor's last message to its session, and return.
+
+    The same cancel point as ``outbox.send`` (a cancelled child reports nothing: after
+    a restart a stale result must not reach the session's mailbox, which outlives
+    the actor), without the schedule point it adds after a send that did not block:
+    the task ends here, so that yield would only cost the loop one more step.
+    """
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        outbox.send_nowait(message)
+    except trio.WouldBlock:
+        await outbox.send(message)

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from perdure import _faults
-from perdure.actors.context import ActorContext
+from perdure.actors.context import ActorContext, report_last
 from perdure.actors.protocol import ModelFailed, ModelReplied, Result
 from perdure.providers.base import ModelRequest, classify
 from perdure.storage.bus import Event
@@ -73,4 +73,4 @@ async def call_model(
             if _faults.ACTIVE:
                 _faults.hit("model.after")
             result = ModelReplied(generation_id, attempt, reply)
-        await outbox.send(result)
+        await report_last(outbox, result)

@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from perdure import _faults
-from perdure.actors.context import ActorContext
+from perdure.actors.context import ActorContext, report_last
 from perdure.actors.protocol import HeartbeatReported, ReconcileFinished, ToolFinished, ToolOutcome
 from perdure.storage import SessionFenced
 from perdure.storage.bus import Event
@@ -225,8 +225,9 @@ async def run_tool(
         await outbox.send(final_beat)
     if _faults.ACTIVE:
         _faults.hit("tool.after", tool.name)
-    await outbox.send(
-        attrs.evolve(finished, duration=time.monotonic() - started, jitter=ctx.rng.random())
+    await report_last(
+        outbox,
+        attrs.evolve(finished, duration=time.monotonic() - started, jitter=ctx.rng.random()),
     )
 
 
@@ -332,7 +333,7 @@ async def run_reconcile(
             finished = ReconcileFinished(
                 call_id=call_id, status="unknown", reason="reconcile timed out"
             )
-    await outbox.send(finished)
+    await report_last(outbox, finished)
 
 
 FORGET_TIMEOUT = 60.0
