@@ -382,6 +382,11 @@ class Step:
     effects: tuple[Effect, ...] = ()
 
     def __add__(self, other: Step) -> Step:
+        # Steps are immutable: adding nothing can hand back the other one as it is.
+        if not (other.records or other.effects):
+            return self
+        if not (self.records or self.effects):
+            return other
         return Step(self.records + other.records, self.effects + other.effects)
 
     def __bool__(self) -> bool:
