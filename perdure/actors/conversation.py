@@ -43,18 +43,25 @@ class MessageCache:
     follows the cached prefix, so a model call costs the new turns, not the whole
     history. The cache belongs to one state object (the session actor's); any other
     state, e.g. one re-folded after a failed commit, starts it afresh.
+
+    It also keeps the tool definitions of the last request, by the identity of the
+    tools they were made from (a session's tools rarely change, and an MCP server
+    can bring dozens, each an object per definition per model call otherwise).
     """
 
-    __slots__ = ("items", "messages", "state")
+    __slots__ = ("definitions", "items", "messages", "state", "tools")
 
     def __init__(self) -> None:
         self.state: SessionState | None = None
         self.items = 0  # conversation items rendered into ``messages``
         self.messages: tuple[Message, ...] = ()
+        self.tools: tuple[Tool, ...] = ()  # what ``definitions`` were made from
+        self.definitions: tuple[ToolDefinition, ...] = ()
 
     def clear(self) -> None:
         """Forget what was rendered (an idle session's cache is memory nobody uses)."""
         self.state, self.items, self.messages = None, 0, ()
+        self.tools, self.definitions = (), ()
 
 
 def _settled(s: SessionState, item: ConversationItem) -> bool:
@@ -161,8 +168,21 @@ def _fate(phase: str, stale: bool) -> str:
     return f"still {phase}"
 
 
-def tool_definitions(tools: Mapping[str, Tool]) -> tuple[ToolDefinition, ...]:
-    return tuple(ToolDefinition(t.name, t.description, t.input_schema) for t in tools.values())
+def tool_definitions(
+    tools: Mapping[str, Tool], cache: MessageCache | None = None
+) -> tuple[ToolDefinition, ...]:
+    """What the model is told of ``tools``; with a ``cache``, made again only when the
+    tools are not the very objects of the last request."""
+    if cache is not None:
+        known = cache.tools
+        if len(known) == len(tools) and all(
+            a is b for a, b in zip(known, tools.values(), strict=True)
+        ):
+            return cache.definitions
+    made = tuple(ToolDefinition(t.name, t.description, t.input_schema) for t in tools.values())
+    if cache is not None:
+        cache.tools, cache.definitions = tuple(tools.values()), made
+    return made
 
 
 def request(
@@ -176,7 +196,7 @@ def request(
     return ModelRequest(
         system=s.system,
         messages=messages(s, cache=cache),
-        tools=tool_definitions(tools),
+        tools=tool_definitions(tools, cache),
         attempt=attempt,
         session_id=s.session_id,
         generation_id=generation_id,

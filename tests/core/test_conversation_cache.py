@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perdure import errors
 from perdure.actors import protocol
-from perdure.actors.conversation import MessageCache, messages
+from perdure.actors.conversation import MessageCache, messages, tool_definitions
 from perdure.providers.base import ModelReply
+from perdure.tools.contract import tool
 from tests.core.test_decide import Session
 
 ACTIONS = (
@@ -119,3 +121,31 @@ def test_a_long_session_renders_only_its_new_turns() -> None:
     s.result(protocol.ModelReplied(gen.generation_id, gen.attempt, ModelReply(text="done")))
     _check(s, cache)
     assert messages(s.state, cache=cache)[-1].role == "assistant"
+
+
+def test_tool_definitions_are_made_once_for_the_same_tools() -> None:
+    @tool
+    async def first(query: str) -> str:
+        """Look something up."""
+        return query
+
+    @tool
+    async def second(n: int) -> str:
+        """Count."""
+        return str(n)
+
+    cache = MessageCache()
+    tools = {"first": first, "second": second}
+    made = tool_definitions(tools, cache)
+    assert made == tool_definitions(tools)  # what the uncached call makes
+    assert [d.name for d in made] == ["first", "second"]
+    # The same tool objects, even in a new mapping: the very same definitions.
+    assert tool_definitions(dict(tools), cache) is made
+    # A tool replaced by an equal-looking other object, one removed, one added: new ones.
+    changed = attrs.evolve(second, description="Count again.")
+    remade = tool_definitions({"first": first, "second": changed}, cache)
+    assert remade is not made and remade[1].description == "Count again."
+    assert [d.name for d in tool_definitions({"first": first}, cache)] == ["first"]
+    assert len(tool_definitions(tools, cache)) == 2
+    cache.clear()
+    assert cache.definitions == () and cache.tools == ()
