@@ -253,6 +253,11 @@ class CoreMachine(RuleBasedStateMachine):
         assert projection(SessionState.fold("s1", self.log)) == projection(self.state)
 
     @invariant()
+    def open_compensations_are_the_unfinished_ones(self) -> None:
+        unfinished = [k for k, c in self.state.compensations.items() if not c.finished]
+        assert list(self.state.open_compensation_ids) == unfinished
+
+    @invariant()
     def history_is_sound(self) -> None:
         ledger = [
             {"event": "effect", "call_id": c} for c, n in self.effects.items() for _ in range(n)
