@@ -348,6 +348,7 @@ class Suite:
                 self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz, "layout"),
             )
             add(f"perdure_k{k}", self.run("perdure_bench.py", "turns", self.path("turns"), k))
+            add(f"skeleton_k{k}", self.run("skeleton.py", self.path("skel"), 1, k))
             add("breakdown", self.run("perdure_bench.py", "breakdown", self.path("bd"), k))
             if self.peers:
                 add(f"langgraph_k{k}", self.peer("peer_langgraph.py", "turns", self.path("lg"), k))
@@ -418,6 +419,11 @@ class Suite:
             out[f"perdure-gc-tuned_{key}"] = self.run(
                 "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, "tuned"
             )
+            if (sessions, k) == self.cfg["concurrency"][0]:
+                out[f"skeleton_{key}"] = self.run("skeleton.py", self.path("skel"), sessions, k)
+                out[f"skeleton-nolog_{key}"] = self.run(
+                    "skeleton.py", self.path("skel"), sessions, k, "nolog"
+                )
             if (sessions, k) == self.cfg["concurrency"][-1]:
                 out[f"perdure-gc-off_{key}"] = self.run(
                     "perdure_bench.py", "concurrency", self.path("conc"), sessions, k, "off"
@@ -767,6 +773,18 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         p / floor <= TARGETS["floor"],
         f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}",
     )
+    skeleton = pt.get(f"skeleton_k{k}")
+    if skeleton is not None and "error" not in skeleton:
+        skel_ms = skeleton["median_ms"]
+        row(
+            f"actor skeleton per turn / floor (K={k}; bench/skeleton.py: perdure's tasks, "
+            "channels, Journal and records, none of its logic)",
+            skel_ms / floor,
+            "(info)",
+            None,
+            f"perdure / skeleton {p / skel_ms:.2f}: above the floor, the shape costs "
+            f"{skel_ms - floor:.2f} ms per turn, perdure's logic {p - skel_ms:.2f}",
+        )
     for peer in ("langgraph", "dbos"):
         r = pt.get(f"{peer}_k{k}")
         if r is None or "error" in r:
@@ -843,6 +861,20 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
                 None,
                 "below 1: even with no waiting at all, the target needs less CPU per turn",
             )
+            skel = conc.get(f"skeleton_{key}", {}).get("cpu_ms_per_turn")
+            bare = conc.get(f"skeleton-nolog_{key}", {}).get("cpu_ms_per_turn")
+            if skel is not None and bare is not None:
+                mine_cpu = conc[f"perdure_{key}"]["cpu_ms_per_turn"]
+                row(
+                    f"actor skeleton CPU ms per turn, all threads ({key}; perdure's shape, "
+                    "none of its logic)",
+                    skel,
+                    "(info)",
+                    None,
+                    f"trio's tasks, scopes and channels {bare:.2f}, the Journal and the log "
+                    f"{skel - bare:.2f}; perdure's logic (perdure minus skeleton) "
+                    f"{mine_cpu - skel:.2f} of perdure's {mine_cpu:.2f}",
+                )
     largest = "{}x{}".format(*cfg["concurrency"][-1])
     for variant, what in _GC_VARIANTS:
         share = conc.get(f"{variant}_{largest}", {}).get("gc_cpu_share")
@@ -1040,7 +1072,9 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     order = [("floor", "floor (raw LMDB)", "-"), ("floor_layout", "floor + perdure's indexes", "-")]
-    order += [(f"perdure_k{k}", "perdure", k), (f"langgraph_k{k}", "LangGraph", k)]
+    order += [(f"perdure_k{k}", "perdure", k)]
+    order += [(f"skeleton_k{k}", "actor skeleton: perdure's shape, none of its logic", k)]
+    order += [(f"langgraph_k{k}", "LangGraph", k)]
     order += [(f"dbos_k{k}", "DBOS", k)]
     order += [(f"perdure_k{kl}", "perdure", kl), (f"langgraph_k{kl}", "LangGraph", kl)]
     order += [(f"dbos_k{kl}", "DBOS", kl)]
@@ -1052,7 +1086,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             lines.append(f"| {name} | {kk} | 0 | error | | | | | | |")
             continue
         commits = "2" if key.startswith("floor") else "-"
-        if key.startswith("perdure"):
+        if key.startswith(("perdure", "skeleton")):
             commits = _fmt(r["trials"][0].get("commits_per_turn"))
         pressures = [p for p in r.get("cpu_pressure", []) if p is not None]
         lines.append(
@@ -1086,6 +1120,8 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             ("perdure", "perdure"),
             ("perdure-gc-tuned", "perdure, perdure.tune_gc() (as perdure serve)"),
             ("perdure-gc-off", "perdure, cyclic GC off (diagnostic)"),
+            ("skeleton", "actor skeleton: perdure's shape, none of its logic (diagnostic)"),
+            ("skeleton-nolog", "actor skeleton, appends replaced by a schedule point"),
             ("langgraph", "LangGraph"),
             ("dbos", "DBOS"),
         )

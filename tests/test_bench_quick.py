@@ -55,6 +55,13 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
         # perdure performs two synced commits per turn (plus a constant per run).
         assert 2 <= run["trials"][0]["commits_per_turn"] < 2.5
     assert _positive(results["breakdown"]["turn_ms"])
+    # The actor skeleton commits the same records as perdure, through the same Journal.
+    skeleton = pt[f"skeleton_k{cfg['k_small']}"]
+    assert _positive(skeleton["median_ms"])
+    assert 2 <= skeleton["trials"][0]["commits_per_turn"] < 2.5
+    assert skeleton["trials"][0]["records_per_turn"] == pt[f"perdure_k{cfg['k_small']}"][
+        "trials"
+    ][0]["records"] / cfg["k_small"]
     tracing = results["tracing"]  # on / off measured in the same run
     assert _positive(tracing["on_over_off_cpu"]) and _positive(tracing["noop_over_off_cpu"])
     assert _positive(tracing["traces_over_off_cpu"])
@@ -66,6 +73,11 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     for sessions, k in cfg["concurrency"]:
         conc = results["concurrency"][f"perdure_{sessions}x{k}"]
         assert _positive(conc["turns_per_s"]) and conc["records_per_commit"] >= 1
+    first = "{}x{}".format(*cfg["concurrency"][0])
+    skel = results["concurrency"][f"skeleton_{first}"]
+    bare = results["concurrency"][f"skeleton-nolog_{first}"]
+    assert _positive(skel["cpu_ms_per_turn"]) and skel["records_per_commit"] >= 1
+    assert _positive(bare["cpu_ms_per_turn"]) and bare["commits"] == 0
     rec = results["recovery"]
     for name in ("without", "with_finished"):
         assert rec[name]["recovered_sessions"] == cfg["interrupted_sessions"]
