@@ -25,6 +25,7 @@ shape's cost between trio and the log.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -167,7 +168,8 @@ async def _session(
 async def skeleton(log: str, sessions: int, k: int, mode: str = "log") -> dict[str, Any]:
     if mode not in ("log", "nolog"):
         raise SystemExit(f"unknown mode {mode!r}: log or nolog")
-    batches = await _capture(f"{log}-captured")
+    with tempfile.TemporaryDirectory() as scratch:
+        batches = await _capture(scratch)
     sids = ["warm-up"] + [f"s-{i:06d}" for i in range(sessions)]
     per_session = {sid: batches.for_session(sid) for sid in sids}
     log_backend = LmdbLog(log, durability="full")
