@@ -59,9 +59,10 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     skeleton = pt[f"skeleton_k{cfg['k_small']}"]
     assert _positive(skeleton["median_ms"])
     assert 2 <= skeleton["trials"][0]["commits_per_turn"] < 2.5
-    assert skeleton["trials"][0]["records_per_turn"] == pt[f"perdure_k{cfg['k_small']}"][
-        "trials"
-    ][0]["records"] / cfg["k_small"]
+    assert (
+        skeleton["trials"][0]["records_per_turn"]
+        == pt[f"perdure_k{cfg['k_small']}"]["trials"][0]["records"] / cfg["k_small"]
+    )
     tracing = results["tracing"]  # on / off measured in the same run
     assert _positive(tracing["on_over_off_cpu"]) and _positive(tracing["noop_over_off_cpu"])
     assert _positive(tracing["traces_over_off_cpu"])
