@@ -92,15 +92,24 @@ class SessionInfo:
 
     def advanced(self, seq: int, record: Record) -> SessionInfo:
         """The summary once ``record`` is stored under ``seq`` (the one rule of all backends)."""
-        delta = active_delta(record)
-        # None: the record settles every submission of the session.
-        open_submissions = 0 if delta is None else max(0, self.open_submissions + delta)
+        return self.advanced_all(seq, (record,))
+
+    def advanced_all(self, first: int, records: Sequence[Record]) -> SessionInfo:
+        """The summary once ``records`` (this session's, at least one) are stored under
+        ``first``, ``first + 1``, ...: ``advanced`` for each in turn, building one summary."""
+        open_submissions, goal_rev = self.open_submissions, self.goal_rev
+        for record in records:
+            delta = active_delta(record)
+            # None: the record settles every submission of the session.
+            open_submissions = 0 if delta is None else max(0, open_submissions + delta)
+            if isinstance(record, GoalRevised):
+                goal_rev = record.goal_rev
         return SessionInfo(
             self.session_id,
-            first_seq=self.first_seq if self.records else seq,
-            last_seq=seq,
-            records=self.records + 1,
-            goal_rev=record.goal_rev if isinstance(record, GoalRevised) else self.goal_rev,
+            first_seq=self.first_seq if self.records else first,
+            last_seq=first + len(records) - 1,
+            records=self.records + len(records),
+            goal_rev=goal_rev,
             open_submissions=open_submissions,
         )
 

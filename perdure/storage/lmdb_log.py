@@ -376,30 +376,43 @@ class LmdbLog(SingleOwner):
                     if found != guard.goal_rev:
                         results.append(StaleGoal(guard.session_id, guard.goal_rev, found))
                         continue
-                try:
-                    records = [self._deleting(txn, r) for r in records]
-                except SessionBusy as exc:  # nothing of this batch was written yet
-                    results.append(exc)
-                    continue
-                for gone in (r.deleted for r in records if isinstance(r, SessionDeleted)):
-                    infos.pop(gone, None)  # its summary is gone: not to be written back
-                    stored.pop(gone, None)
-                    deleted.add(gone)
+                if any(isinstance(r, SessionDeleted) for r in records):
+                    try:
+                        records = [self._deleting(txn, r) for r in records]
+                    except SessionBusy as exc:  # nothing of this batch was written yet
+                        results.append(exc)
+                        continue
+                    for gone in (r.deleted for r in records if isinstance(r, SessionDeleted)):
+                        infos.pop(gone, None)  # its summary is gone: not to be written back
+                        stored.pop(gone, None)
+                        deleted.add(gone)
                 try:
                     frames = [encode(record, seq + i) for i, record in enumerate(records)]
                 except Exception as exc:  # nothing of this batch was written yet
                     results.append(exc)
                     continue
                 committed = []
-                for record, frame in zip(records, frames, strict=True):
-                    sid = record.session_id
-                    txn.put(_seq_key(seq), frame, db=self._records)
+                put, records_db, by_session = txn.put, self._records, self._by_session
+                # Run by run of one session's records (a batch is nearly always one run):
+                # its index prefix encoded once, its summary advanced once.
+                start, n = 0, len(records)
+                while start < n:
+                    sid = records[start].session_id
+                    end = start + 1
+                    while end < n and records[end].session_id == sid:
+                        end += 1
                     # A system record (no session) is indexed under the empty session id.
-                    txn.put(_session_key(sid or SYSTEM, seq), b"", db=self._by_session)
+                    prefix = (sid or SYSTEM).encode() + _SEP
+                    first = seq
+                    for i in range(start, end):
+                        key = _seq_key(seq)
+                        put(key, frames[i], db=records_db)
+                        put(prefix + key, b"", db=by_session)
+                        committed.append(Committed(seq, records[i]))
+                        seq += 1
                     if sid:
-                        infos[sid] = info_of(sid).advanced(seq, record)
-                    committed.append(Committed(seq, record))
-                    seq += 1
+                        infos[sid] = info_of(sid).advanced_all(first, records[start:end])
+                    start = end
                 results.append(committed)
             for sid, info in infos.items():
                 before = stored[sid]

@@ -256,6 +256,29 @@ def test_summaries_and_active_index_follow_the_records(log: LogBackend) -> None:
     check_consistent(log)
 
 
+def test_a_batch_of_several_sessions_records_indexes_and_sums_up_each(log: LogBackend) -> None:
+    # A batch is nearly always one session's; one that interleaves sessions is still
+    # indexed record by record and summed up per session.
+    mixed = [
+        accepted("a", "u1"),
+        tool_result("a", "c1"),
+        accepted("b", "v1"),
+        tool_result("a", "c2"),
+        finished("b", "v1"),
+        tool_result("b", "c3"),
+    ]
+    (committed,) = write(log, mixed)
+    seqs = [c.seq for c in committed]
+    assert [c.record for c in log.read_session("a")] == [mixed[0], mixed[1], mixed[3]]
+    assert [c.record for c in log.read_session("b")] == [mixed[2], mixed[4], mixed[5]]
+    a, b = log.session_info("a"), log.session_info("b")
+    assert a is not None and b is not None
+    assert (a.first_seq, a.last_seq, a.records, a.open_submissions) == (seqs[0], seqs[3], 3, 1)
+    assert (b.first_seq, b.last_seq, b.records, b.open_submissions) == (seqs[2], seqs[5], 3, 0)
+    assert log.active_sessions() == ["a"]
+    check_consistent(log)
+
+
 def test_reads_page_by_after_and_limit(log: LogBackend) -> None:
     for i in range(6):
         write(log, [tool_result("s", f"c{i}"), tool_result("other", f"o{i}")])

@@ -78,3 +78,31 @@ def test_the_session_summary_advances_by_one_rule() -> None:
         info.advanced(10, SessionParked(session_id="s", reason="x", at=0.0)).open_submissions == 0
     )
     assert SessionInfo.empty("s").advanced(1, done).open_submissions == 0  # never below zero
+
+
+def test_a_run_of_records_advances_the_summary_as_each_one_would() -> None:
+    def accepted(n: int) -> InputAccepted:
+        return InputAccepted(
+            session_id="s",
+            submission_id=f"u{n}",
+            request_id=f"r{n}",
+            text="hi",
+            body_hash="h",
+            at=0.0,
+        )
+
+    done = RunFinished(session_id="s", run_id="run", submission_id="u1", status="completed", at=0.0)
+    revised = GoalRevised(session_id="s", goal_rev=4, text="g", request_id="rg", at=0.0)
+    parked = SessionParked(session_id="s", reason="x", at=0.0)
+    runs = [
+        [accepted(1)],
+        [accepted(1), accepted(2), revised, done],
+        [done, done, accepted(3)],  # never below zero on the way
+        [accepted(1), parked, accepted(2)],
+    ]
+    for start in (SessionInfo.empty("s"), SessionInfo("s", 3, 9, 7, 1, 2)):
+        for run in runs:
+            one_by_one = start
+            for i, record in enumerate(run):
+                one_by_one = one_by_one.advanced(20 + i, record)
+            assert start.advanced_all(20, run) == one_by_one, (start, run)
