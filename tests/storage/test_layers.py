@@ -50,17 +50,13 @@ def test_the_errors_are_one_set_reexported_by_the_package() -> None:
     assert perdure.LogError is errors.LogError
 
 
-def test_the_session_summary_advances_by_one_rule() -> None:
-    def accepted(n: int) -> InputAccepted:
-        return InputAccepted(
-            session_id="s",
-            submission_id=f"u{n}",
-            request_id=f"r{n}",
-            text="hi",
-            body_hash="h",
-            at=0.0,
-        )
+def accepted(n: int) -> InputAccepted:
+    return InputAccepted(
+        session_id="s", submission_id=f"u{n}", request_id=f"r{n}", text="hi", body_hash="h", at=0.0
+    )
 
+
+def test_the_session_summary_advances_by_one_rule() -> None:
     info = SessionInfo.empty("s").advanced(7, accepted(1))
     assert info == SessionInfo(
         "s", first_seq=7, last_seq=7, records=1, goal_rev=0, open_submissions=1
@@ -81,16 +77,6 @@ def test_the_session_summary_advances_by_one_rule() -> None:
 
 
 def test_a_run_of_records_advances_the_summary_as_each_one_would() -> None:
-    def accepted(n: int) -> InputAccepted:
-        return InputAccepted(
-            session_id="s",
-            submission_id=f"u{n}",
-            request_id=f"r{n}",
-            text="hi",
-            body_hash="h",
-            at=0.0,
-        )
-
     done = RunFinished(session_id="s", run_id="run", submission_id="u1", status="completed", at=0.0)
     revised = GoalRevised(session_id="s", goal_rev=4, text="g", request_id="rg", at=0.0)
     parked = SessionParked(session_id="s", reason="x", at=0.0)
