@@ -1447,7 +1447,7 @@ def fork_points(committed: Sequence[Committed]) -> list[int]:
 
 
 def _settled_at(s: SessionState, record: Record) -> bool:
-    if s.open_compensation_ids:
+    if s.compensations:
         return False
     if isinstance(record, RunFinished):
         return record.status in FINAL_RUN_STATUSES and s.run is None

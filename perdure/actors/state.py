@@ -217,7 +217,6 @@ class Compensation:
     call_id: str
     compensation_id: str
     automatic: bool
-    finished: bool = False
 
 
 @define
@@ -240,10 +239,10 @@ class SessionState:
     conversation: list[ConversationItem] = field(factory=list)
     requests: dict[str, RequestSeen] = field(factory=dict)
     decisions: list[RecoveryDecision] = field(factory=list)
-    compensations: dict[str, Compensation] = field(factory=dict)  # by compensation id
-    # The unfinished ones, in request order: asked at every advance and idle check, so
-    # they must not cost a walk over every compensation the session ever ran.
-    open_compensation_ids: dict[str, None] = field(factory=dict)
+    # The unfinished compensations, by compensation id, in request order. A finished one
+    # leaves (its call's ``compensated_by`` and the conversation's note keep its trace):
+    # every advance and idle check asks for these, and must not walk the history.
+    compensations: dict[str, Compensation] = field(factory=dict)
     usage: Usage = _NO_USAGE  # frozen: one shared zero
     spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
     budget: Budget | None = None  # the last budget given to this session (None: the default)
@@ -257,10 +256,10 @@ class SessionState:
     @property
     def idle(self) -> bool:
         """No run in progress, no input waiting, no compensation unfinished."""
-        return self.run is None and not self.queue and not self.open_compensation_ids
+        return self.run is None and not self.queue and not self.compensations
 
     def open_compensations(self) -> list[Task]:
-        return [self.tasks[c] for c in self.open_compensation_ids]
+        return [self.tasks[c.compensation_id] for c in self.compensations.values()]
 
     def compensable(self, tasks: Iterable[Task], has_compensation: Any) -> list[str]:
         """Completed calls among ``tasks`` that could be undone and were not yet."""
@@ -522,15 +521,12 @@ class SessionState:
         self.compensations[r.compensation_id] = Compensation(
             r.call_id, r.compensation_id, r.automatic
         )
-        self.open_compensation_ids[r.compensation_id] = None
         self.tasks[r.call_id].compensated_by = r.compensation_id
         body = Compensate.hash_of(r.call_id)
         self.requests[r.request_id] = RequestSeen(Compensate.kind, body, r.compensation_id)
 
     def _compensation_finished(self, r: CompensationFinished) -> None:
-        comp = self.compensations[r.compensation_id]
-        comp.finished = True
-        self.open_compensation_ids.pop(r.compensation_id, None)
+        comp = self.compensations.pop(r.compensation_id)
         task = self.tasks[r.compensation_id]
         original = self.tasks[comp.call_id]
         output = task.result.output if task.result is not None else ""

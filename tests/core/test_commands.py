@@ -406,6 +406,34 @@ def test_what_a_restart_decides_for_compensations_left_open() -> None:
     assert [(r.call_id, r.run_id) for r in executing] == [("comp-c2", "")]  # type: ignore[attr-defined]
 
 
+def test_a_session_is_idle_once_its_compensations_finish_in_any_order() -> None:
+    s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_room", {"room": "1A"}), ("c2", "hold_room", {"room": "1B"}))
+    s.finish_tool("c1", output="held 1A")
+    s.finish_tool("c2", output="held 1B")
+    s.reply("held both")
+    assert s.state.idle
+    s.command(protocol.Compensate("c1", "k1"))
+    s.command(protocol.Compensate("c2", "k2"))
+    assert not s.state.idle
+    assert [t.call_id for t in s.state.open_compensations()] == ["comp-c1", "comp-c2"]
+    s.finish_tool("comp-c2", output="released 1B")
+    assert not s.state.idle
+    assert [t.call_id for t in s.state.open_compensations()] == ["comp-c1"]
+    assert [t.compensated_by for t in (s.state.tasks["c1"], s.state.tasks["c2"])] == [
+        "comp-c1",
+        "comp-c2",
+    ], "a finished compensation stays recorded on its call"
+    s.finish_tool("comp-c1", output="released 1A")
+    assert s.state.idle and s.state.open_compensations() == []
+    notes = [item.text for item in s.state.conversation if type(item).__name__ == "Note"]
+    assert [n.split("(")[1].split(")")[0] for n in notes[-2:]] == ["c2", "c1"]
+    # The same from the log: a restart sees no compensation left to finish.
+    s.restart()
+    assert s.state.idle and s.state.open_compensations() == []
+
+
 def test_a_run_finished_without_words_has_none() -> None:
     s = Session()
     s.command(protocol.Submit("r1", "go"))
