@@ -6,7 +6,8 @@
 It runs the crash sweeps, the soak, the takeover and disk-fault tests, the
 corruption and golden-log tests, the pure-core state machine, the decoder and HTTP
 fuzzing and the storage crash tests, with PERDURE_RELIABILITY_STATS set so each
-reports its counts; then prints a table and writes docs/reliability-figures.json.
+reports its counts; then prints a table and writes docs/reliability-figures.json
+(docs/reliability-figures-full.json for ``--full``).
 A failing test fails the command: the figures are only written for a clean run.
 """
 
@@ -61,8 +62,16 @@ ROWS = [
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the larger run")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability-figures.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: docs/reliability-figures.json (-full.json with --full)",
+    )
     args = parser.parse_args()
+    if args.out is None:
+        name = "reliability-figures-full.json" if args.full else "reliability-figures.json"
+        args.out = ROOT / "docs" / name
     stats_file = Path(tempfile.mkstemp(suffix=".jsonl")[1])
     env = dict(os.environ, PERDURE_RELIABILITY_STATS=str(stats_file))
     if args.full:
