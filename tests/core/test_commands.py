@@ -376,13 +376,19 @@ def test_every_automatic_compensation_of_a_revision_is_requested() -> None:
     assert [r.call_id for r in only(step.records, CompensationRequested)] == ["c1", "c2"]
 
 
-def test_what_a_restart_decides_for_compensations_left_open() -> None:
+def two_rooms_held() -> Session:
+    """A finished run that held two rooms (KEYED calls with a compensation each)."""
     s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
     s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "hold_room", {"room": "1A"}), ("c2", "hold_room", {"room": "1B"}))
     s.finish_tool("c1", output="held 1A")
     s.finish_tool("c2", output="held 1B")
     s.reply("held both")
+    return s
+
+
+def test_what_a_restart_decides_for_compensations_left_open() -> None:
+    s = two_rooms_held()
     s.command(protocol.Compensate("c2", "k2"))  # runs: KEYED, executing when the crash comes
     s.command(protocol.Pause("p1"))
     s.command(protocol.Compensate("c1", "k1"))  # created while paused: not started
@@ -407,12 +413,7 @@ def test_what_a_restart_decides_for_compensations_left_open() -> None:
 
 
 def test_a_session_is_idle_once_its_compensations_finish_in_any_order() -> None:
-    s = Session(tools={**COURSE_TOOLS, "hold_room": hold_room})
-    s.command(protocol.Submit("r1", "go"))
-    s.reply("x", ("c1", "hold_room", {"room": "1A"}), ("c2", "hold_room", {"room": "1B"}))
-    s.finish_tool("c1", output="held 1A")
-    s.finish_tool("c2", output="held 1B")
-    s.reply("held both")
+    s = two_rooms_held()
     assert s.state.idle
     s.command(protocol.Compensate("c1", "k1"))
     s.command(protocol.Compensate("c2", "k2"))
