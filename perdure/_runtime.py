@@ -41,6 +41,7 @@ from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
+    BackgroundObserver,
     CommitObserver,
     TransactionObserver,
     auto_observers,
@@ -887,6 +888,9 @@ async def open_runtime(
             body_error: BaseException | None = None
             try:
                 async with trio.open_nursery() as nursery:
+                    for observer in observers:
+                        if isinstance(observer, BackgroundObserver):
+                            nursery.start_soon(observer.background)
                     await nursery.start(supervisor.run)
                     await runtime._stop_orphans(supervisor.recovered)
                     try:

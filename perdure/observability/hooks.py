@@ -71,6 +71,17 @@ class TransactionObserver(Protocol):
         ...
 
 
+@runtime_checkable
+class BackgroundObserver(Protocol):
+    """An observer with work of its own to do over time (the tracing one's batches).
+
+    ``open_runtime`` runs ``background`` as a task for the runtime's lifetime and
+    cancels it when the runtime stops, before calling the observer's ``close``.
+    """
+
+    async def background(self) -> None: ...
+
+
 def auto_observers() -> tuple[CommitObserver, ...]:
     """Tracing through the application's OpenTelemetry providers, if the API is installed.
 

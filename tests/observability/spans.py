@@ -26,7 +26,9 @@ def file_tracing(path: str) -> Tracing:
             ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
         )
     )
-    return Tracing(tracer_provider=provider)
+    # Each span handed to the SDK as its record commits: a killed process has exported
+    # everything it finished (with the default batching, up to ``batch_delay`` of it is lost).
+    return Tracing(tracer_provider=provider, batch_delay=0)
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ ever installed (the test checks that too).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from trio.testing import MockClock
 
 import perdure
 from perdure.observability.tracing import Tracing
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import RunStarted, ToolCompleted
 from tests.support.checker import read_log
+from tests.support.deterministic import Where
 
 
 @perdure.tool(replay=perdure.ReplayPolicy.SAFE)
@@ -50,7 +53,7 @@ SCRIPT = [
 
 
 class Telemetry:
-    def __init__(self, capture_content: bool = False) -> None:
+    def __init__(self, capture_content: bool = False, batch_delay: float = 0.5) -> None:
         self.spans = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
@@ -60,6 +63,7 @@ class Telemetry:
             tracer_provider=self.tracer_provider,
             meter_provider=self.meter_provider,
             capture_content=capture_content,
+            batch_delay=batch_delay,
         )
 
     def finished(self) -> list[ReadableSpan]:
@@ -67,7 +71,8 @@ class Telemetry:
 
     def points(self, name: str) -> list[Any]:
         data = self.metrics.get_metrics_data()
-        assert data is not None
+        if data is None:  # nothing recorded yet
+            return []
         return [
             point
             for rm in data.resource_metrics
@@ -301,3 +306,135 @@ async def test_a_cancelled_run_forgets_its_unanswered_attempt_and_only_its_own(
         await rt.cancel("b")
         await rt.wait_idle("b")
         assert telemetry.tracing._attempts == {}
+
+
+# -- batches: when the attempts' spans reach the SDK ---------------------------------------
+
+
+class Gate:
+    """A tool that holds its run open until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.started = trio.Event()
+        self.release = trio.Event()
+
+    def tool(self) -> perdure.Tool:
+        @perdure.tool(replay=perdure.ReplayPolicy.SAFE)
+        async def hold(ctx: perdure.ToolContext) -> str:
+            """Wait until released."""
+            self.started.set()
+            await self.release.wait()
+            return "released"
+
+        return hold
+
+
+HELD = [Reply(text="holding", tool_uses=[ToolUse("hold", {})]), Reply(text="done")]
+
+
+def names(telemetry: Telemetry) -> list[str]:
+    return sorted(span.name for span in telemetry.finished())
+
+
+async def test_an_attempt_reaches_the_sdk_within_batch_delay_while_its_run_goes_on(
+    where: Where, clock: MockClock
+) -> None:
+    telemetry = Telemetry(batch_delay=2.0)
+    gate = Gate()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=ScriptedProvider(HELD),
+        tools=[gate.tool()],
+        telemetry=telemetry.tracing,
+        **where.options(),
+    ) as rt:
+        sid = await rt.create_session("s1")
+        await rt.submit(sid, "go", request_id="r1")
+        await gate.started.wait()  # the model's reply is committed; its span waits
+        assert names(telemetry) == []
+        assert telemetry.points("gen_ai.client.operation.duration") == []
+        await trio.sleep(2.5)  # nothing commits meanwhile: the background task hands it over
+        assert names(telemetry) == ["chat scripted"]
+        (duration,) = telemetry.points("gen_ai.client.operation.duration")
+        assert duration.count == 1
+        gate.release.set()
+        outcome = await rt.wait_idle(sid)
+        assert outcome is not None and outcome.status == "completed"
+        # The run's end hands over the rest before the run's own span ends.
+        assert names(telemetry) == [
+            "chat scripted",
+            "chat scripted",
+            "execute_tool hold",
+            "invoke_agent",
+        ]
+
+
+async def test_batch_delay_zero_hands_each_attempt_over_as_it_commits(
+    where: Where, clock: MockClock
+) -> None:
+    telemetry = Telemetry(batch_delay=0)
+    gate = Gate()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=ScriptedProvider(HELD),
+        tools=[gate.tool()],
+        telemetry=telemetry.tracing,
+        **where.options(),
+    ) as rt:
+        sid = await rt.create_session("s1")
+        await rt.submit(sid, "go", request_id="r1")
+        await gate.started.wait()
+        assert names(telemetry) == ["chat scripted"]
+        gate.release.set()
+        await rt.wait_idle(sid)
+
+
+async def test_a_runtime_that_stops_hands_over_what_its_batch_still_holds(
+    where: Where, clock: MockClock
+) -> None:
+    telemetry = Telemetry(batch_delay=60.0)
+    gate = Gate()
+    async with perdure.open_runtime(
+        where.open(),
+        provider=ScriptedProvider(HELD),
+        tools=[gate.tool()],
+        telemetry=telemetry.tracing,
+        shutdown_grace=0.1,
+        **where.options(),
+    ) as rt:
+        sid = await rt.create_session("s1")
+        await rt.submit(sid, "go", request_id="r1")
+        await gate.started.wait()
+        assert names(telemetry) == []
+    # The tool was still running: its attempt has no end to report, the model's has.
+    assert "chat scripted" in names(telemetry)
+    assert "invoke_agent" in names(telemetry)  # ended by close(), to be resumed
+
+
+async def test_a_failing_sdk_call_in_a_batch_is_logged_and_the_rest_still_goes_out(
+    log_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    telemetry = Telemetry(batch_delay=60.0)
+    real = telemetry.tracing._span
+    calls = 0
+
+    def first_fails(*args: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("exporter on fire")
+        real(*args)
+
+    monkeypatch.setattr(telemetry.tracing, "_span", first_fails)
+    await run_once(log_dir, telemetry)
+    assert calls == 5  # three model attempts and two tool calls
+    spans = by_name(telemetry.finished())
+    assert len(spans["chat scripted"]) + len(spans.get("chat", [])) == 2  # one was lost
+    assert len(spans["execute_tool look"]) == len(spans["execute_tool book"]) == 1
+    assert any("exporter on fire" in r.exc_text for r in caplog.records if r.exc_text)
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "0.5"])
+def test_batch_delay_must_be_seconds(bad: Any) -> None:
+    with pytest.raises(ValueError, match="batch_delay"):
+        Tracing(batch_delay=bad)
