@@ -46,6 +46,7 @@ DEFAULT_PEERS = "/tmp/bench-peers/bin/python"
 FULL: dict[str, Any] = {
     "trials": 7,
     "tracing_trials": 7,
+    "tracing_ab_rounds": 15,
     "floor_turns": 200,
     "k_small": 50,
     "k_large": 500,
@@ -73,6 +74,7 @@ FULL: dict[str, Any] = {
 QUICK: dict[str, Any] = {
     "trials": 1,
     "tracing_trials": 1,
+    "tracing_ab_rounds": 1,
     "floor_turns": 20,
     "k_small": 10,
     "k_large": 30,
@@ -406,6 +408,13 @@ class Suite:
                 out[mode]["cpu_ms_per_turn"] / out["off"]["cpu_ms_per_turn"]
             )
             out[f"{mode}_over_off_turn"] = out[mode]["median_ms"] / out["off"]["median_ms"]
+        # A second reading, beside the headline: the three modes in ONE process, one
+        # session each per round, the order rotating, so no process-to-process spread.
+        rounds = self.cfg["tracing_ab_rounds"]
+        log(f"tracing, one process, {rounds} rotating rounds (K={k})")
+        out["one_process"] = self.run(
+            "perdure_bench.py", "tracing-ab", self.path("tr-ab"), k, rounds
+        )
         return out
 
     def concurrency(self) -> dict[str, Any]:
@@ -935,6 +944,16 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
                 "(info)",
                 None,
                 f"SDK {sdk * 1e3:.0f} us per turn, off {tr['off']['cpu_ms_per_turn']:.2f} ms",
+            )
+        ab = tr.get("one_process", {})
+        if "traces_over_off_cpu" in ab:
+            row(
+                f"the same two ratios measured in one process ({ab['rounds']} rounds of one "
+                f"session per mode, the order rotating; medians of the rounds' ratios)",
+                ab["traces_over_off_cpu"],
+                "(info)",
+                None,
+                f"traces and metrics {ab['on_over_off_cpu']:.2f}",
             )
         row(
             f"CPU per turn, OpenTelemetry API without a provider / off (K={k})",

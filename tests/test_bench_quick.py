@@ -68,6 +68,13 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     assert _positive(tracing["traces_over_off_cpu"])
     assert tracing["on"]["spans"] == 2 * cfg["k_small"] + 2  # run, K + 1 chats, K tools
     assert tracing["off"]["spans"] == 0
+    # The second reading: every mode in one process, rotating (perdure_bench tracing-ab).
+    ab = tracing["one_process"]
+    assert ab["rounds"] == cfg["tracing_ab_rounds"]
+    for mode in ("off", "traces", "on"):
+        assert len(ab["cpu_ms_per_turn"][mode]) == ab["rounds"]
+        assert all(_positive(x) for x in ab["cpu_ms_per_turn"][mode])
+    assert _positive(ab["traces_over_off_cpu"]) and _positive(ab["on_over_off_cpu"])
     assert _positive(results["breakdown"]["commit_ms"])
     census = results["census"]["value_sizes"]
     assert [len(c) for c in census] == [3, 2]
@@ -128,6 +135,7 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     summary = (out / "summary-quick.md").read_text()
     assert "### PostgreSQL backend" in summary
     assert "### Ratios and targets" in summary
+    assert "the same two ratios measured in one process" in summary
     assert "### Ratios and targets" in stdout
 
 
@@ -154,26 +162,3 @@ def test_quick_results_measure_the_asyncio_embedding(
         assert all(_positive(em[f"{way}_us"][kind]) for kind in ("state", "session_info"))
     assert _positive(em["thread_ratio"]["state"]) and _positive(em["guest_ratio"]["state"])
     assert "through `perdure.embed`" in stdout
-
-
-def test_tracing_ab_runs_every_mode_in_one_process(tmp_path: Path) -> None:
-    """The in-process tracing A/B (a documented diagnostic, not part of ``run.py``)."""
-    env = dict(os.environ)
-    env.pop("PERDURE_FAULT", None)
-    env["PYTHONPATH"] = str(ROOT)
-    script = str(ROOT / "bench" / "perdure_bench.py")
-    proc = subprocess.run(
-        [sys.executable, script, "tracing-ab", str(tmp_path / "log"), "3", "2"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["rounds"] == 2
-    for mode in ("off", "traces", "on"):
-        assert len(result["cpu_ms_per_turn"][mode]) == 2
-        assert all(_positive(x) for x in result["cpu_ms_per_turn"][mode])
-    assert _positive(result["traces_over_off_cpu"]) and _positive(result["on_over_off_cpu"])
