@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -336,21 +338,30 @@ def names(telemetry: Telemetry) -> list[str]:
     return sorted(span.name for span in telemetry.finished())
 
 
-async def test_an_attempt_reaches_the_sdk_within_batch_delay_while_its_run_goes_on(
-    where: Where, clock: MockClock
-) -> None:
-    telemetry = Telemetry(batch_delay=2.0)
-    gate = Gate()
+@asynccontextmanager
+async def holding(
+    where: Where, batch_delay: float, **options: Any
+) -> AsyncIterator[tuple[perdure.Runtime, str, Telemetry, Gate]]:
+    """A runtime whose one run is held inside its tool call (its model reply committed)."""
+    telemetry, gate = Telemetry(batch_delay=batch_delay), Gate()
     async with perdure.open_runtime(
         where.open(),
         provider=ScriptedProvider(HELD),
         tools=[gate.tool()],
         telemetry=telemetry.tracing,
-        **where.options(),
+        **where.options(**options),
     ) as rt:
         sid = await rt.create_session("s1")
         await rt.submit(sid, "go", request_id="r1")
-        await gate.started.wait()  # the model's reply is committed; its span waits
+        await gate.started.wait()
+        yield rt, sid, telemetry, gate
+
+
+async def test_an_attempt_reaches_the_sdk_within_batch_delay_while_its_run_goes_on(
+    where: Where, clock: MockClock
+) -> None:
+    async with holding(where, 2.0) as (rt, sid, telemetry, gate):
+        # The model's reply is committed; its span waits for its batch.
         began = trio.current_time()
         assert names(telemetry) == []
         assert telemetry.points("gen_ai.client.operation.duration") == []
@@ -381,18 +392,7 @@ async def test_an_attempt_reaches_the_sdk_within_batch_delay_while_its_run_goes_
 async def test_batch_delay_zero_hands_each_attempt_over_as_it_commits(
     where: Where, clock: MockClock
 ) -> None:
-    telemetry = Telemetry(batch_delay=0)
-    gate = Gate()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=ScriptedProvider(HELD),
-        tools=[gate.tool()],
-        telemetry=telemetry.tracing,
-        **where.options(),
-    ) as rt:
-        sid = await rt.create_session("s1")
-        await rt.submit(sid, "go", request_id="r1")
-        await gate.started.wait()
+    async with holding(where, 0) as (rt, sid, telemetry, gate):
         assert names(telemetry) == ["chat scripted"]
         gate.release.set()
         await rt.wait_idle(sid)
@@ -401,19 +401,7 @@ async def test_batch_delay_zero_hands_each_attempt_over_as_it_commits(
 async def test_a_runtime_that_stops_hands_over_what_its_batch_still_holds(
     where: Where, clock: MockClock
 ) -> None:
-    telemetry = Telemetry(batch_delay=60.0)
-    gate = Gate()
-    async with perdure.open_runtime(
-        where.open(),
-        provider=ScriptedProvider(HELD),
-        tools=[gate.tool()],
-        telemetry=telemetry.tracing,
-        shutdown_grace=0.1,
-        **where.options(),
-    ) as rt:
-        sid = await rt.create_session("s1")
-        await rt.submit(sid, "go", request_id="r1")
-        await gate.started.wait()
+    async with holding(where, 60.0, shutdown_grace=0.1) as (_, _, telemetry, _):
         assert names(telemetry) == []
     # The tool was still running: its attempt has no end to report, the model's has.
     assert "chat scripted" in names(telemetry)
