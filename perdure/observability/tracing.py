@@ -19,7 +19,7 @@ The attempts' spans and the metric records are handed to the SDK in batches
 (``batch_delay``): at the latest ``batch_delay`` seconds after the first of a batch
 was committed, when its run finishes, or when the runtime closes. Run by run the
 SDK's code then stays warm in the CPU's caches instead of running once per commit
-after an fsync has left them cold, which halves what tracing adds to a turn's CPU
+after an fsync has left them cold, which nearly halves what tracing adds to a turn's CPU
 time here (``bench/README.md``);
 ``batch_delay=0`` hands each one over as its record commits: a process killed by
 SIGKILL then loses no more than its span processor still holds (nothing, with the
