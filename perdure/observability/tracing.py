@@ -98,6 +98,9 @@ PROVIDER_LOOK_EVERY: Final = 1.0
 BATCH_DELAY: Final = 0.5
 # A batch is handed over at once when it holds this many spans and records.
 BATCH_LIMIT: Final = 1024
+# At most this many sets of metric attributes are kept for reuse (see _metric_attributes).
+METRIC_ATTRIBUTE_SETS: Final = 256
+_NO_USAGE: Final = Usage()
 # The API's stand-in for a global meter provider not installed yet (its class is
 # private: where it cannot be found, the global meter counts as installed).
 _UNSET_METER_PROVIDER: type | None = getattr(
@@ -136,17 +139,16 @@ def _error_type(message: str) -> str:
     return found.group(1) if found else "_OTHER"
 
 
-def _usage_attributes(usage: Usage) -> dict[str, int]:
-    found = {
-        "gen_ai.usage.input_tokens": usage.input_tokens,
-        "gen_ai.usage.output_tokens": usage.output_tokens,
-    }
+def _add_usage(attributes: dict[str, Any], usage: Usage) -> dict[str, Any]:
+    """``attributes`` with the GenAI usage attributes of ``usage`` added."""
+    attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+    attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
     # Cache counts only where caching happened (each attribute costs the SDK a check).
     if usage.cache_creation_input_tokens:
-        found["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_creation_input_tokens
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_creation_input_tokens
     if usage.cache_read_input_tokens:
-        found["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_input_tokens
-    return found
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_input_tokens
+    return attributes
 
 
 @attrs.define
@@ -201,6 +203,9 @@ class Tracing:
         self._current: dict[str, Span] = {}  # the live run span of each session
         self._contexts: dict[tuple[str, str], otel_context.Context] = {}  # of live runs
         self._attempts: dict[tuple[str, str], _Attempt] = {}  # by (session, generation)
+        self._metric_attrs: dict[
+            tuple[str, str, str, str], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+        ] = {}
         # SDK calls not made yet, in commit order, and what wakes ``background`` for them.
         self._batch: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._batch_started = trio.Event()
@@ -234,9 +239,12 @@ class Tracing:
         return self._recording
 
     def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
-        if not self.recording():
+        if not (self._recording or self.recording()):
             return records
-        if not any(isinstance(r, RunStarted) and not r.traceparent for r in records):
+        for record in records:  # a loop, not any(): this runs before every commit
+            if type(record) is RunStarted and not record.traceparent:
+                break
+        else:
             return records
         out: list[Record] = []
         for record in records:
@@ -246,7 +254,7 @@ class Tracing:
         return out
 
     def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
-        if not self.recording():
+        if not (self._recording or self.recording()):
             return
         for c in committed:
             record = c.record
@@ -396,8 +404,8 @@ class Tracing:
         if self._current.get(r.session_id) is span:
             del self._current[r.session_id]
         run = state.runs.get(r.run_id)
-        usage = run.usage if run is not None else Usage()
-        span.set_attributes({"perdure.run.status": r.status, **_usage_attributes(usage)})
+        usage = run.usage if run is not None else _NO_USAGE
+        span.set_attributes(_add_usage({"perdure.run.status": r.status}, usage))
         if r.status == "failed":
             span.set_status(Status(StatusCode.ERROR, r.reason or "failed"))
             span.set_attribute("error.type", "perdure.run_failed")
@@ -453,41 +461,63 @@ class Tracing:
         state: SessionState,
         session_id: str,
         generation_id: str,
-        attempt_no: int,
         attributes: dict[str, Any],
+        usage: Usage,
         at: float,
         error: str | None,
     ) -> None:
+        """An attempt's ``chat`` span and its metric records; ``attributes``: the span's."""
         attempt = self._attempt(state, session_id, generation_id)
         gen = state.generations.get(generation_id)
         run_id = gen.run_id if gen is not None else attempt.run_id
-        model = attributes.get("gen_ai.request.model") or ""
+        provider = attributes.get("gen_ai.provider.name", "")
+        model = attributes.get("gen_ai.request.model", "")
         start = min(attempt.started, at)
-        span_attributes = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.conversation.id": session_id,
-            "perdure.generation.id": generation_id,
-            "perdure.attempt": attempt_no,
-            **attributes,
-        }
         parent = self._parent(state, session_id, run_id)
-        name = f"chat {model}".strip()
-        self._later(self._span, name, parent, SpanKind.CLIENT, span_attributes, start, at, error)
-        metric_attrs = {
-            k: v
-            for k, v in attributes.items()
-            if k
-            in (
-                "gen_ai.provider.name",
-                "gen_ai.request.model",
-                "gen_ai.response.model",
-            )
-            and v
-        }
-        metric_attrs["gen_ai.operation.name"] = "chat"
-        if error is not None:
-            metric_attrs["error.type"] = attributes["error.type"]
-        self._later(self._duration.record, max(0.0, at - start), metric_attrs)
+        name = f"chat {model}" if model else "chat"
+        self._later(self._span, name, parent, SpanKind.CLIENT, attributes, start, at, error)
+        duration, inputs, outputs = self._metric_attributes(
+            provider,
+            model,
+            attributes.get("gen_ai.response.model", ""),
+            attributes["error.type"] if error is not None else "",
+        )
+        self._later(self._duration.record, max(0.0, at - start), duration)
+        if usage.input_tokens:
+            self._later(self._token_usage.record, usage.input_tokens, inputs)
+        if usage.output_tokens:
+            self._later(self._token_usage.record, usage.output_tokens, outputs)
+
+    def _metric_attributes(
+        self, provider: str, request_model: str, response_model: str, error_type: str
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The attributes of an attempt's duration, input and output token records.
+
+        Made once per combination and shared by every record that has it (the SDK only
+        reads them): a session's attempts all have the same few, and building three
+        dicts per attempt was a third of this observer's own work.
+        """
+        key = (provider, request_model, response_model, error_type)
+        found = self._metric_attrs.get(key)
+        if found is not None:
+            return found
+        base: dict[str, Any] = {"gen_ai.operation.name": "chat"}
+        if provider:
+            base["gen_ai.provider.name"] = provider
+        if request_model:
+            base["gen_ai.request.model"] = request_model
+        if response_model:
+            base["gen_ai.response.model"] = response_model
+        duration = {**base, "error.type": error_type} if error_type else base
+        found = (
+            duration,
+            {**base, "gen_ai.token.type": "input"},
+            {**base, "gen_ai.token.type": "output"},
+        )
+        # Models and error types are few, but they come from outside: bounded.
+        if len(self._metric_attrs) < METRIC_ATTRIBUTE_SETS:
+            self._metric_attrs[key] = found
+        return found
 
     def _span(
         self,
@@ -507,33 +537,22 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=_ns(end))
 
-    def _tokens(self, usage: Usage, attributes: dict[str, Any]) -> None:
-        base = {"gen_ai.operation.name": "chat"}
-        base.update(
-            {
-                k: v
-                for k, v in attributes.items()
-                if k in ("gen_ai.provider.name", "gen_ai.request.model", "gen_ai.response.model")
-                and v
-            }
-        )
-        record = self._token_usage.record
-        if usage.input_tokens:
-            self._later(record, usage.input_tokens, {**base, "gen_ai.token.type": "input"})
-        if usage.output_tokens:
-            self._later(record, usage.output_tokens, {**base, "gen_ai.token.type": "output"})
-
     def _retry_pending(self, state: SessionState, r: RetryPending) -> None:
         error_type = _error_type(r.error)
-        attributes: dict[str, Any] = {"error.type": error_type}
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.conversation.id": r.session_id,
+            "perdure.generation.id": r.generation_id,
+            "perdure.attempt": r.attempt,
+            "error.type": error_type,
+        }
         if r.provider:
             attributes["gen_ai.provider.name"] = r.provider
         if r.model:
             attributes["gen_ai.request.model"] = r.model
-        if r.usage != Usage():
-            attributes.update(_usage_attributes(r.usage))
-        self._chat(state, r.session_id, r.generation_id, r.attempt, attributes, r.at, r.error)
-        self._tokens(r.usage, attributes)
+        if r.usage != _NO_USAGE:
+            _add_usage(attributes, r.usage)
+        self._chat(state, r.session_id, r.generation_id, attributes, r.usage, r.at, r.error)
         self._event(
             r.session_id,
             "gen_ai.retry",
@@ -553,12 +572,16 @@ class Tracing:
         gen = state.generations.get(r.generation_id)
         asked = gen.failures[-1].model if gen is not None and gen.failures else ""
         attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.conversation.id": r.session_id,
+            "perdure.generation.id": r.generation_id,
+            "perdure.attempt": r.attempt,
             "gen_ai.request.model": asked or r.model,
             "gen_ai.response.model": r.model,
             "gen_ai.response.id": r.response_id,
-            "gen_ai.response.finish_reasons": [r.stop_reason],
-            **_usage_attributes(r.usage),
+            "gen_ai.response.finish_reasons": (r.stop_reason,),
         }
+        _add_usage(attributes, r.usage)
         if r.provider:
             attributes["gen_ai.provider.name"] = r.provider
         if self.capture_content:
@@ -572,8 +595,7 @@ class Tracing:
             attributes["gen_ai.output.messages"] = json.dumps(
                 [{"role": "assistant", "parts": parts, "finish_reason": r.stop_reason}]
             )
-        self._chat(state, r.session_id, r.generation_id, r.attempt, attributes, r.at, None)
-        self._tokens(r.usage, attributes)
+        self._chat(state, r.session_id, r.generation_id, attributes, r.usage, r.at, None)
         self._attempts.pop((r.session_id, r.generation_id), None)
 
     # -- tool attempts --------------------------------------------------------------

@@ -435,3 +435,33 @@ async def test_a_failing_sdk_call_in_a_batch_is_logged_and_the_rest_still_goes_o
 def test_batch_delay_must_be_seconds(bad: Any) -> None:
     with pytest.raises(ValueError, match="batch_delay"):
         Tracing(batch_delay=bad)
+
+
+def test_metric_attributes_are_shared_per_combination_and_their_cache_is_bounded() -> None:
+    from perdure.observability.tracing import METRIC_ATTRIBUTE_SETS
+
+    tracing = Tracing(meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    duration, inputs, outputs = tracing._metric_attributes("acme", "m1", "m1-0613", "")
+    assert duration == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "acme",
+        "gen_ai.request.model": "m1",
+        "gen_ai.response.model": "m1-0613",
+    }
+    assert inputs == {**duration, "gen_ai.token.type": "input"}
+    assert outputs == {**duration, "gen_ai.token.type": "output"}
+    # The same combination: the very same dicts (the SDK only reads them).
+    assert tracing._metric_attributes("acme", "m1", "m1-0613", "")[0] is duration
+    failed, failed_inputs, _ = tracing._metric_attributes("acme", "m1", "", "RateLimited")
+    assert failed == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "acme",
+        "gen_ai.request.model": "m1",
+        "error.type": "RateLimited",
+    }
+    assert "error.type" not in failed_inputs  # token counts carry no error type
+    # Models come from outside: past the bound, sets are still right, only not kept.
+    for i in range(2 * METRIC_ATTRIBUTE_SETS):
+        got, _, _ = tracing._metric_attributes("acme", f"model-{i}", "", "")
+        assert got["gen_ai.request.model"] == f"model-{i}"
+    assert len(tracing._metric_attrs) == METRIC_ATTRIBUTE_SETS
