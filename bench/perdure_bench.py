@@ -149,8 +149,9 @@ def _sdk_floor(spans: list[Any], turns: int) -> float:
     return (time.process_time() - cpu) / turns * 1e3
 
 
-def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
-    """The ``telemetry`` option of a mode, how to count the spans it exported, and them.
+def _tracing(mode: str) -> tuple[Any, Callable[[], int], Any]:
+    """The ``telemetry`` option of a mode, how to count the spans it exported, and its
+    in-memory span exporter (None without one).
 
     ``off``: no observer. ``noop``: the OpenTelemetry API with no provider installed
     (what an application that does not trace pays). ``traces``: the SDK's tracer
@@ -159,9 +160,9 @@ def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
     meter provider with an in-memory metric reader.
     """
     if mode == "off":
-        return None, lambda: 0, list
+        return None, lambda: 0, None
     if mode == "noop":
-        return "auto", lambda: 0, list
+        return "auto", lambda: 0, None
     if mode not in ("on", "traces"):
         raise SystemExit(f"unknown tracing mode {mode!r}")
     from opentelemetry.sdk.metrics import MeterProvider
@@ -184,14 +185,14 @@ def _tracing(mode: str) -> tuple[Any, Callable[[], int], Callable[[], Any]]:
         return len(exporter.get_finished_spans())
 
     tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    return tracing, exported, exporter.get_finished_spans
+    return tracing, exported, exporter
 
 
 async def tracing(log: str, k: int, mode: str, sessions: int = 1) -> dict[str, Any]:
     """Per-turn latency and process CPU per turn in the given mode, over ``sessions``
     sessions of K turns run one after the other (more turns per trial: one session's
     50 turns are ~70 ms of CPU, at the mercy of whatever else the machine does)."""
-    telemetry, exported, finished = _tracing(mode)
+    telemetry, exported, exporter = _tracing(mode)
     provider = BenchProvider(k)
     gaps: list[float] = []
     turns = 0
@@ -224,22 +225,26 @@ async def tracing(log: str, k: int, mode: str, sessions: int = 1) -> dict[str, A
         "spans": spans,
     }
     if mode == "on":
-        result["sdk_floor_ms_per_turn"] = _sdk_floor(list(finished()), max(k, 200))
+        result["sdk_floor_ms_per_turn"] = _sdk_floor(
+            list(exporter.get_finished_spans()), max(k, 200)
+        )
     return result
 
 
 async def tracing_ab(log: str, k: int, rounds: int) -> dict[str, Any]:
-    """Tracing off, traces and on in ONE process: ``rounds`` rounds, each running one
-    K-turn session per mode on a fresh runtime (its own log), in an order that rotates
-    from round to round. A round's three sessions run within a second of each other,
-    so the ratios of a round compare like with like on a VM whose speed drifts."""
-    setups = {mode: _tracing(mode) for mode in ("off", "traces", "on")}
+    """Tracing off, through the bare API, traces and on in ONE process: ``rounds`` rounds,
+    each running one K-turn session per mode on a fresh runtime (its own log), in an
+    order that rotates from round to round. A round's sessions run within a second of
+    each other, so the ratios of a round compare like with like on a VM whose speed
+    drifts; ``noop`` (the API with no provider, which records nothing) is the control
+    that shows how finely this method resolves."""
+    setups = {mode: _tracing(mode) for mode in ("off", "noop", "traces", "on")}
     modes = list(setups)
     cpu: dict[str, list[float]] = {mode: [] for mode in modes}
-    for r in range(rounds):
+    for r in range(-1, rounds):  # round -1 is not counted: the process's first of all
         order = modes[r % len(modes) :] + modes[: r % len(modes)]
         for mode in order:
-            telemetry, exported, _ = setups[mode]
+            telemetry, exported, exporter = setups[mode]
             provider = BenchProvider(k, record=False)
             async with perdure.open_runtime(
                 f"{log}/{mode}-{r}",
@@ -258,22 +263,29 @@ async def tracing_ab(log: str, k: int, rounds: int) -> dict[str, Any]:
                 spans = exported() - spans  # flushed inside the measured span of CPU
                 took = time.process_time() - began
             assert outcome is not None and outcome.status == "completed", outcome
-            assert spans == (0 if mode == "off" else 2 * k + 2), (mode, spans)
-            cpu[mode].append(took / (k + 1) * 1e3)
+            assert spans == (2 * k + 2 if mode in ("traces", "on") else 0), (mode, spans)
+            if r >= 0:
+                cpu[mode].append(took / (k + 1) * 1e3)
+            if exporter is not None:
+                exporter.clear()  # a real exporter sends its spans away: keep none
     ratios = {
         mode: [a / b for a, b in zip(cpu[mode], cpu["off"], strict=True)]
-        for mode in ("traces", "on")
+        for mode in ("noop", "traces", "on")
     }
-
-    return {
+    result: dict[str, Any] = {
         "system": "perdure tracing, one process",
         "k": k,
         "rounds": rounds,
         "cpu_ms_per_turn": cpu,
         "ratios": ratios,
-        "traces_over_off_cpu": workload.median(ratios["traces"]),
-        "on_over_off_cpu": workload.median(ratios["on"]),
     }
+    for mode, found in ratios.items():
+        result[f"{mode}_over_off_cpu"] = workload.median(found)
+        result[f"{mode}_over_off_cpu_quartiles"] = [
+            workload.quantile(found, 0.25),
+            workload.quantile(found, 0.75),
+        ]
+    return result
 
 
 # -- where a turn's time goes (instrumented, not used for the headline figures) -------------
