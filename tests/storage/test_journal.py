@@ -383,3 +383,41 @@ def test_commit_fault_counts_durable_appends_only(tmp_path: Path) -> None:
         log.close()
     # d is durable although its caller never heard so; e was never written.
     assert calls == [None, "a", "c", "d", None]
+
+
+async def test_reads_of_a_local_log_use_at_most_a_few_worker_threads(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of reads (a thousand sessions starting at once) takes turns on
+    ``LOCAL_READ_THREADS`` threads instead of starting one per read up to trio's 40:
+    the reads are CPU-bound, and every idle thread of trio's cache keeps its memory."""
+    from perdure.storage.journal import LOCAL_READ_THREADS
+
+    async with open_journal(log) as journal:
+        await journal.append([SessionCreated(session_id="s0", at=1.0)])
+        lock = threading.Lock()
+        running, most, threads = 0, 0, set()
+        read = log.read_session
+
+        def slow_read(*args: object) -> list[Committed]:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+                threads.add(threading.get_ident())
+            time.sleep(0.01)  # long enough for every read of the burst to be waiting
+            with lock:
+                running -= 1
+            return read(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(log, "read_session", slow_read)
+        found: list[int] = []
+
+        async def one() -> None:
+            found.append(len(await journal.read_session("s0")))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(30):
+                nursery.start_soon(one)
+    assert found == [1] * 30  # every read answered, in full
+    assert most == LOCAL_READ_THREADS == len(threads)
