@@ -21,6 +21,18 @@ thread, and a log whose backend is not local (PostgreSQL) never commits on the
 loop. Either way a write transaction begins and ends on one thread, the two never
 overlap, and deliveries stay in commit order.
 
+A busy loop (work still runnable at the round's end) keeps its appends instead of
+handing them to the writer thread, because there the writer would wait for the GIL
+until the loop idles: a busy trio thread gives the GIL up at every system call and
+takes it straight back, and each release restarts the 5 ms a waiting thread lets
+pass before it asks for the GIL (measured: a loop kept busy by CPU-bound work left
+commits waiting seconds). The loop commits the kept appends itself at the end of a
+later round: a lone append (one session's) once ``BUSY_COMMIT_SPACING`` mean commit
+times have passed since the last commit ended, so that such commits take at most a
+third of a busy loop's time; several once the oldest has waited
+``BUSY_GROUP_WAIT`` of them (their group grows meanwhile); any of them as soon as
+the loop would sleep.
+
 Reads run in trio worker threads, each in its own short read transaction; a local
 log's at most ``LOCAL_READ_THREADS`` at once (they are CPU-bound under the GIL).
 
@@ -106,6 +118,11 @@ LOOP_COMMIT_BUDGET: Final = 0.002
 RELEASE_QUIET: Final = 1.0
 RELEASE_EVERY: Final = 10.0
 _EWMA_WEIGHT: Final = 0.2
+# On a busy loop (see the module's docstring), in multiples of the mean commit time: a
+# lone append commits once this long has passed since the last commit ended...
+BUSY_COMMIT_SPACING: Final = 2.0
+# ...and several appends once the oldest of them has waited this long.
+BUSY_GROUP_WAIT: Final = 10.0
 
 
 class _RoundEnd(trio.abc.Instrument):
@@ -154,6 +171,8 @@ class Journal:
         self.commit_on_loop = log.local if commit_on_loop is None else commit_on_loop
         self.loop_commit_budget = loop_commit_budget
         self._commit_seconds = 0.0  # the weighted mean of recent commits' durations
+        self._held_since = 0.0  # when the oldest of ``_held`` was appended
+        self._last_commit_end = 0.0  # of the loop's commits (perf_counter)
         # Called on the trio thread after each durable transaction with its records
         # (every session's) and the seconds the backend's commit took (metrics).
         self.commit_listeners: list[Callable[[Sequence[Committed], float], None]] = []
@@ -185,7 +204,9 @@ class Journal:
             assert request.result is not None
             return request.result
         request.waiter = trio.lowlevel.current_task()
-        self._held.append(request)  # handed over at the end of this round (_RoundEnd)
+        if not self._held:
+            self._held_since = time.perf_counter()
+        self._held.append(request)  # handed over at the end of a round (_RoundEnd)
         await trio.lowlevel.wait_task_rescheduled(_uncancellable)
         if request.error is not None:
             raise request.error
@@ -207,25 +228,38 @@ class Journal:
 
     def _end_round(self, timeout: float) -> None:
         """On the trio thread, before it waits for I/O: commit here or hand over."""
-        held, self._held = self._held, []
         if (
-            timeout > 0  # nothing runnable and no timer due: the loop would sleep
-            and self.commit_on_loop
+            self.commit_on_loop
             and not self._in_flight
             and self._commit_seconds <= self.loop_commit_budget
             and not _faults.SLOW_COMMIT
         ):
-            results, took = self._commit(held)
-            self.stats.loop_transactions += 1
-            self._deliver(held, results, took)
-            # The waiters were rescheduled, but the loop already chose to sleep for
-            # ``timeout``: wake it (a byte on its wake-up socket; no thread involved).
-            assert self._token is not None
-            self._token.run_sync_soon(_nothing)
-            return
+            if timeout > 0:  # nothing runnable and no timer due: the loop would sleep
+                self._commit_on_loop()
+                # The waiters were rescheduled, but the loop already chose to sleep for
+                # ``timeout``: wake it (a byte on its wake-up socket; no thread involved).
+                assert self._token is not None
+                self._token.run_sync_soon(_nothing)
+                return
+            now, mean = time.perf_counter(), self._commit_seconds
+            if (
+                now - self._held_since >= BUSY_GROUP_WAIT * mean
+                if len(self._held) > 1
+                else now - self._last_commit_end >= BUSY_COMMIT_SPACING * mean
+            ):
+                self._commit_on_loop()
+            return  # kept for a later round (the module's docstring says why)
+        held, self._held = self._held, []
         self._in_flight += len(held)
         for request in held:
             self._queue.put(request)
+
+    def _commit_on_loop(self) -> None:
+        held, self._held = self._held, []
+        results, took = self._commit(held)
+        self.stats.loop_transactions += 1
+        self._deliver(held, results, took)
+        self._last_commit_end = time.perf_counter()
 
     def _writer(self) -> None:
         # The pages of an LMDB map that commits fault in are released once the log has

@@ -4,8 +4,10 @@
   transactions than appends, and each caller still gets its own contiguous seqs
   whose records read back identical, globally and per session.
 * Every write transaction runs on the Journal's writer thread, or on the trio thread
-  when the loop is idle, nothing is in the writer's hands and commits are quick; the
-  two never overlap, and a slow disk sends commits back to the writer thread.
+  while nothing is in the writer's hands and commits are quick: when the loop is idle,
+  and when it is busy (a lone append once the last commit is a little behind, several
+  together once the oldest waited a little); the two never overlap, and a slow disk
+  sends commits back to the writer thread.
   ``log.commit`` from any other thread is refused, and writes nothing.
 * A guarded batch whose goal revision is stale raises ``StaleGoal``, writes nothing
   (no seq, no index entry, no session summary) and leaves the other batches of the
@@ -24,12 +26,15 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
 from perdure.storage import Guard, StaleGoal
+from perdure.storage import journal as journal_module
 from perdure.storage.journal import Journal, open_journal
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
@@ -195,33 +200,94 @@ class _Watched:
             self.running -= 1
 
 
-async def test_a_busy_loop_hands_commits_to_the_writer_and_order_holds(log: LmdbLog) -> None:
+@asynccontextmanager
+async def busy_loop() -> AsyncIterator[trio.Event]:
+    """A task always runnable for the block: every round ends with work left (busy)."""
+    stop = trio.Event()
+
+    async def spinner() -> None:
+        while not stop.is_set():
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(spinner)
+        await trio.lowlevel.checkpoint()
+        yield stop
+        stop.set()
+
+
+async def test_a_busy_loop_commits_a_lone_append_itself_and_order_holds(log: LmdbLog) -> None:
+    """A busy loop does not hand its appends to the writer thread, which would wait for the
+    GIL until the loop idles: a lone append commits on the loop at a round's end."""
     watched = _Watched(log)
-    journal = Journal(watched, commit_on_loop=True)  # type: ignore[arg-type]
+    journal = Journal(watched, commit_on_loop=True, loop_commit_budget=math.inf)  # type: ignore[arg-type]
     journal._start()
     try:
-        stop = trio.Event()
-
-        async def spinner() -> None:  # always runnable: the loop is never idle
-            while not stop.is_set():
-                await trio.lowlevel.checkpoint()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(spinner)
-            await trio.lowlevel.checkpoint()
+        async with busy_loop():
             busy = [await journal.append([tool_result("s", f"b{i}")]) for i in range(5)]
-            stop.set()
-        assert journal.stats.loop_transactions == 0, "committed on a loop that had work"
-        assert set(watched.threads) == {journal.writer_thread.ident}  # type: ignore[union-attr]
-        journal.loop_commit_budget = math.inf  # whatever this machine's disk does
+        assert journal.stats.loop_transactions == journal.stats.transactions == 5
+        assert set(watched.threads) == {threading.get_ident()}  # none was the writer's
         idle = [await journal.append([tool_result("s", f"i{i}")]) for i in range(5)]
-        assert journal.stats.loop_transactions == 5
+        assert journal.stats.loop_transactions == 10
         seqs = [c[0].seq for c in busy + idle]
         assert seqs == sorted(seqs) == list(range(seqs[0], seqs[0] + 10))
         assert watched.overlaps == 0
     finally:
         with trio.CancelScope(shield=True):
             await journal._stop()
+
+
+async def test_a_busy_loop_spaces_its_commits_of_lone_appends(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within ``BUSY_COMMIT_SPACING`` mean commit times of the last commit, a lone append
+    on a busy loop waits (here: forever, until the loop idles), held on the loop."""
+    watched = _Watched(log)
+    async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
+        await journal.append([tool_result("s", "first")])  # a commit: the mean is known
+        monkeypatch.setattr(journal_module, "BUSY_COMMIT_SPACING", math.inf)
+        got: list[list[Committed]] = []
+
+        async def append() -> None:
+            got.append(await journal.append([tool_result("s", "held")]))
+
+        async with trio.open_nursery() as nursery, busy_loop():
+            nursery.start_soon(append)
+            for _ in range(200):
+                await trio.lowlevel.checkpoint()
+            assert got == [] and journal.stats.transactions == 1
+            assert journal._in_flight == 0  # kept on the loop, not the writer's
+        assert [c.record.call_id for c in got[0]] == ["held"]  # the loop went idle
+        assert journal.stats.loop_transactions == journal.stats.transactions == 2
+
+
+@pytest.mark.parametrize("group_wait", [0.0, math.inf])
+async def test_a_busy_loop_commits_several_appends_together_after_the_group_wait(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch, group_wait: float
+) -> None:
+    """Several appends on a busy loop commit in one transaction once the oldest has waited
+    ``BUSY_GROUP_WAIT`` mean commit times (0: at the round's end; infinite: not before the
+    loop idles), and never through the writer thread."""
+    watched = _Watched(log)
+    monkeypatch.setattr(journal_module, "BUSY_GROUP_WAIT", group_wait)
+    async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
+        records = [tool_result(f"s{i}", "c") for i in range(6)]
+        got: list[Record] = []
+
+        async def append(record: Record) -> None:
+            got.extend(c.record for c in await journal.append([record]))
+
+        async with trio.open_nursery() as nursery, busy_loop():
+            for record in records:
+                nursery.start_soon(append, record)
+            for _ in range(200):
+                await trio.lowlevel.checkpoint()
+            busy_transactions = journal.stats.transactions
+            assert journal._in_flight == 0  # kept on the loop, not the writer's
+        assert sorted(got, key=records.index) == records
+        assert journal.stats.loop_transactions == journal.stats.transactions == 1
+        assert busy_transactions == (1 if group_wait == 0.0 else 0)
+        assert set(watched.threads) == {threading.get_ident()}
 
 
 async def test_slow_commits_go_back_to_the_writer_thread(log: LmdbLog) -> None:

@@ -373,30 +373,27 @@ async def test_the_loop_never_commits_while_any_handed_commit_is_pending(tmp_pat
     time, in order)."""
     watched = _Watched(LmdbLog(tmp_path / "log"), delay=0.05)
     got: dict[str, list[Committed]] = {}
-    async with started(watched, commit_on_loop=True, loop_commit_budget=math.inf) as journal:
-        stop = trio.Event()
-
-        async def spinner() -> None:  # keeps the loop busy: rounds are handed over
-            while not stop.is_set():
-                await trio.lowlevel.checkpoint()
+    # A budget below any commit: a and b go to the writer thread.
+    async with started(watched, commit_on_loop=True, loop_commit_budget=-1.0) as journal:
 
         async def append(name: str, wait: float = 0.0) -> None:
             await trio.sleep(wait)
             got[name] = await journal.append([result("s", name)])
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(spinner)
             nursery.start_soon(append, "a")
             nursery.start_soon(append, "b", 0.01)  # while the writer is inside a's commit
             while "a" not in got:
                 await trio.lowlevel.checkpoint()
-            stop.set()
             assert "b" not in got  # b is still the writer's
-            await append("c")  # an idle round: b's commit is not over
+            journal.loop_commit_budget = math.inf  # the loop may commit again, but...
+            await append("c")  # ...b's commit is not over: c is handed over too
         assert watched.overlaps == 0
         seqs = [got[name][0].seq for name in "abc"]
         assert seqs == sorted(seqs)
         assert journal.stats.loop_transactions == 0
+        await append("d")  # nothing in the writer's hands any more: the idle loop's
+        assert journal.stats.loop_transactions == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
