@@ -387,6 +387,20 @@ async def test_a_session_woken_while_a_thread_freezes_it_keeps_its_new_state(
         assert not [r for r in caplog.records if "unfrozen" in r.getMessage()]
 
 
+async def trimmed(rt: perdure.Runtime, clock: MockClock) -> None:
+    """Wait for the round's heap trim, which runs in a worker thread. The clock stands
+    still meanwhile: autojumping, the loop would spin through its timers without ever
+    sleeping, the thread would wait for the GIL (a spinning loop keeps taking it back),
+    and the virtual deadline would pass first."""
+    clock.autojump_threshold = 0.005  # real seconds all tasks must be blocked to jump
+    try:
+        with trio.fail_after(10):
+            while rt._sup.heap_trims == 0:  # noqa: ASYNC110 (the round's trim, in a thread)
+                await trio.sleep(0.01)
+    finally:
+        clock.autojump_threshold = 0
+
+
 async def test_a_round_that_froze_states_gives_the_free_heap_back_off_the_loop(
     where: Where, clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -406,9 +420,7 @@ async def test_a_round_that_froze_states_gives_the_free_heap_back_off_the_loop(
         # Rounds that freeze nothing trim nothing: the session is asleep, not frozen yet.
         assert trims == [] and rt._sup.heap_trims == 0
         await frozen(rt)
-        with trio.fail_after(10):
-            while rt._sup.heap_trims == 0:  # noqa: ASYNC110 (the round's trim, in a thread)
-                await trio.sleep(0.01)
+        await trimmed(rt, clock)
         assert len(trims) == 1 and trims[0] != loop
         # Frozen already: later rounds find nothing to freeze, and trim nothing more.
         await trio.sleep(3 * FREEZE_AFTER * hibernate_after)
@@ -430,7 +442,5 @@ async def test_an_eviction_round_gives_the_free_heap_back_too(
         await run_once_and_sleep(rt)
         assert trims == []
         await evicted(rt)
-        with trio.fail_after(10):
-            while rt._sup.heap_trims == 0:  # noqa: ASYNC110 (the round's trim, in a thread)
-                await trio.sleep(0.01)
+        await trimmed(rt, clock)
         assert trims == [1] and rt._sup.freezes == 0
