@@ -55,14 +55,14 @@ def _seqs(chunk: bytes) -> list[int]:
 def install() -> None:
     commit = Journal._commit
 
-    def timed_commit(self: Journal, requests: list[Any]) -> tuple[list[Any], float]:
-        results, took = commit(self, requests)
+    def timed_commit(self: Journal, requests: list[Any]) -> tuple[list[Any], float, float]:
+        results, took, waited = commit(self, requests)
         now = time.time()
         for result in results:
             if isinstance(result, list):
                 for c in result:
                     durable[c.seq] = now
-        return results, took
+        return results, took, waited
 
     Journal._commit = timed_commit  # type: ignore[method-assign]
 

@@ -59,7 +59,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from perdure import _libc, retention
+from perdure import _libc, _threads, retention
 from perdure.actors import balance, decide, dormant
 from perdure.actors.context import ActorContext
 from perdure.actors.protocol import Forked, Submit
@@ -173,7 +173,7 @@ async def dormant_state(entry: _Dormant | bytes) -> SessionState:
         return entry.state
     if len(entry) < dormant.OFF_LOOP_BYTES:
         return dormant.thaw(entry)
-    return await trio.to_thread.run_sync(dormant.thaw, entry)
+    return await _threads.run_sync(dormant.thaw, entry)
 
 
 def freeze_round(
@@ -910,7 +910,7 @@ class Supervisor:
             ):
                 gc.collect()
             freezes = self.freezes
-            await trio.to_thread.run_sync(_libc.trim_heap)
+            await _threads.run_sync(_libc.trim_heap)
             self.heap_trims += 1
             self.freezes_at_trim = freezes
         finally:
@@ -925,7 +925,7 @@ class Supervisor:
             if len(entry.state.conversation) < dormant.OFF_LOOP_ITEMS:
                 blob = dormant.freeze(entry.state, entry.until)
             else:
-                blob = await trio.to_thread.run_sync(dormant.freeze, entry.state, entry.until)
+                blob = await _threads.run_sync(dormant.freeze, entry.state, entry.until)
         except Exception as exc:
             # Woken while a thread pickled it, its new actor may have changed the state
             # under the pickler: that blob was not going to be used anyway.

@@ -27,9 +27,11 @@ until the loop idles: a busy trio thread gives the GIL up at every system call a
 takes it straight back, and each release restarts the 5 ms a waiting thread lets
 pass before it asks for the GIL (measured: a loop kept busy by CPU-bound work left
 commits waiting seconds). The loop commits the kept appends itself at the end of a
-later round: a lone append (one session's) once ``BUSY_COMMIT_SPACING`` mean commit
-times have passed since the last commit ended, so that such commits take at most a
-third of a busy loop's time; several once the oldest has waited
+later round, in units of a commit's mean wait (its wall time minus its thread's CPU
+time in it: the fsync; the encoding holds the GIL, so it costs the loop the same on
+either thread): a lone append (one session's) once ``BUSY_COMMIT_SPACING`` of them
+have passed since the last commit ended, so that the loop spends at most a third of
+its time waiting for such commits; several once the oldest has waited
 ``BUSY_GROUP_WAIT`` of them (their group grows meanwhile); any of them as soon as
 the loop would sleep.
 
@@ -66,7 +68,7 @@ from typing import Any, Final, TypeVar
 import trio
 from attrs import define
 
-from perdure import _faults
+from perdure import _faults, _threads
 from perdure.storage.backend import ClusterView, Guard, LogBackend, SessionInfo
 from perdure.storage.bus import Event, EventBus, Subscription
 from perdure.storage.errors import LogError, LogFenced, SessionFenced
@@ -110,15 +112,18 @@ class JournalStats:
     loop_transactions: int = 0  # of ``transactions``: committed on the trio thread
 
 
-# Commits on the trio thread while the recent ones took at most this long (an
-# exponentially weighted mean of the backend's commit time, in seconds).
+# Commits on the trio thread while the recent ones waited at most this long (an
+# exponentially weighted mean, in seconds, of each commit's wall time minus the CPU time
+# its thread spent in it: the fsync, not the encoding, which holds the GIL and so costs
+# the loop the same on either thread; a group commit of 1,000 sessions is milliseconds
+# of Python on a quick disk).
 LOOP_COMMIT_BUDGET: Final = 0.002
 # A mapped log's pages are released after this many seconds without a commit, and at
 # least this often while commits go on (seconds).
 RELEASE_QUIET: Final = 1.0
 RELEASE_EVERY: Final = 10.0
 _EWMA_WEIGHT: Final = 0.2
-# On a busy loop (see the module's docstring), in multiples of the mean commit time: a
+# On a busy loop (see the module's docstring), in multiples of the mean commit wait: a
 # lone append commits once this long has passed since the last commit ended...
 BUSY_COMMIT_SPACING: Final = 2.0
 # ...and several appends once the oldest of them has waited this long.
@@ -132,8 +137,11 @@ class _RoundEnd(trio.abc.Instrument):
         self.journal = journal
 
     def before_io_wait(self, timeout: float) -> None:
-        if self.journal._held:
-            self.journal._end_round(timeout)
+        journal = self.journal
+        if journal._held:
+            journal._end_round(timeout)
+        if timeout <= 0 and (journal._in_flight or journal._thread_calls.under_way):
+            _threads.let_in(journal._thread_calls)  # a busy loop: our threads' turn at the GIL
 
 
 class Journal:
@@ -170,7 +178,7 @@ class Journal:
         self._round_end = _RoundEnd(self)
         self.commit_on_loop = log.local if commit_on_loop is None else commit_on_loop
         self.loop_commit_budget = loop_commit_budget
-        self._commit_seconds = 0.0  # the weighted mean of recent commits' durations
+        self._commit_seconds = 0.0  # the weighted mean of recent commits' waits
         self._held_since = 0.0  # when the oldest of ``_held`` was appended
         self._last_commit_end = 0.0  # of the loop's commits (perf_counter)
         # Called on the trio thread after each durable transaction with its records
@@ -213,18 +221,18 @@ class Journal:
         assert request.result is not None
         return request.result
 
-    def _commit(self, requests: list[_Append]) -> tuple[list[Any], float]:
-        """One transaction for ``requests``: per request, its records or its error; and
-        the seconds the backend took."""
-        began = time.perf_counter()
+    def _commit(self, requests: list[_Append]) -> tuple[list[Any], float, float]:
+        """One transaction for ``requests``: per request, its records or its error; the
+        seconds the backend took; and of those, the ones its thread was not running
+        (waiting for the disk, or for the GIL)."""
+        began, cpu = time.perf_counter(), time.thread_time()
         try:
             results: list[Any] = self.log.commit([(r.records, r.guard) for r in requests])
         except BaseException as exc:  # every caller of this transaction must hear it
-            return [exc] * len(requests), time.perf_counter() - began
-        took = time.perf_counter() - began
+            return [exc] * len(requests), *_since(began, cpu)
         if _faults.ACTIVE:  # pragma: no mutate
             _count_commit_fault(results)
-        return results, took
+        return results, *_since(began, cpu)
 
     def _end_round(self, timeout: float) -> None:
         """On the trio thread, before it waits for I/O: commit here or hand over."""
@@ -256,9 +264,9 @@ class Journal:
 
     def _commit_on_loop(self) -> None:
         held, self._held = self._held, []
-        results, took = self._commit(held)
+        results, took, waited = self._commit(held)
         self.stats.loop_transactions += 1
-        self._deliver(held, results, took)
+        self._deliver(held, results, took, waited)
         self._last_commit_end = time.perf_counter()
 
     def _writer(self) -> None:
@@ -305,19 +313,23 @@ class Journal:
         if requests:
             if _faults.SLOW_COMMIT:
                 time.sleep(_faults.SLOW_COMMIT)  # the writer thread, never the loop
-            results, took = self._commit(requests)
+            results, took, waited = self._commit(requests)
             assert self._token is not None
-            self._token.run_sync_soon(self._handed_back, requests, results, took)
+            self._token.run_sync_soon(self._handed_back, requests, results, took, waited)
         return len(requests) != len(batch)
 
-    def _handed_back(self, requests: list[_Append], results: list[Any], took: float) -> None:
+    def _handed_back(
+        self, requests: list[_Append], results: list[Any], took: float, waited: float
+    ) -> None:
         # The writer thread's transaction, delivered on the trio thread.
         self._in_flight -= len(requests)
-        self._deliver(requests, results, took)
+        self._deliver(requests, results, took, waited)
 
-    def _deliver(self, requests: list[_Append], results: list[Any], took: float) -> None:
+    def _deliver(
+        self, requests: list[_Append], results: list[Any], took: float, waited: float
+    ) -> None:
         # Runs on the trio thread, in commit order.
-        self._commit_seconds += _EWMA_WEIGHT * (took - self._commit_seconds)
+        self._commit_seconds += _EWMA_WEIGHT * (waited - self._commit_seconds)
         committed_any = False
         for request, result in zip(requests, results, strict=True):
             if isinstance(result, BaseException):
@@ -365,7 +377,7 @@ class Journal:
             result = fn(*args)
             await trio.lowlevel.cancel_shielded_checkpoint()  # as uncancellable as a thread
             return result
-        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._reads)
+        return await _threads.run_sync(functools.partial(fn, *args), limiter=self._reads)
 
     async def read_session(
         self, session_id: str, after: int = 0, limit: int | None = None
@@ -489,6 +501,7 @@ class Journal:
             self.log.bind_writer(self._thread, threading.current_thread())
         else:
             self.log.bind_writer(self._thread)
+        self._thread_calls = _threads.calls()
         trio.lowlevel.add_instrument(self._round_end)
         self._thread.start()
         if self.log.multi_node:
@@ -520,6 +533,13 @@ class Journal:
 
 def _nothing() -> None:
     pass
+
+
+def _since(began: float, cpu: float) -> tuple[float, float]:
+    """(seconds since ``began``, and those this thread was not running: waiting for the
+    disk or for the GIL), from ``perf_counter`` and ``thread_time`` readings."""
+    took = time.perf_counter() - began
+    return took, max(0.0, took - (time.thread_time() - cpu))
 
 
 # Test-only (``PERDURE_FAULT=commit@n`` kills the process after the n-th durable append).

@@ -176,11 +176,13 @@ async def test_the_writer_keeps_nothing_of_a_batch_it_committed(log: LmdbLog) ->
 
 
 class _Watched:
-    """A backend wrapper that notes which thread ran each commit and any overlap."""
+    """A backend wrapper that notes which thread ran each commit and any overlap;
+    ``delay`` seconds asleep in each commit (a slow disk), or ``cpu`` seconds of work."""
 
-    def __init__(self, log: LmdbLog, delay: float = 0.0) -> None:
+    def __init__(self, log: LmdbLog, delay: float = 0.0, cpu: float = 0.0) -> None:
         self.log = log
         self.delay = delay
+        self.cpu = cpu
         self.threads: list[int] = []
         self.running = 0
         self.overlaps = 0
@@ -194,6 +196,9 @@ class _Watched:
         try:
             if self.delay:
                 time.sleep(self.delay)
+            began = time.thread_time()
+            while time.thread_time() - began < self.cpu:
+                pass
             self.threads.append(threading.get_ident())
             return self.log.commit(batches)  # type: ignore[arg-type]
         finally:
@@ -287,6 +292,17 @@ async def test_a_busy_loop_commits_several_appends_together_after_the_group_wait
         assert sorted(got, key=records.index) == records
         assert journal.stats.loop_transactions == journal.stats.transactions == 1
         assert busy_transactions == (1 if group_wait == 0.0 else 0)
+        assert set(watched.threads) == {threading.get_ident()}
+
+
+async def test_commits_long_on_cpu_but_quick_on_the_disk_stay_on_the_loop(log: LmdbLog) -> None:
+    """The budget weighs what a commit waited, not its encoding: 10 ms of CPU per commit
+    (five times the budget) would hold the GIL on the writer thread just the same."""
+    watched = _Watched(log, cpu=0.01)
+    async with open_journal(watched) as journal:  # type: ignore[arg-type]
+        for i in range(5):
+            await journal.append([tool_result("s", f"c{i}")])
+        assert journal.stats.loop_transactions == 5
         assert set(watched.threads) == {threading.get_ident()}
 
 
