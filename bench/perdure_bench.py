@@ -4,6 +4,7 @@
     python bench/perdure_bench.py census LOG
     python bench/perdure_bench.py breakdown LOG K
     python bench/perdure_bench.py concurrency LOG SESSIONS K [default|off|tuned]
+    python bench/perdure_bench.py busy-loop LOG SESSIONS K THINK_MS
     python bench/perdure_bench.py build-finished LOG SESSIONS K
     python bench/perdure_bench.py build-interrupted LOG SESSIONS K BLOCK_AT_TURN
     python bench/perdure_bench.py recover LOG SESSIONS K
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +39,7 @@ from bench import workload
 from bench.agent import BenchProvider, ToolControl, lookup, runtime_options
 from bench.common import current_rss_mib, emit, note, rss_split_kib
 from perdure.actors.supervisor import FREEZE_AFTER
+from perdure.providers.base import Emit, ModelReply, ModelRequest
 from perdure.storage.codec import encode
 
 _BATCH = 250  # sessions driven at once while building a big log
@@ -494,6 +497,95 @@ class _CollectorTime:
         gc.callbacks.remove(self._note)
 
 
+# -- a busy loop ---------------------------------------------------------------------------
+
+
+class ThinkingProvider(BenchProvider):
+    """The workload's model, taking a while to answer: uniformly 0.5-1.5 x ``think``
+    seconds (a seeded draw), so that concurrent sessions drift apart as real ones do."""
+
+    def __init__(self, k: int, think: float) -> None:
+        super().__init__(k)
+        self.think = think
+        self.thinks: dict[str, list[float]] = {}
+        self._draw = random.Random(21)
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        took = self.think * self._draw.uniform(0.5, 1.5)
+        reply = await super().complete(request, emit)  # notes the call's start
+        self.thinks.setdefault(request.session_id, []).append(took)
+        await trio.sleep(took)
+        return reply
+
+
+SPIN_STEP = 50e-6  # seconds of CPU per step of the application's own task
+
+
+async def _spin(stop: trio.Event, steps: list[int]) -> None:
+    """The application's CPU-bound work on the loop: 50 us of CPU, then a checkpoint."""
+    while not stop.is_set():
+        began = time.thread_time()
+        while time.thread_time() - began < SPIN_STEP:
+            pass
+        steps[0] += 1
+        await trio.lowlevel.checkpoint()
+
+
+async def busy_loop(log: str, sessions: int, k: int, think_ms: int) -> dict[str, Any]:
+    """SESSIONS x K turns of a model that thinks THINK_MS (0.5-1.5 x), once on a quiet
+    loop and once beside a CPU-bound task of the application's on the same loop (a
+    spinner: 50 us of CPU per step). Per turn, what the durable steps add to the
+    model's thinking (the turn from one model call to the next, minus that call's
+    think), and how much of the spinner's progress (steps per second, against the
+    spinner alone in this process) the sessions leave it."""
+    out: dict[str, Any] = {"sessions": sessions, "k": k, "think_ms": think_ms}
+    stop, steps = trio.Event(), [0]
+    async with trio.open_nursery() as nursery:  # the spinner alone: the baseline
+        nursery.start_soon(_spin, stop, steps)
+        await trio.sleep(1.0)
+        stop.set()
+    out["spinner_alone_steps_per_s"] = steps[0] / 1.0
+    for busy in (False, True):
+        provider = ThinkingProvider(k, think_ms / 1e3)
+        async with perdure.open_runtime(
+            f"{log}-{'busy' if busy else 'quiet'}",
+            provider=provider,
+            tools=[lookup],
+            **runtime_options(k),
+        ) as rt:
+            sids = [await rt.create_session(_sid("b", i)) for i in range(sessions)]
+            before = attrs.evolve(rt.stats())
+            stop, steps = trio.Event(), [0]
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                if busy:
+                    nursery.start_soon(_spin, stop, steps)
+                await _run_sessions(rt, sids, "busy")
+                stop.set()
+            elapsed = time.perf_counter() - start
+            after = attrs.evolve(rt.stats())
+        added = [
+            (later - earlier - think) * 1e3
+            for sid, starts in provider.starts.items()
+            # the last call (the final answer) starts no turn: its think is left over
+            for earlier, later, think in zip(starts, starts[1:], provider.thinks[sid], strict=False)
+        ]
+        part = {
+            "turns_per_s": sessions * k / elapsed,
+            "added_p50_ms": workload.quantile(added, 0.5),
+            "added_p99_ms": workload.quantile(added, 0.99),
+            "commits": after.transactions - before.transactions,
+            "loop_commits": after.loop_transactions - before.loop_transactions,
+        }
+        if busy:
+            part["spinner_steps_per_s"] = steps[0] / elapsed
+            part["spinner_share_kept"] = (
+                part["spinner_steps_per_s"] / out["spinner_alone_steps_per_s"]
+            )
+        out["busy" if busy else "quiet"] = part
+    return out
+
+
 # -- recovery ---------------------------------------------------------------------------------
 
 
@@ -770,6 +862,8 @@ def main(argv: list[str]) -> None:
         emit(_run(census, log))
     elif cmd == "concurrency":
         emit(_run(concurrency, log, int(rest[0]), int(rest[1]), *rest[2:]))
+    elif cmd == "busy-loop":
+        emit(_run(busy_loop, log, *nums))
     elif cmd == "build-finished":
         emit(_run(build_finished, log, *nums))
     elif cmd == "build-interrupted":

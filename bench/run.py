@@ -53,6 +53,7 @@ FULL: dict[str, Any] = {
     "large_trials": 5,
     "large_peer_trials": 3,
     "concurrency": [(100, 10), (1000, 10)],
+    "busy_loop": (100, 10, 100),  # sessions, K, the model's think in ms (0.5-1.5 x)
     "finished_sessions": 10_000,
     "finished_k": 10,
     "interrupted_sessions": 100,
@@ -81,6 +82,7 @@ QUICK: dict[str, Any] = {
     "large_trials": 1,
     "large_peer_trials": 1,
     "concurrency": [(20, 3)],
+    "busy_loop": (10, 3, 20),
     "finished_sessions": 100,
     "finished_k": 3,
     "interrupted_sessions": 10,
@@ -449,6 +451,13 @@ class Suite:
                     sessions,
                     k,
                     env=MALLOC_ENV,
+                )
+            if (sessions, k) == self.cfg["concurrency"][0]:
+                # A loop that is never idle: the application's CPU-bound work beside the
+                # sessions (what durable steps add to a turn, what they leave the work).
+                log("busy loop: sessions beside a CPU-bound task on the same loop")
+                out["busy_loop"] = self.run(
+                    "perdure_bench.py", "busy-loop", self.path("busy"), *self.cfg["busy_loop"]
                 )
             if self.peers:
                 out[f"langgraph_{key}"] = self.peer(
@@ -1183,6 +1192,20 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
                 f"{_fmt(r.get('commits_per_s'), 0)} | {_fmt(r.get('appends_per_commit'), 1)} | "
                 f"{_fmt(r.get('records_per_commit'), 1)} |"
             )
+    busy = conc.get("busy_loop")
+    if busy is not None and "error" not in busy:
+        quiet, loaded = busy["quiet"], busy["busy"]
+        lines.append("")
+        lines.append(
+            f"- A busy loop ({busy['sessions']} sessions x {busy['k']} turns of a model "
+            f"thinking {busy['think_ms']} ms (0.5-1.5 x), beside a CPU-bound task of the "
+            "application's on the same trio loop, 50 us of CPU per step): the durable steps "
+            f"add {_fmt(loaded['added_p50_ms'])} ms per turn at p50, "
+            f"{_fmt(loaded['added_p99_ms'])} at p99 ({_fmt(quiet['added_p50_ms'])} / "
+            f"{_fmt(quiet['added_p99_ms'])} on a quiet loop); the task keeps "
+            f"{_pct(loaded['spinner_share_kept'])} of its progress alone; "
+            f"{loaded['loop_commits']} of {loaded['commits']} commits on the loop"
+        )
     rec = results["recovery"]
     lines.append("")
     lines.append(

@@ -88,6 +88,11 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     bare = results["concurrency"][f"skeleton-nolog_{first}"]
     assert _positive(skel["cpu_ms_per_turn"]) and skel["records_per_commit"] >= 1
     assert _positive(bare["cpu_ms_per_turn"]) and bare["commits"] == 0
+    busy = results["concurrency"]["busy_loop"]
+    for part in ("quiet", "busy"):
+        assert _positive(busy[part]["turns_per_s"]) and busy[part]["commits"] >= 1
+        assert busy[part]["added_p99_ms"] >= busy[part]["added_p50_ms"]
+    assert 0 < busy["busy"]["spinner_share_kept"] <= 1.2  # the task ran beside the sessions
     rec = results["recovery"]
     for name in ("without", "with_finished"):
         assert rec[name]["recovered_sessions"] == cfg["interrupted_sessions"]
@@ -137,6 +142,7 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     summary = (out / "summary-quick.md").read_text()
     assert "### PostgreSQL backend" in summary
     assert "### Ratios and targets" in summary
+    assert "- A busy loop (" in summary
     # The tracing target's rows read the one-process measurement, beside its control.
     (tracing_row,) = [n for n in ratios if n.startswith("CPU per turn, tracing on: SDK")]
     assert "one process, 1 rounds" in tracing_row and ratios[tracing_row]["met"] in (True, False)
