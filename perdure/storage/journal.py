@@ -138,10 +138,20 @@ class _RoundEnd(trio.abc.Instrument):
 
     def before_io_wait(self, timeout: float) -> None:
         journal = self.journal
-        if journal._held:
-            journal._end_round(timeout)
-        if timeout <= 0 and (journal._in_flight or journal._thread_calls.under_way):
-            _threads.let_in(journal._thread_calls)  # a busy loop: our threads' turn at the GIL
+        try:
+            if journal._held:
+                journal._end_round(timeout)
+            if timeout <= 0 and (journal._in_flight or journal._thread_calls.under_way):
+                _threads.let_in(journal._thread_calls)  # a busy loop: our threads' turn
+        except Exception:
+            # trio drops an instrument that raises, and then nothing would ever commit
+            # again: a bug here must cost the loop commits, not the log.
+            logger.exception("the journal's end of round failed; the writer thread commits")
+            journal.commit_on_loop = False
+            held, journal._held = journal._held, []
+            journal._in_flight += len(held)
+            for request in held:
+                journal._queue.put(request)
 
 
 class Journal:

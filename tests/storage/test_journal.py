@@ -306,6 +306,25 @@ async def test_commits_long_on_cpu_but_quick_on_the_disk_stay_on_the_loop(log: L
         assert set(watched.threads) == {threading.get_ident()}
 
 
+async def test_a_failing_end_of_round_sends_commits_to_the_writer_thread(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """trio drops an instrument that raises: a bug in the end of round must not leave the
+    held appends (and every later one) waiting forever."""
+    async with open_journal(log, loop_commit_budget=math.inf) as journal:
+
+        def broken(timeout: float) -> None:
+            raise RuntimeError("a bug in the round's end")
+
+        monkeypatch.setattr(journal, "_end_round", broken)
+        with trio.fail_after(10):
+            first = await journal.append([tool_result("s", "a")])
+            second = await journal.append([tool_result("s", "b")])
+        assert [first[0].seq + 1] == [second[0].seq]
+        assert journal.stats.loop_transactions == 0 and journal.commit_on_loop is False
+    assert "the journal's end of round failed" in caplog.text
+
+
 async def test_slow_commits_go_back_to_the_writer_thread(log: LmdbLog) -> None:
     """Past the budget, the loop stops committing itself: its I/O must not wait on a disk."""
     watched = _Watched(log, delay=0.01)  # 10 ms per commit, five times the budget
