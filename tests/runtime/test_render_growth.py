@@ -65,4 +65,3 @@ async def test_each_model_call_renders_only_the_turns_added_since_the_last() -> 
     # (the message they are merged into is made anew): a constant, not the history.
     assert max(model.new_per_call) <= 3, model.new_per_call
     assert sum(model.new_per_call) <= 3 * (TURNS + 1)
-
