@@ -81,7 +81,7 @@ async def send_alert(
     Args:
         recipients: who receives it (everyone subscribed when left out).
     """
-    await trio.sleep(0)  # stands in for the call to the alerting service
+    await trio.sleep(0.001)  # stands in for the call to the alerting service
     return f"sent to {len(recipients or [])} recipient(s) or everyone: {message}"
 
 
@@ -100,9 +100,7 @@ async def main() -> None:
             Reply(text="Forecast read; the alert needs valid addresses."),
         ]
     )
-    async with perdure.open_runtime(
-        LOG, provider=provider, tools=[get_forecast, send_alert]
-    ) as rt:
+    async with perdure.open_runtime(LOG, provider=provider, tools=[get_forecast, send_alert]) as rt:
         for t in (get_forecast, send_alert):
             print(f"{t.name}: {t.description}")
             print("  parameters:", json.dumps(t.input_schema["properties"]))
