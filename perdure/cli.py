@@ -19,6 +19,8 @@ from typing import Any, NoReturn
 
 import click
 
+from perdure import _cli_control
+
 STYLES: dict[str, dict[str, object]] = {
     "title": {"bold": True},
     "input": {"fg": "cyan"},
@@ -1027,6 +1029,8 @@ def compact(log_dir: str) -> None:
         _fail(f"{exc}; stop the process that owns the log first", 2)
     echo(f"compacted {log_dir}: {before} -> {after} bytes")
 
+
+_cli_control.register(main)  # cancel, approve, deny, resolve, pause, resume, revise
 
 if __name__ == "__main__":
     main()
