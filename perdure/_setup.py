@@ -7,7 +7,8 @@ OpenAI-compatible server. A vendor's module is imported only on its path, so the
 scripted provider works without either SDK.
 ``--provider scripted:FILE`` replays a JSON script (see ``ScriptedProvider.from_file``).
 ``--tools MODULE:ATTR`` names a ``Tool`` or an iterable of tools; without it the
-built-in workspace tools are used when this build has them.
+built-in workspace tools are used when this build has them (``perdure run`` has the
+ones that change files ask for approval first).
 """
 
 from __future__ import annotations
@@ -122,9 +123,17 @@ def load_tools(specs: Iterable[str]) -> list[Tool]:
     return tools
 
 
-def default_tools() -> list[Tool]:
-    """The built-in workspace tools when this build has them, else none."""
+def default_tools(*, ask_before_writes: bool = False) -> list[Tool]:
+    """The built-in workspace tools when this build has them, else none.
+
+    ``ask_before_writes`` makes the tools that change files ask for approval first
+    (``perdure run`` does, as coding agents do: the model works on the user's folder).
+    """
     try:
+        if ask_before_writes:
+            from perdure.tools.workspace import workspace_tools
+
+            return list(workspace_tools(writes_require_approval=True))
         return load_tools([DEFAULT_TOOLS])
-    except SetupError:
+    except (ImportError, SetupError):
         return []

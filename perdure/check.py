@@ -60,7 +60,7 @@ from perdure.storage.records import (
     ToolTaskCreated,
 )
 
-# The recovery decision after which a NEVER call may run once more (decide._reconciled).
+# The recovery decision after which a NEVER call may run once more (decide.results._reconciled).
 RECONCILED_NOT_APPLIED = "reconcile answered not_applied"
 
 Settled = Literal["all", "idle", "none"]

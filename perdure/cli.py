@@ -108,12 +108,14 @@ def _split(specs: Iterable[str]) -> list[str]:
     return [part.strip() for spec in specs for part in spec.split(",") if part.strip()]
 
 
-def _setup(provider: str, model: str | None, tool_specs: Iterable[str]) -> tuple[Any, Any]:
+def _setup(
+    provider: str, model: str | None, tool_specs: Iterable[str], *, ask_before_writes: bool = False
+) -> tuple[Any, Any]:
     from perdure._setup import SetupError, default_tools, load_provider, load_tools
 
     try:
         specs = _split(tool_specs)
-        tools = load_tools(specs) if specs else default_tools()
+        tools = load_tools(specs) if specs else default_tools(ask_before_writes=ask_before_writes)
         return load_provider(provider, model), tools
     except SetupError as exc:
         _fail(str(exc), 2)
@@ -314,6 +316,8 @@ def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json:
     """List every tool a run gets, with its replay policy, approval, and why.
 
     MCP servers (--mcp-config) are started and listed, exactly as a run would.
+    Without --tools: the built-in tools as ``perdure run`` gives them (the ones that
+    change files ask for approval).
     """
     import trio
 
@@ -321,7 +325,7 @@ def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json:
 
     try:
         specs = _split(tool_specs)
-        native = load_tools(specs) if specs else default_tools()
+        native = load_tools(specs) if specs else default_tools(ask_before_writes=True)
     except SetupError as exc:
         _fail(str(exc), 2)
     rows: list[dict[str, Any]] = [
@@ -389,14 +393,29 @@ async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
 @provider_option
 @log_option
 @tools_option
-@click.option("--session", "session_id", default=None, help="Continue this session.")
+@click.option(
+    "--session",
+    "session_id",
+    default=None,
+    help="Use this session (default: the task's own, named by the task and the workspace).",
+)
+@click.option(
+    "--new",
+    is_flag=True,
+    help="Start a fresh run of the task instead of continuing or reporting the last one.",
+)
 @click.option(
     "--request-id",
     default=None,
     help="Deduplication key (default: derived from the session and the task, so re-running "
     "the same command after a crash does not submit the task twice).",
 )
-@click.option("--yes", is_flag=True, help="Approve every tool call that asks for approval.")
+@click.option(
+    "--yes",
+    is_flag=True,
+    help="Approve every tool call that asks for approval (the built-in tools that change "
+    "files ask first; without --yes and without a terminal, they are denied).",
+)
 @mcp_config_option
 def run(
     task: str,
@@ -406,21 +425,35 @@ def run(
     log_dir: str,
     tool_specs: tuple[str, ...],
     session_id: str | None,
+    new: bool,
     request_id: str | None,
     yes: bool,
     mcp_config: Path | None,
 ) -> None:
-    """Run one task to completion, streaming the model's text and the tool calls."""
+    """Run one task to completion, streaming the model's text and the tool calls.
+
+    The same command (the same task text, workspace and log) is the same run: after a
+    crash it continues the interrupted run, with the same session, request and
+    idempotency keys; once the run has finished it prints the outcome and runs nothing.
+    --new starts a fresh run of the task on purpose; the command then follows that one.
+
+    Without --tools the model gets the built-in file tools; the ones that write files
+    ask for approval first (at the terminal, or --yes approves them all).
+    """
     import trio
 
     from perdure.storage import LogError
 
-    prov, tools = _setup(provider, model, tool_specs)
+    if new and session_id is not None:
+        _fail("--new starts a fresh session of its own; leave out --session", 2)
+    prov, tools = _setup(provider, model, tool_specs, ask_before_writes=True)
+    choice = _choose_run(log_dir, workspace, task, session_id, request_id, new)
+    previous = choice.previous
+    if previous is not None and previous.finished is not None:
+        raise SystemExit(_report_finished(previous, log_dir))
     servers = _mcp_servers(mcp_config)
     try:
-        status = trio.run(
-            _run_task, task, workspace, log_dir, prov, tools, session_id, request_id, yes, servers
-        )
+        status = trio.run(_run_task, task, workspace, log_dir, prov, tools, choice, yes, servers)
     except LogError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
@@ -493,14 +526,71 @@ def fork(
     echo(f"session {forked.session_id} forked from {source} at record {forked.position}{again}")
 
 
+def _choose_run(
+    log_dir: str,
+    workspace: Path,
+    task: str,
+    session_id: str | None,
+    request_id: str | None,
+    new: bool,
+) -> Any:
+    """The session and request of this run (``perdure._run_identity``), read from the
+    log read-only before the run takes ownership of it."""
+    from perdure._run_identity import choose
+    from perdure.storage import LogError, is_postgres, open_log
+
+    def pick(log: Any) -> Any:
+        return choose(
+            log,
+            workspace=workspace,
+            task=task,
+            session_id=session_id,
+            request_id=request_id,
+            new=new,
+        )
+
+    if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
+        return pick(None)
+    try:
+        log = open_log(log_dir, readonly=True)
+    except LogError as exc:
+        _fail(f"cannot open the log {_where(log_dir)}: {exc}")
+    try:
+        return pick(log)
+    finally:
+        log.close()
+
+
+def _moment(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _report_finished(previous: Any, log_dir: str) -> int:
+    """Say that this task's run already finished, and its outcome; the exit status."""
+    finished = previous.finished
+    echo(
+        f"this task already finished: session {previous.session_id}, started "
+        f"{_moment(previous.accepted_at)}, {finished.status} {_moment(finished.at)}; "
+        "nothing was run (--new runs it again)",
+        "dim",
+    )
+    if finished.final_text:
+        echo(finished.final_text, "outcome" if finished.status == "completed" else "plain")
+    if finished.reason:
+        echo(f"reason: {finished.reason}", "warning")
+    echo(f"(its timeline: perdure show {previous.session_id} --log {_where(log_dir)})", "dim")
+    return 0 if finished.status == "completed" else 1
+
+
 async def _run_task(
     task: str,
     workspace: Path,
     log_dir: str,
     provider: Any,
     tools: list[Any],
-    session_id: str | None,
-    request_id: str | None,
+    choice: Any,
     yes: bool,
     mcp_servers: list[Any],
 ) -> str:
@@ -512,12 +602,19 @@ async def _run_task(
     async with perdure.open_runtime(
         log_dir, provider=provider, tools=tools, workspace=workspace, mcp_servers=mcp_servers
     ) as rt:
-        sid = await rt.create_session(session_id)
-        rid = request_id or "run-" + hashlib.sha256(f"{sid}\x00{task}".encode()).hexdigest()[:24]
-        accepted = await rt.submit(sid, task, request_id=rid)
+        sid = await rt.create_session(choice.session_id)
+        accepted = await rt.submit(sid, task, request_id=choice.request_id)
         echo(f"session {sid}, input {accepted.submission_id} (log {rt.location})", "dim")
-        if accepted.duplicate:
+        if choice.previous is not None:
+            echo(
+                f"continuing the interrupted run of this task: session {sid}, started "
+                f"{_moment(choice.previous.accepted_at)} (--new starts a fresh one)",
+                "dim",
+            )
+        elif accepted.duplicate:
             echo("this task was already submitted: following it to its outcome", "dim")
+        else:
+            echo("a new run of this task (the same command continues it after a crash)", "dim")
         live = Live(rt, sid, accepted.submission_id, progress, yes)
         async with progress.running():
             progress.status("waiting for the model")

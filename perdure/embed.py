@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -48,11 +48,12 @@ from typing import Any, Literal, TypeVar
 import outcome
 import trio
 
-from perdure._runtime import Runtime
+from perdure._runtime import IfBusy, Runtime
 from perdure._runtime import open_runtime as open_trio_runtime
-from perdure.actors.protocol import Accepted, Done
+from perdure.actors.protocol import Accepted, Done, Forked
 from perdure.actors.state import SessionState
 from perdure.providers.base import Message
+from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
@@ -340,6 +341,12 @@ class AsyncioRuntime:
     async def frozen_sessions(self) -> list[str]:
         return await self.run(_sync(lambda: self.trio_runtime.frozen_sessions))
 
+    async def received_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.received_sessions))
+
+    async def handed_over_sessions(self) -> list[str]:
+        return await self.run(_sync(lambda: self.trio_runtime.handed_over_sessions))
+
     # -- the methods of Runtime ------------------------------------------------------
 
     async def create_session(
@@ -348,17 +355,56 @@ class AsyncioRuntime:
         *,
         system: str | None = None,
         budget: Budget | None = None,
+        if_busy: IfBusy | None = None,
     ) -> str:
+        create = self.trio_runtime.create_session
         return await self.run(
-            partial(self.trio_runtime.create_session, session_id, system=system, budget=budget)
+            partial(create, session_id, system=system, budget=budget, if_busy=if_busy)
         )
 
     async def ensure_session(
-        self, session_id: str, *, system: str | None = None, budget: Budget | None = None
+        self,
+        session_id: str,
+        *,
+        system: str | None = None,
+        budget: Budget | None = None,
+        if_busy: IfBusy | None = None,
     ) -> bool:
+        ensure = self.trio_runtime.ensure_session
         return await self.run(
-            partial(self.trio_runtime.ensure_session, session_id, system=system, budget=budget)
+            partial(ensure, session_id, system=system, budget=budget, if_busy=if_busy)
         )
+
+    async def fork(
+        self,
+        source: str,
+        /,
+        *,
+        at: int | str | None = None,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> Forked:
+        fork = self.trio_runtime.fork
+        return await self.run(
+            partial(fork, source, at=at, session_id=session_id, request_id=request_id)
+        )
+
+    async def delete_session(self, session_id: str, *, reason: str = "") -> int:
+        return await self.run(partial(self.trio_runtime.delete_session, session_id, reason=reason))
+
+    async def prune(
+        self, finished_before: float, *, dry_run: bool = False
+    ) -> tuple[list[Pruned], list[tuple[str, str]]]:
+        return await self.run(partial(self.trio_runtime.prune, finished_before, dry_run=dry_run))
+
+    async def export_session(self, session_id: str) -> list[str]:
+        return await self.run(self.trio_runtime.export_session, session_id)
+
+    async def import_session(self, lines: Iterable[str]) -> str:
+        return await self.run(self.trio_runtime.import_session, list(lines))
+
+    async def children(self, session_id: str) -> list[str]:
+        return await self.run(self.trio_runtime.children, session_id)
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.run(self.trio_runtime.sessions)
@@ -376,10 +422,18 @@ class AsyncioRuntime:
         *,
         request_id: str | None = None,
         budget: Budget | None = None,
+        if_busy: IfBusy | None = None,
+        traceparent: str | None = None,
     ) -> Accepted:
         return await self.run(
             partial(
-                self.trio_runtime.submit, session_id, text, request_id=request_id, budget=budget
+                self.trio_runtime.submit,
+                session_id,
+                text,
+                request_id=request_id,
+                budget=budget,
+                if_busy=if_busy,
+                traceparent=traceparent,
             )
         )
 

@@ -9,10 +9,17 @@ one had when its last record became durable.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 from attrs import define, field
 
+from perdure.actors.lifecycle import (
+    TERMINAL_PHASES,
+    GenerationPhase,
+    TaskPhase,
+    generation_moves,
+    task_moves,
+)
 from perdure.actors.protocol import (
     Approve,
     Cancel,
@@ -60,30 +67,6 @@ from perdure.storage.records import (
     Usage,
 )
 
-TaskPhase = Literal[
-    "created",
-    "awaiting_approval",
-    "approved",
-    "denied",
-    "executing",
-    "retry_pending",  # an attempt failed; the next one waits for its not_before
-    "awaiting_human",  # an attempt raised NeedsHuman; a person decides (rt.resolve)
-    "completed",
-    "outcome_unknown",
-    "cancelled",
-]
-# Named sets of phases, so that every decision about "which tasks" reads the same.
-TERMINAL_PHASES: frozenset[TaskPhase] = frozenset({"completed", "outcome_unknown", "cancelled"})
-# Not started, and the next step is the dispatcher's (run it, or record its denial).
-DISPATCHABLE_PHASES: frozenset[TaskPhase] = frozenset({"created", "approved", "denied"})
-# Between two attempts of a call: the next one starts once its back-off is over.
-BACKING_OFF_PHASES: frozenset[TaskPhase] = frozenset({"retry_pending"})
-# Work a dead process may have left half done: to be decided by recovery.
-IN_FLIGHT_PHASES: frozenset[TaskPhase] = DISPATCHABLE_PHASES | BACKING_OFF_PHASES | {"executing"}
-# Nothing happens until a person answers (rt.approve, rt.resolve); a restart keeps waiting.
-HUMAN_WAIT_PHASES: frozenset[TaskPhase] = frozenset({"awaiting_approval", "awaiting_human"})
-# The call ran and its last attempt failed; it waits for the next one or for a person.
-FAILED_ATTEMPT_PHASES: frozenset[TaskPhase] = BACKING_OFF_PHASES | {"awaiting_human"}
 ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
 _NO_USAGE = Usage()
 
@@ -128,7 +111,7 @@ class Generation:
     run_id: str
     submission_id: str
     goal_rev: int
-    phase: Literal["started", "retry_pending", "completed"] = "started"
+    phase: GenerationPhase = "started"
     attempt: int = 1  # the attempt to make next (or the one that succeeded)
     not_before: float | None = None
     last_error: str = ""
@@ -321,6 +304,18 @@ class SessionState:
         if request_id and request_id in self.requests and not self.requests[request_id].seq:
             self.requests[request_id].seq = c.seq
 
+    # -- transitions: every phase change is a row of perdure.actors.lifecycle ----------
+
+    def _move_task(self, call_id: str, event: str) -> Task:
+        task = self.tasks[call_id]
+        task.phase = task_moves(self.session_id, call_id, task.phase, event)
+        return task
+
+    def _move_generation(self, generation_id: str, event: str) -> Generation:
+        gen = self.generations[generation_id]
+        gen.phase = generation_moves(self.session_id, generation_id, gen.phase, event)
+        return gen
+
     # -- handlers (one per record type) ------------------------------------------------
 
     def _session_created(self, r: SessionCreated) -> None:
@@ -384,13 +379,19 @@ class SessionState:
 
     def _generation_started(self, r: GenerationStarted) -> None:
         run = self.runs[r.run_id]
+        before = self.generations.get(r.generation_id)
+        generation_moves(
+            self.session_id,
+            r.generation_id,
+            None if before is None else before.phase,
+            "GenerationStarted",
+        )
         gen = Generation(r.generation_id, r.run_id, run.submission_id, r.goal_rev)
         self.generations[r.generation_id] = gen
         self.submissions[run.submission_id].generations.append(r.generation_id)
 
     def _retry_pending(self, r: RetryPending) -> None:
-        gen = self.generations[r.generation_id]
-        gen.phase = "retry_pending"
+        gen = self._move_generation(r.generation_id, "RetryPending")
         gen.attempt = r.attempt + 1
         gen.not_before = r.not_before
         gen.last_error = r.error
@@ -399,8 +400,7 @@ class SessionState:
         self._add_usage(gen, r.usage)
 
     def _generation_completed(self, r: GenerationCompleted) -> None:
-        gen = self.generations[r.generation_id]
-        gen.phase = "completed"
+        gen = self._move_generation(r.generation_id, "GenerationCompleted")
         gen.attempt = r.attempt
         gen.reply = r
         gen.call_ids = tuple(c.call_id for c in r.tool_calls)
@@ -427,6 +427,10 @@ class SessionState:
         self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
 
     def _tool_task_created(self, r: ToolTaskCreated) -> None:
+        before = self.tasks.get(r.call_id)
+        task_moves(
+            self.session_id, r.call_id, None if before is None else before.phase, "ToolTaskCreated"
+        )
         gen = self.generations.get(r.generation_id)
         self.tasks[r.call_id] = Task(
             r.call_id,
@@ -439,55 +443,46 @@ class SessionState:
         )
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
-        self.tasks[r.call_id].phase = "awaiting_approval"
+        self._move_task(r.call_id, "ToolAwaitingApproval")
 
     def _approval_decided(self, r: ApprovalDecided) -> None:
-        self.tasks[r.call_id].phase = "approved" if r.approved else "denied"
+        choice = "approved" if r.approved else "denied"
+        self._move_task(r.call_id, f"ApprovalDecided({choice})")
         body = Approve.hash_of(r.call_id, r.approved)
         self.requests[r.request_id] = RequestSeen(Approve.kind, body, r.call_id)
 
     def _tool_executing(self, r: ToolExecuting) -> None:
-        task = self.tasks[r.call_id]
-        task.phase = "executing"
+        task = self._move_task(r.call_id, "ToolExecuting")
         task.executing = r
         task.not_before = None
         task.retry_by_human = False
 
     def _tool_heartbeat(self, r: ToolHeartbeat) -> None:
-        self.tasks[r.call_id].last_heartbeat = r
+        self._move_task(r.call_id, "ToolHeartbeat").last_heartbeat = r
 
     def _tool_retry_pending(self, r: ToolRetryPending) -> None:
-        task = self.tasks[r.call_id]
-        task.phase = "retry_pending"
+        task = self._move_task(r.call_id, "ToolRetryPending")
         task.last_error = r.error
         task.not_before = r.not_before
 
     def _tool_awaiting_human(self, r: ToolAwaitingHuman) -> None:
-        task = self.tasks[r.call_id]
-        task.phase = "awaiting_human"
+        task = self._move_task(r.call_id, "ToolAwaitingHuman")
         task.last_error = r.reason
 
     def _resolution_decided(self, r: ResolutionDecided) -> None:
-        task = self.tasks[r.call_id]
+        task = self._move_task(r.call_id, f"ResolutionDecided({r.action})")
         if r.action == "retry":  # skip and fail: the result record follows in the same commit
-            task.phase = "retry_pending"
             task.not_before = r.at
             task.retry_by_human = True
         body = Resolve.hash_of(r.call_id, r.action, r.result)
         self.requests[r.request_id] = RequestSeen(Resolve.kind, body, r.call_id)
 
     def _tool_result(self, r: ToolResultRecord) -> None:
-        task = self.tasks[r.call_id]
+        task = self._move_task(r.call_id, type(r).__name__)
         task.result = r
         task.stale = task.goal_rev < self.goal_rev
-        if isinstance(r, ToolCompleted):
-            task.phase = "completed"
-            if self.run is not None:
-                self.run.progressed = True
-        elif isinstance(r, ToolOutcomeUnknown):
-            task.phase = "outcome_unknown"
-        else:
-            task.phase = "cancelled"
+        if isinstance(r, ToolCompleted) and self.run is not None:
+            self.run.progressed = True
 
     def _cancel_requested(self, r: CancelRequested) -> None:
         run = self.runs.get(r.run_id)

@@ -55,6 +55,30 @@ from perdure.server.auth import (
     grant_of,
 )
 from perdure.server.errors import HANDLERS, ApiError
+from perdure.server.openapi import (
+    AG_UI_DOC,
+    AG_UI_REQUEST,
+    AI_SDK_DOC,
+    CHAT_DOC,
+    CHAT_REQUEST,
+    EVENT_PARAMS,
+    EVENTS_DOC,
+    FORK_REQUEST,
+    HEALTH,
+    HTML,
+    SESSION_LIST,
+    SESSION_SUMMARY,
+    SSE,
+    TOKEN_ANSWER,
+    TOKEN_REQUEST,
+    TRACEPARENT,
+    TRANSCRIPT,
+    WHOAMI,
+    Body,
+    Operation,
+    documented,
+    openapi_document,
+)
 from perdure.server.payloads import (
     MAX_BODY,
     ApprovalAnswer,
@@ -94,6 +118,13 @@ _STATIC: Final = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
+# The API's docs page: Swagger UI (vendored from the swagger-ui-dist package, Apache-2.0,
+# its licence beside it) and the few lines that point it at /openapi.json.
+_DOCS: Final = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+    "docs.js": "text/javascript; charset=utf-8",
+}
 
 
 def _json(value: object, status: int = 200) -> JSONResponse:
@@ -125,14 +156,31 @@ class Api:
         self.static = {name: (static / name).read_bytes() for name in _STATIC}
         self.index = (static / "index.html").read_bytes()
         self.login = (static / "login.html").read_text()
+        self.document: dict[str, Any] | None = None
+        self.docs_files: dict[str, bytes] = {}
 
     # -- pages -----------------------------------------------------------------------
 
+    @documented(
+        Operation(
+            summary="Liveness: ok, or shutting_down while the daemon stops",
+            tag="operator",
+            access="none",
+            answers={200: Body(schema=HEALTH), 503: Body(schema=HEALTH, description="stopping")},
+        )
+    )
     async def healthz(self, request: Request) -> Response:
         if self.closing.is_set():
             return JSONResponse({"status": "shutting_down"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__})
 
+    @documented(
+        Operation(
+            summary="Operator counters: the log's commits and the sessions in memory",
+            tag="operator",
+            answers={200: Body(StatsAnswer)},
+        )
+    )
     async def stats(self, request: Request) -> Response:
         """Operator counters: the Journal's commits and which sessions are in memory."""
         journal = self.rt.stats()
@@ -147,6 +195,19 @@ class Api:
             )
         )
 
+    @documented(
+        Operation(
+            summary="The browser page (a login form without credentials)",
+            tag="pages",
+            description="`?token=` trades a token for an HttpOnly cookie and redirects to `/` "
+            "(303).",
+            access="query",
+            answers={
+                200: Body(schema={"type": "string"}, media=HTML, description="the page"),
+                303: Body(description="the token was traded for a cookie"),
+            },
+        )
+    )
     async def page(self, request: Request) -> Response:
         grant = grant_of(request)
         if grant.via == "query":
@@ -178,6 +239,14 @@ class Api:
             },
         )
 
+    @documented(
+        Operation(
+            summary="What the caller's credential opens",
+            tag="tokens",
+            access="session",
+            answers={200: Body(schema=WHOAMI)},
+        )
+    )
     async def whoami(self, request: Request) -> Response:
         """What the caller's credential opens (the page adapts to a scoped token)."""
         claim = grant_of(request).claim
@@ -187,6 +256,15 @@ class Api:
             {"scope": claim.scope, "session_id": claim.session_id, "expires_at": claim.expires_at}
         )
 
+    @documented(
+        Operation(
+            summary="Mint a scoped token (a JWT) for this session only",
+            tag="tokens",
+            body=Body(schema=TOKEN_REQUEST),
+            answers={201: Body(schema=TOKEN_ANSWER, description="the token")},
+            errors=(400, 404, 413),
+        )
+    )
     async def mint_token(self, request: Request) -> Response:
         """``POST /v1/sessions/{id}/tokens {scope, ttl_s}``: a token for that session only."""
         sid = path_session(request)
@@ -211,18 +289,103 @@ class Api:
             status_code=201,
         )
 
+    @documented(
+        Operation(
+            summary="The page's script and style sheet",
+            tag="pages",
+            access="session",
+            answers={200: Body(schema={"type": "string"}, media="text/plain")},
+            errors=(404,),
+        )
+    )
     async def static_file(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in self.static:
             raise ApiError(404, "not_found", f"no static file {name!r}")
         return Response(self.static[name], media_type=_STATIC[name])
 
+    # -- the contract ----------------------------------------------------------------
+
+    @documented(
+        Operation(
+            summary="This document: the API as OpenAPI 3.1",
+            tag="pages",
+            access="session",
+            answers={200: Body(schema={"type": "object"})},
+        )
+    )
+    async def openapi(self, request: Request) -> Response:
+        if self.document is None:
+            self.document = openapi_document(request.app.routes)
+        return JSONResponse(self.document)
+
+    @documented(
+        Operation(
+            summary="The API's documentation for people (Swagger UI over /openapi.json)",
+            tag="pages",
+            access="session",
+            answers={200: Body(schema={"type": "string"}, media=HTML)},
+        )
+    )
+    async def docs_page(self, request: Request) -> Response:
+        return Response(
+            self._docs_file("docs.html"),
+            media_type="text/html; charset=utf-8",
+            headers={
+                # Swagger UI sets inline styles and draws data: images; no script inline.
+                "Content-Security-Policy": "default-src 'self'; connect-src 'self'; "
+                "style-src 'self' 'unsafe-inline'; img-src 'self' data:",
+                "Cache-Control": "no-store",
+            },
+        )
+
+    @documented(
+        Operation(
+            summary="The docs page's script and style sheet",
+            tag="pages",
+            access="session",
+            answers={200: Body(schema={"type": "string"}, media="text/plain")},
+            errors=(404,),
+        )
+    )
+    async def docs_file(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _DOCS:
+            raise ApiError(404, "not_found", f"no docs file {name!r}")
+        return Response(self._docs_file(name), media_type=_DOCS[name])
+
+    def _docs_file(self, name: str) -> bytes:
+        # Read on first use: Swagger UI is 2 MB that most daemons never serve.
+        if name not in self.docs_files:
+            folder = resources.files("perdure.server") / "static" / "swagger-ui"
+            self.docs_files[name] = (folder / name).read_bytes()
+        return self.docs_files[name]
+
     # -- sessions --------------------------------------------------------------------
 
+    @documented(
+        Operation(
+            summary="Every session of the log, in order of creation",
+            tag="sessions",
+            answers={200: Body(schema=SESSION_LIST)},
+        )
+    )
     async def list_sessions(self, request: Request) -> Response:
         infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
         return JSONResponse(session_list(infos))
 
+    @documented(
+        Operation(
+            summary="Create a session (with an id of your own, or one generated)",
+            tag="sessions",
+            body=Body(CreateSessionBody),
+            answers={
+                201: Body(SessionCreatedAnswer, description="created"),
+                200: Body(SessionCreatedAnswer, description="it was already there, alike"),
+            },
+            errors=(400, 409, 413),
+        )
+    )
     async def create_session(self, request: Request) -> Response:
         body = await read_body(request, CreateSessionBody, self.max_body)
         if_busy = check_if_busy(body.if_busy)
@@ -233,12 +396,30 @@ class Api:
         created = await self.rt.ensure_session(body.session_id, system=body.system, if_busy=if_busy)
         return _json(SessionCreatedAnswer(body.session_id, created), 201 if created else 200)
 
+    @documented(
+        Operation(
+            summary="The session's state: request in force, done, next, unconfirmed effects",
+            tag="sessions",
+            access="session",
+            answers={200: Body(schema=SESSION_SUMMARY)},
+            errors=(404,),
+        )
+    )
     async def get_session(self, request: Request) -> Response:
         sid = path_session(request)
         # The live state when the session is in memory (no fold of its whole log), else
         # the log's; never wakes an actor.
         return JSONResponse(await self.rt.state(sid, summarize, wake=False))
 
+    @documented(
+        Operation(
+            summary="The messages as the model sees them",
+            tag="sessions",
+            access="session",
+            answers={200: Body(schema=TRANSCRIPT)},
+            errors=(404,),
+        )
+    )
     async def transcript(self, request: Request) -> Response:
         sid = path_session(request)
         messages = await self.rt.transcript(sid)
@@ -246,6 +427,17 @@ class Api:
 
     # -- commands --------------------------------------------------------------------
 
+    @documented(
+        Operation(
+            summary="Submit an input (answered once durable)",
+            tag="commands",
+            access="session",
+            body=Body(SubmitBody),
+            answers={202: Body(MessageAccepted)},
+            errors=(400, 404, 409, 413, 423),
+            params=(TRACEPARENT,),
+        )
+    )
     async def post_message(self, request: Request) -> Response:
         sid = path_session(request)
         body = await read_body(request, SubmitBody, self.max_body)
@@ -261,12 +453,34 @@ class Api:
         )
         return _json(answer, 202)
 
+    @documented(
+        Operation(
+            summary="Remove a finished session from the log",
+            tag="sessions",
+            access="session",
+            answers={200: Body(SessionDeletedAnswer)},
+            errors=(404, 409, 423),
+        )
+    )
     async def delete_session(self, request: Request) -> Response:
         """Remove a finished session from the log (409 ``busy`` while it has work)."""
         sid = path_session(request)
         count = await self.rt.delete_session(sid, reason="deleted through the API")
         return _json(SessionDeletedAnswer(sid, True, count))
 
+    @documented(
+        Operation(
+            summary="A new session from this one's history up to a settled point",
+            tag="commands",
+            access="session",
+            body=Body(schema=FORK_REQUEST),
+            answers={
+                201: Body(ForkAnswer, description="forked"),
+                200: Body(ForkAnswer, description="a repeat of the same request"),
+            },
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def fork(self, request: Request) -> Response:
         """A new session from this one's history up to a settled point (``at``)."""
         sid = path_session(request)
@@ -282,12 +496,32 @@ class Api:
         answer = ForkAnswer(forked.session_id, forked.source, forked.position, forked.duplicate)
         return _json(answer, 200 if forked.duplicate else 201)
 
+    @documented(
+        Operation(
+            summary="Cancel the run in progress",
+            tag="commands",
+            access="session",
+            body=Body(CommandBody),
+            answers={200: Body(CancelAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def cancel(self, request: Request) -> Response:
         sid = path_session(request)
         body = await read_body(request, CommandBody, self.max_body)
         done = await self.rt.cancel(sid, request_id=body.request_id)
         return _json(CancelAnswer(**_recorded(done), run_id=done.ref or None))
 
+    @documented(
+        Operation(
+            summary="Approve or deny a tool call waiting for approval",
+            tag="commands",
+            access="session",
+            body=Body(ApprovalBody),
+            answers={200: Body(ApprovalAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def approve(self, request: Request) -> Response:
         sid = path_session(request)
         call_id: str = request.path_params["call_id"]
@@ -297,24 +531,64 @@ class Api:
         )
         return _json(ApprovalAnswer(**_recorded(done), call_id=call_id, approved=body.approved))
 
+    @documented(
+        Operation(
+            summary="Revise the request of the run in progress",
+            tag="commands",
+            access="session",
+            body=Body(MessageBody),
+            answers={200: Body(RevisionAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def revise(self, request: Request) -> Response:
         sid = path_session(request)
         body = await read_body(request, MessageBody, self.max_body)
         done = await self.rt.revise(sid, body.text, request_id=body.request_id)
         return _json(RevisionAnswer(**_recorded(done), goal_rev=int(done.ref)))
 
+    @documented(
+        Operation(
+            summary="Pause the session (no new model call or tool call starts)",
+            tag="commands",
+            access="session",
+            body=Body(CommandBody),
+            answers={200: Body(PauseAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def pause(self, request: Request) -> Response:
         sid = path_session(request)
         body = await read_body(request, CommandBody, self.max_body)
         done = await self.rt.pause(sid, request_id=body.request_id)
         return _json(PauseAnswer(**_recorded(done), paused=True))
 
+    @documented(
+        Operation(
+            summary="Resume a paused session",
+            tag="commands",
+            access="session",
+            body=Body(CommandBody),
+            answers={200: Body(PauseAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def resume(self, request: Request) -> Response:
         sid = path_session(request)
         body = await read_body(request, CommandBody, self.max_body)
         done = await self.rt.resume(sid, request_id=body.request_id)
         return _json(PauseAnswer(**_recorded(done), paused=False))
 
+    @documented(
+        Operation(
+            summary="Undo a completed tool call with its compensation",
+            tag="commands",
+            access="session",
+            body=Body(CommandBody),
+            answers={200: Body(CompensationAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def compensate(self, request: Request) -> Response:
         sid = path_session(request)
         call_id: str = request.path_params["call_id"]
@@ -324,6 +598,16 @@ class Api:
             CompensationAnswer(**_recorded(done), call_id=call_id, compensation_id=done.ref)
         )
 
+    @documented(
+        Operation(
+            summary="Answer a call that needs a person: retry, skip or fail it",
+            tag="commands",
+            access="session",
+            body=Body(ResolutionBody),
+            answers={200: Body(ResolutionAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def resolve(self, request: Request) -> Response:
         """A person's answer to a call that raised NeedsHuman: retry, skip or fail it."""
         sid = path_session(request)
@@ -336,6 +620,17 @@ class Api:
 
     # -- events ----------------------------------------------------------------------
 
+    @documented(
+        Operation(
+            summary="The session's events as Server-Sent Events (replay, then live)",
+            tag="streams",
+            description=EVENTS_DOC,
+            access="query",
+            params=EVENT_PARAMS,
+            answers={200: Body(schema={"type": "string"}, media=SSE, description="the stream")},
+            errors=(400, 404),
+        )
+    )
     async def events(self, request: Request) -> Response:
         sid = path_session(request)
         after = stream_start(request)
@@ -353,11 +648,34 @@ class Api:
 
     # -- frontend protocols (perdure.server.frontends) ---------------------------------
 
+    @documented(
+        Operation(
+            summary="The AI SDK chat transport: submit and stream the reply",
+            tag="frontends",
+            description=CHAT_DOC,
+            access="session",
+            body=Body(schema=CHAT_REQUEST),
+            answers={200: Body(schema={"type": "string"}, media=SSE, description=AI_SDK_DOC)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
     async def chat(self, request: Request) -> Response:
         sid = path_session(request)
         data = await read_json(request, self.max_body)
         return await self.chats.chat(sid, data)
 
+    @documented(
+        Operation(
+            summary="The AI SDK transport's resume: the reply in progress, from its start",
+            tag="frontends",
+            access="session",
+            answers={
+                200: Body(schema={"type": "string"}, media=SSE, description=AI_SDK_DOC),
+                204: Body(description="no reply in progress"),
+            },
+            errors=(404,),
+        )
+    )
     async def chat_stream(self, request: Request) -> Response:
         sid = path_session(request)
         if request.path_params["chat_id"] != sid:
@@ -366,6 +684,17 @@ class Api:
             return Response(status_code=204)
         return await self.chats.chat_resume(sid)
 
+    @documented(
+        Operation(
+            summary="An AG-UI run: RunAgentInput in, AG-UI events out",
+            tag="frontends",
+            description=AG_UI_DOC,
+            access="session",
+            body=Body(schema=AG_UI_REQUEST),
+            answers={200: Body(schema={"type": "string"}, media=SSE, description="AG-UI events")},
+            errors=(400, 404, 409, 413, 423, 501),
+        )
+    )
     async def ag_ui(self, request: Request) -> Response:
         sid = path_session(request)
         data = await read_json(request, self.max_body)
@@ -411,6 +740,9 @@ def create_app(
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/", api.page, methods=["GET"]),
         Route("/static/{name}", api.static_file, methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
+        Route("/docs", api.docs_page, methods=["GET"]),
+        Route("/docs/{name}", api.docs_file, methods=["GET"]),
         Route("/v1/stats", api.stats, methods=["GET"]),
         Route("/v1/whoami", api.whoami, methods=["GET"]),
         Route("/v1/sessions", api.list_sessions, methods=["GET"]),
@@ -434,6 +766,18 @@ def create_app(
         Route(s + "/ag-ui", api.ag_ui, methods=["POST"]),
     ]
     if metrics is not None:
-        routes.append(Route("/metrics", metrics.scrape, methods=["GET"]))
+        scrape = metrics.scrape
+
+        @documented(
+            Operation(
+                summary="Prometheus metrics",
+                tag="operator",
+                answers={200: Body(schema={"type": "string"}, media="text/plain")},
+            )
+        )
+        async def scrape_metrics(request: Request) -> Response:
+            return await scrape(request)
+
+        routes.append(Route("/metrics", scrape_metrics, methods=["GET"]))
     app = Starlette(routes=routes, exception_handlers=dict(HANDLERS))
     return AuthMiddleware(app, api.auth, api.login)

@@ -165,7 +165,7 @@ class AuthMiddleware:
                 return
         if grant is None:
             response: Response
-            if scope["path"] == "/" and scope["method"] == "GET":
+            if scope["path"] in ("/", "/docs") and scope["method"] == "GET":
                 response = HTMLResponse(self.login_page, status_code=401)
             else:
                 response = _unauthorized(

@@ -17,7 +17,7 @@ from attrs import Attribute, field, frozen
 from cattrs.errors import ClassValidationError
 from starlette.requests import Request
 
-from perdure.actors.protocol import check_if_busy
+from perdure.actors.protocol import IF_BUSY, check_if_busy
 from perdure.providers.base import Message as ModelMessage
 from perdure.providers.base import (
     RedactedThinkingBlock,
@@ -28,6 +28,7 @@ from perdure.providers.base import (
 )
 from perdure.server.errors import ApiError
 from perdure.storage import SessionInfo, check_session_id
+from perdure.storage.common import _MAX_SESSION_ID as MAX_SESSION_ID
 from perdure.storage.records import ResolutionAction
 
 MAX_BODY: Final = 1 << 20
@@ -86,57 +87,66 @@ def _action(instance: object, attribute: Attribute[str], value: str) -> None:
         raise FieldError(attribute.name, "the field 'action' must be retry, skip or fail")
 
 
+# What each validator accepts, as JSON Schema (``perdure.server.openapi`` reads it).
+_TEXT: Final = {"schema": {"minLength": 1, "pattern": r"\S"}}
+_REQUEST_ID: Final = {"schema": {"minLength": 1, "maxLength": MAX_REQUEST_ID, "pattern": r"\S"}}
+_SESSION_ID: Final = {
+    "schema": {"pattern": f"^[A-Za-z0-9._:-]{{1,{MAX_SESSION_ID}}}$"},
+}
+_IF_BUSY: Final = {"schema": {"enum": [*IF_BUSY, None]}}
+
+
 # -- request bodies ------------------------------------------------------------------------
 
 
 @frozen(kw_only=True)
 class CreateSessionBody:
-    session_id: str | None = field(default=None, validator=_session_id)
+    session_id: str | None = field(default=None, validator=_session_id, metadata=_SESSION_ID)
     system: str | None = None
-    if_busy: str | None = field(default=None, validator=_if_busy)
+    if_busy: str | None = field(default=None, validator=_if_busy, metadata=_IF_BUSY)
 
 
 @frozen(kw_only=True)
 class CommandBody:
     """A command with nothing but its request id (cancel, pause, resume, compensate)."""
 
-    request_id: str = field(validator=_request_id)
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
 
 
 @frozen(kw_only=True)
 class MessageBody:
-    text: str = field(validator=_nonempty)
-    request_id: str = field(validator=_request_id)
+    text: str = field(validator=_nonempty, metadata=_TEXT)
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
 
 
 @frozen(kw_only=True)
 class SubmitBody:
     """A new input; ``if_busy`` says what happens while a run is busy (queue by default)."""
 
-    text: str = field(validator=_nonempty)
-    request_id: str = field(validator=_request_id)
-    if_busy: str | None = field(default=None, validator=_if_busy)
+    text: str = field(validator=_nonempty, metadata=_TEXT)
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
+    if_busy: str | None = field(default=None, validator=_if_busy, metadata=_IF_BUSY)
 
 
 @frozen(kw_only=True)
 class ForkBody:
     """A fork's request id and optional new id (``at`` is read apart: a run id or a seq)."""
 
-    request_id: str = field(validator=_request_id)
-    session_id: str | None = field(default=None, validator=_session_id)
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
+    session_id: str | None = field(default=None, validator=_session_id, metadata=_SESSION_ID)
 
 
 @frozen(kw_only=True)
 class ApprovalBody:
     approved: bool
-    request_id: str = field(validator=_request_id)
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
     note: str = ""
 
 
 @frozen(kw_only=True)
 class ResolutionBody:
-    action: str = field(validator=_action)
-    request_id: str = field(validator=_request_id)
+    action: str = field(validator=_action, metadata={"schema": {"enum": list(ACTIONS)}})
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
     result: Any = None
 
     def __attrs_post_init__(self) -> None:

@@ -150,7 +150,9 @@ def route_allowed(claim: Claim, method: str, path: str) -> bool:
     own session's routes (reading with any scope; the rest with ``write``). Minting
     tokens, listing or creating sessions and the operator's routes need the admin
     token."""
-    if method in ("GET", "HEAD") and (path == "/" or path.startswith("/static/")):
+    if method in ("GET", "HEAD") and (
+        path in ("/", "/openapi.json", "/docs") or path.startswith(("/static/", "/docs/"))
+    ):
         return True
     if path == "/v1/whoami":
         return True

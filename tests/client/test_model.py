@@ -123,7 +123,7 @@ def test_commands_carry_a_request_id_and_sessions_an_id_of_their_own() -> None:
 
 # Routes of the daemon that are not the client's: the page, its files, the frontend
 # protocols (their own SDKs speak them) and the Prometheus scrape.
-_NOT_THE_CLIENTS = {"/", "/static/{name}", "/metrics"}
+_NOT_THE_CLIENTS = {"/", "/static/{name}", "/metrics", "/openapi.json", "/docs", "/docs/{name}"}
 _FRONTEND_SUFFIXES = ("/chat", "/chat/{chat_id}/stream", "/ag-ui")
 
 

@@ -1,7 +1,7 @@
 """The reconcile table: what each answer of a tool's ``reconcile()`` decides, word for word.
 
 A NEVER call found executing after a crash is never re-run blindly: its tool's
-``reconcile()`` is asked, and its answer decides (``decide._reconciled``). The
+``reconcile()`` is asked, and its answer decides (``decide.results._reconciled``). The
 decision is recorded (``RecoveryDecision``: what was found, what is done, why) and
 is what ``perdure show`` prints, so its words are part of the promise.
 """

@@ -134,9 +134,12 @@ def test_pause_survives_a_restart_and_resume_continues(make_plan: Any) -> None:
     plan = make_plan(script, actions=[act("pause", request_id="p1")])
     # commits: session, input, pause, reply (task created but not dispatched) -> killed
     assert run_child(plan, fault="commit@4").killed
-    plan["actions"] = [act("sleep", seconds=0.5)]
+    plan["actions"] = [act("state")]
     plan["wait"] = False
-    run_child(plan)
+    (seen,) = [line for line in run_child(plan).lines if "state" in line]
+    # Read once the restarted actor had recovered and handled the inputs sent again:
+    # a dispatch would have committed its ToolExecuting before.
+    assert seen["paused"] is True and list(seen["tasks"].values()) == ["created"], seen
     assert tools_run(plan) == [], "a paused session dispatched work after a restart"
     assert records(plan, ToolExecuting) == []
     plan["actions"] = [act("resume", request_id="go")]

@@ -16,14 +16,14 @@ import pytest
 import perdure
 from perdure import ReplayPolicy, RetryPolicy, errors
 from perdure.actors import decide, protocol
-from perdure.actors.state import (
+from perdure.actors.lifecycle import (
     BACKING_OFF_PHASES,
     DISPATCHABLE_PHASES,
     HUMAN_WAIT_PHASES,
     IN_FLIGHT_PHASES,
     TERMINAL_PHASES,
-    SessionState,
 )
+from perdure.actors.state import SessionState
 from perdure.storage.records import (
     GenerationStarted,
     RecoveryDecision,

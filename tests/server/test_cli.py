@@ -74,7 +74,7 @@ def test_run_streams_a_task_to_completion(tmp_path: Path) -> None:
     # The same command again is the same request: nothing is submitted twice.
     again = perdure("run", "what is the answer?", *common, "--session", _session(out))
     assert again.returncode == 0, again.stderr
-    assert "already submitted" in again.stdout
+    assert "this task already finished" in again.stdout
     log = LmdbLog(tmp_path / "log", readonly=True)
     try:
         inputs = [c for c in log.read_global() if isinstance(c.record, InputAccepted)]
@@ -108,6 +108,36 @@ def test_run_asks_for_approval_and_yes_approves(tmp_path: Path) -> None:
     denied = perdure("run", "deploy", *args, "--log", str(tmp_path / "log2"))
     assert "denied: toolu_001_1" in denied.stdout
     assert "the user denied this call" in denied.stdout
+
+
+def test_run_asks_before_the_built_in_tools_change_files(tmp_path: Path) -> None:
+    """Without --tools the model gets the workspace tools; those that write ask first."""
+    script = write_script(
+        tmp_path / "s.json",
+        [
+            {
+                "text": "Writing it.",
+                "tool_uses": [
+                    {"name": "write_file", "input": {"path": "notes.txt", "content": "hi"}}
+                ],
+            },
+            {"text": "Done."},
+        ],
+    )
+    (tmp_path / "ws").mkdir()
+    args = ["--provider", f"scripted:{script}", "--workspace", str(tmp_path / "ws")]
+    denied = perdure("run", "write a note", *args, "--log", str(tmp_path / "log1"))
+    assert "denied: toolu_001_1 (no terminal to ask; run with --yes" in denied.stdout
+    assert not (tmp_path / "ws" / "notes.txt").exists()
+    approved = perdure("run", "write a note", *args, "--log", str(tmp_path / "log2"), "--yes")
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert "approved: toolu_001_1 (approved with --yes)" in approved.stdout
+    assert (tmp_path / "ws" / "notes.txt").read_text() == "hi"
+    listed = json.loads(perdure("tools", "--json").stdout)
+    approval = {row["name"]: row["approval"] for row in listed}
+    assert approval["write_file"] is True and approval["edit_file"] is True
+    assert approval["append_file"] is True and approval["read_file"] is False
+    assert "ask for approval" in perdure("run", "--help").stdout
 
 
 def test_run_without_an_api_key_says_how_to_proceed(tmp_path: Path) -> None:

@@ -182,8 +182,18 @@ async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
             await rt.submit(forked.session_id, item["text"], request_id=item["request_id"])
     elif kind == "wait_for":
         await _wait_for(rt, action["session"], action["record"], action.get("where", {}))
+    elif kind == "state":
+        # Through the session's actor, so answered once its recovery step is committed
+        # and everything queued before it is handled: a barrier, not a guess of time.
+        seen = await rt.state(action["session"], _phases)
+        print(json.dumps({"state": action["session"], **seen}), flush=True)
     else:
         raise ValueError(f"unknown action {kind!r}")
+
+
+def _phases(state: Any) -> dict[str, Any]:
+    tasks = {t.call_id: t.phase for t in state.tasks.values()}
+    return {"paused": state.paused, "tasks": tasks}
 
 
 async def _wait_for(

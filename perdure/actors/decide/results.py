@@ -1,0 +1,343 @@
+"""``on_result``: what an actor's report changes (``RESULTS``).
+
+A model reply (the turn completes and its calls become tasks), a model error (a
+retry after a back-off, or the run fails), a tool result (by the tool's policy: a
+result, a retry after a back-off, a wait for a person, an unknown outcome), a
+heartbeat, the end of a back-off, a reconciliation. A report that no longer
+matches the state (a superseded attempt, a discarded turn) changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attrs import evolve
+
+from perdure.actors.decide.verbs import (
+    _execute,
+    _finish,
+    _run_id,
+    _task_result_cancelled,
+    interrupted_text,
+    retry_delay,
+    tool_for,
+    unknown_outcome_text,
+)
+from perdure.actors.protocol import (
+    NOTHING,
+    BackOffOver,
+    Env,
+    HeartbeatReported,
+    ModelFailed,
+    ModelReplied,
+    ReconcileFinished,
+    Result,
+    Step,
+    ToolFinished,
+)
+from perdure.actors.state import Generation, SessionState, Task
+from perdure.storage.records import (
+    GenerationCompleted,
+    Record,
+    RecoveryDecision,
+    RetryPending,
+    RunFinished,
+    ToolAwaitingHuman,
+    ToolCall,
+    ToolCancelled,
+    ToolCompleted,
+    ToolHeartbeat,
+    ToolOutcomeUnknown,
+    ToolResultKind,
+    ToolRetryPending,
+    ToolTaskCreated,
+)
+from perdure.tools.contract import ReplayPolicy
+
+
+def on_result(s: SessionState, env: Env, result: Result) -> Step:
+    """Decide what a report of a generation or tool actor changes (``RESULTS``)."""
+    handler: Callable[[SessionState, Env, Any], Step] = RESULTS[type(result)]
+    return handler(s, env, result)
+
+
+def _live_generation(s: SessionState, generation_id: str) -> Generation | None:
+    """The generation, if a reply for it may still advance the session."""
+    gen = s.current_generation()
+    if gen is None or gen.generation_id != generation_id or gen.phase == "completed":
+        return None
+    if s.run is None or s.run.cancel_requested or gen.goal_rev != s.goal_rev:
+        return None
+    return gen
+
+
+def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
+    gen = _live_generation(s, msg.generation_id)
+    if gen is None or s.run is None:
+        return NOTHING
+    calls: list[ToolCall] = []
+    seen: set[str] = set()
+    for call in msg.reply.tool_calls:
+        call_id = call.call_id
+        while call_id in s.tasks or call_id in seen:  # ids must be unique within a session
+            call_id += "_"
+        seen.add(call_id)
+        calls.append(evolve(call, call_id=call_id))
+    records: list[Record] = [
+        GenerationCompleted(
+            session_id=s.session_id,
+            run_id=s.run.run_id,
+            generation_id=gen.generation_id,
+            submission_id=gen.submission_id,
+            text=msg.reply.text,
+            thinking=list(msg.reply.thinking),
+            tool_calls=calls,
+            stop_reason=msg.reply.stop_reason,
+            usage=msg.reply.usage,
+            attempt=msg.attempt,
+            provider=msg.reply.provider,
+            model=msg.reply.model,
+            response_id=msg.reply.response_id,
+            at=env.now,
+        )
+    ]
+    records += [
+        ToolTaskCreated(
+            session_id=s.session_id,
+            generation_id=gen.generation_id,
+            call_id=c.call_id,
+            tool_name=c.name,
+            input=c.input,
+            goal_rev=gen.goal_rev,
+            at=env.now,
+        )
+        for c in calls
+    ]
+    return Step(tuple(records))
+
+
+def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
+    gen = _live_generation(s, msg.generation_id)
+    if gen is None:
+        return NOTHING
+    if msg.retryable and msg.attempt < env.max_model_attempts:
+        not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
+        if msg.fallback:  # the back-off was for the provider that failed, not the next one
+            not_before = env.now
+        pending = RetryPending(
+            session_id=s.session_id,
+            generation_id=gen.generation_id,
+            attempt=msg.attempt,
+            not_before=not_before,
+            error=msg.error,
+            usage=msg.usage,
+            model=msg.model,
+            provider=msg.provider,
+            fallback=msg.fallback,
+            at=env.now,
+        )
+        return Step((pending,))  # advance makes the call, once the budget allows it
+    why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
+    failed = _finish(s, env, "failed", reason=f"the model call failed after {why}: {msg.error}")
+    finished = failed.records[0]
+    assert isinstance(finished, RunFinished)
+    return Step((evolve(finished, usage=msg.usage),))
+
+
+_RESULT_KIND: dict[str, ToolResultKind] = {
+    "ok": "ok",
+    "error": "error",
+    "timeout": "timeout",
+    "retryable": "error",  # not retried (no policy, or not allowed): an error for the model
+}
+
+
+def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing" or task.attempt != msg.attempt:
+        return NOTHING  # a duplicate or a report from a superseded attempt
+    assert task.executing is not None
+    common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
+    never = task.executing.replay == ReplayPolicy.NEVER.value
+    if msg.outcome in ("retryable", "timeout"):
+        retried = _retry_failed_attempt(s, env, task, msg)
+        if retried:
+            return retried
+    if msg.outcome == "needs_human":
+        waiting = ToolAwaitingHuman(attempt=msg.attempt, reason=msg.output, **common)
+        return Step((waiting,))
+    if msg.outcome == "cancelled":
+        effect = " Its effect may have partly happened." if never else ""
+        if task.goal_rev < s.goal_rev:
+            why = "the request was revised"
+        elif s.run is not None and s.run.cancel_requested:
+            why = "the run was cancelled"
+        else:
+            why = "the runtime stopped it"
+        record: Record = ToolCancelled(
+            output=f"perdure: this call was stopped while it was running: {why}.{effect}",
+            reason=f"stopped while executing: {why}",
+            while_executing=True,
+            **common,
+        )
+    elif msg.outcome == "unknown":
+        record = ToolOutcomeUnknown(
+            output=unknown_outcome_text(task.tool_name, f"could not tell ({msg.output})"),
+            reason="the tool could not tell: " + msg.output,
+            **common,
+        )
+    elif msg.outcome == "timeout" and never:
+        record = ToolOutcomeUnknown(
+            output=unknown_outcome_text(task.tool_name, f"timed out ({msg.output})"),
+            reason="timeout",
+            **common,
+        )
+    else:
+        record = ToolCompleted(
+            output=msg.output,
+            is_error=msg.is_error or msg.outcome != "ok",
+            kind=_RESULT_KIND[msg.outcome],
+            attempt=msg.attempt,
+            duration=msg.duration,
+            terminate=msg.terminate,
+            **common,
+        )
+    return Step((record,))
+
+
+def _retry_failed_attempt(s: SessionState, env: Env, task: Task, msg: ToolFinished) -> Step:
+    """A transient failure (or a timeout) under the tool's ``RetryPolicy``, if it has one.
+
+    NOTHING when no policy applies (the caller records the failure as usual): no
+    policy, a NEVER call (as recorded or as registered now), a timeout the policy does
+    not retry, or a call whose run was cancelled or whose request was revised. Else a
+    ``ToolRetryPending`` (committed before the back-off), or, once ``max_attempts``
+    attempts have failed, the last error with the number of attempts made.
+    """
+    assert task.executing is not None
+    tool = tool_for(env.tools, task)
+    policy = tool.retry if tool is not None else None
+    if tool is None or policy is None:
+        return NOTHING
+    if not (ReplayPolicy(task.executing.replay).replayable and tool.replay.replayable):
+        return NOTHING
+    if msg.outcome == "timeout" and not policy.retry_timeouts:
+        return NOTHING
+    winding_down = s.run is not None and s.run.cancel_requested and task.compensates is None
+    if task.goal_rev < s.goal_rev or winding_down:
+        return NOTHING
+    common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
+    if msg.attempt >= policy.max_attempts:
+        gave_up = ToolCompleted(
+            output=(
+                f"perdure: this call failed {msg.attempt} times (its retry policy allows "
+                f"{policy.max_attempts} attempts); it was not retried again. "
+                f"The last error: {msg.output}"
+            ),
+            is_error=True,
+            kind=_RESULT_KIND[msg.outcome],
+            attempt=msg.attempt,
+            duration=msg.duration,
+            **common,
+        )
+        return Step((gave_up,))
+    wait = policy.delay(msg.attempt, msg.jitter, msg.retry_after)
+    pending = ToolRetryPending(
+        attempt=msg.attempt, not_before=env.now + wait, error=msg.output, **common
+    )
+    return Step((pending,))
+
+
+def _heartbeat(s: SessionState, env: Env, msg: HeartbeatReported) -> Step:
+    """The latest progress of a running attempt, for a later attempt to resume from."""
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing" or task.attempt != msg.attempt:
+        return NOTHING  # the attempt is over: its heartbeat tells nothing any more
+    beat = ToolHeartbeat(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        attempt=msg.attempt,
+        details=msg.details,
+        at=env.now,
+    )
+    return Step((beat,))
+
+
+def _back_off_over(s: SessionState, env: Env, msg: BackOffOver) -> Step:
+    """Nothing to record: ``advance`` (through ``_retry``) dispatches the next attempt,
+    now that the shell no longer waits for it, unless the session is paused or draining."""
+    return NOTHING
+
+
+def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing":
+        return NOTHING
+
+    def decision(action: str, reason: str) -> RecoveryDecision:
+        return RecoveryDecision(
+            session_id=s.session_id,
+            run_id=s.run.run_id if s.run is not None else "",
+            subject=task.call_id,
+            found="reconcile answered " + msg.status,
+            action=action,
+            reason=reason,
+            at=env.now,
+        )
+
+    if msg.status == "applied":
+        done = ToolCompleted(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=msg.output,
+            is_error=msg.is_error,
+            terminate=msg.terminate,
+            kind="reconciled",
+            attempt=task.attempt,
+            at=env.now,
+        )
+        return Step((decision("record the real result", "the effect had happened"), done))
+    tool = tool_for(env.tools, task)
+    if msg.status == "not_applied" and task.goal_rev < s.goal_rev:
+        why = "the effect had not happened, and the request was revised since"
+        cancelled = _task_result_cancelled(s, env, task, "the request was revised before it ran")
+        return Step((decision("do not run it", why), cancelled))
+    if msg.status == "not_applied" and s.paused:
+        # Keep the call pending; advance asks reconcile again once the session resumes
+        # (the world may change while paused).
+        why = "the effect had not happened; the session is paused"
+        return Step((decision("run it once the session is resumed", why),))
+    if msg.status == "not_applied" and tool is not None:
+        step = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=_run_id(s))
+        return (
+            Step((decision("run it once, with the same key", "the effect had not happened"),))
+            + step
+        )
+    if msg.status == "not_applied":
+        why = "the effect had not happened, but its tool is no longer registered"
+    else:
+        why = msg.reason or "reconcile could not tell"
+    return Step(
+        (
+            decision("report outcome unknown", why),
+            ToolOutcomeUnknown(
+                session_id=s.session_id,
+                call_id=task.call_id,
+                # The model reads what the check found (e.g. "still running as pid N").
+                output=interrupted_text(task.tool_name) + f" The tool's own check found: {why}",
+                reason="reconcile: " + why,
+                at=env.now,
+            ),
+        )
+    )
+
+
+RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
+    ModelReplied: _model_replied,
+    ModelFailed: _model_failed,
+    ToolFinished: _tool_finished,
+    ReconcileFinished: _reconciled,
+    HeartbeatReported: _heartbeat,
+    BackOffOver: _back_off_over,
+}

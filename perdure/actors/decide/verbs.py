@@ -1,0 +1,295 @@
+"""The shared verbs of the decisions: what several doors of the core say and do alike.
+
+Words the model reads (an unknown outcome, an interrupted call), the identity of a
+call (its idempotency key and fingerprint), the back-off formula of a model retry,
+and the small steps every door takes: start a model turn, finish a run, cancel a
+call that has not run, commit a call's ``executing`` record, stop what runs and
+cancel what has not (``_call_off``). Everything here is a pure function of the
+state and the ``Env``; the doors (``advancing``, ``recovery``, ``results``,
+``commands``) are built from these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from perdure.actors.lifecycle import (
+    FAILED_ATTEMPT_PHASES,
+    TASK_PHASES,
+    TaskPhase,
+)
+from perdure.actors.protocol import (
+    NOTHING,
+    CallModel,
+    CancelTool,
+    Effect,
+    Env,
+    RunTool,
+    Step,
+    StopBackOff,
+    View,
+)
+from perdure.actors.state import SessionState, Task
+from perdure.budget import over_budget
+from perdure.storage.records import (
+    GenerationStarted,
+    Record,
+    RunFinished,
+    RunStatus,
+    ToolCancelled,
+    ToolExecuting,
+    ToolOutcomeUnknown,
+)
+from perdure.tools.contract import ReplayPolicy, Tool
+
+
+def unknown_outcome_text(tool_name: str, why: str) -> str:
+    return (
+        f"perdure: the call to '{tool_name}' {why}. Its external effect is UNKNOWN: it may "
+        "or may not have happened. It was not re-run automatically. Check the current "
+        "state before deciding whether to call it again."
+    )
+
+
+def interrupted_text(tool_name: str) -> str:
+    return unknown_outcome_text(
+        tool_name, "was interrupted (the process stopped) before its result was saved"
+    )
+
+
+def idempotency_key(session_id: str, submission_id: str, call_id: str) -> str:
+    """Stable for one call across restarts and re-runs: session, run lineage, call id."""
+    raw = f"{session_id}\x00{submission_id}\x00{call_id}".encode()
+    return "pdk_" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def fingerprint(tool: Tool, args: dict[str, Any]) -> str:
+    """The identity of one call: which tool, which definition of it, which arguments.
+
+    Recorded with every ``executing`` record; recovery compares it with the fingerprint
+    the same arguments get from the tool registered NOW, so a call whose tool changed
+    since it was dispatched is never taken for the same call (see ``_recover_executing``).
+    """
+    canonical = _CANONICAL.encode(
+        {"tool": tool.name, "definition": tool.definition_hash, "args": args}
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+# Built once: ``json.dumps`` with options builds an encoder per call (same output).
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
+    """Exponential back-off with jitter, never shorter than the server's retry-after."""
+    ceiling: float = min(env.retry_cap, env.retry_base * 2.0 ** (attempt - 1))
+    delay = ceiling * (0.5 + jitter / 2)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, env.retry_cap * 10))
+    return delay
+
+
+def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
+    """The tool that runs ``task``: its registered tool, or that tool's compensation."""
+    tool = tools.get(task.tool_name)
+    if task.compensates is not None:
+        return tool.compensation if tool is not None else None
+    return tool
+
+
+def _run_id(s: SessionState) -> str:
+    """The run that owns work started now ("" for a compensation outside any run)."""
+    return s.run.run_id if s.run is not None else ""
+
+
+def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
+    sub = s.submissions[submission_id]
+    gen_id = f"{submission_id}.g{len(sub.generations) + 1}"
+    started = GenerationStarted(
+        session_id=s.session_id,
+        run_id=run_id,
+        generation_id=gen_id,
+        goal_rev=s.goal_rev,
+        submission_id=submission_id,
+        at=env.now,
+    )
+    return Step((started,), (CallModel(gen_id, 1),))
+
+
+def _continue_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
+    turns = len(s.submissions[submission_id].generations)
+    if turns >= env.max_turns:
+        return _finish(
+            s, env, "failed", reason=f"the run reached its limit of {env.max_turns} model turns"
+        )
+    return _budget_stop(s, env) or _next_generation(s, env, run_id, submission_id)
+
+
+def _budget_stop(s: SessionState, env: Env) -> Step:
+    """Before a model call: the run finishes ``stopped`` if a budget in force is spent.
+
+    The spend is the usage folded from the log (every reply, every failed attempt), so
+    a restart counts what was spent before it. The session's own budget, if it was
+    given one, replaces the runtime's default.
+    """
+    budget = s.budget if s.budget is not None else env.budget
+    if budget is None or s.run is None:
+        return NOTHING
+    why = over_budget(budget, s.run.spend, s.spend, env.prices)
+    return NOTHING if why is None else _finish(s, env, "stopped", reason=why)
+
+
+def _finish(s: SessionState, env: Env, status: RunStatus, text: str = "", reason: str = "") -> Step:
+    assert s.run is not None
+    return Step(
+        (
+            RunFinished(
+                session_id=s.session_id,
+                run_id=s.run.run_id,
+                submission_id=s.run.submission_id,
+                status=status,
+                final_text=text,
+                reason=reason,
+                at=env.now,
+            ),
+        )
+    )
+
+
+def _holding(s: SessionState, view: View) -> bool:
+    """Start no model call and no run: the session is paused, the process drains, or
+    the session is being handed to another node (its current tool calls still run)."""
+    return s.paused or view.draining or view.handing_over
+
+
+def _task_result_cancelled(s: SessionState, env: Env, task: Task, reason: str) -> ToolCancelled:
+    if task.phase in FAILED_ATTEMPT_PHASES:
+        output = (
+            f"perdure: this call failed (attempt {task.attempt}: {task.last_error}) and was "
+            f"not tried again: {reason}."
+        )
+    else:
+        output = f"perdure: this call was not run: {reason}."
+    return ToolCancelled(
+        session_id=s.session_id, call_id=task.call_id, output=output, reason=reason, at=env.now
+    )
+
+
+def _execute(
+    s: SessionState, env: Env, task: Task, tool: Tool, *, attempt: int, run_id: str
+) -> Step:
+    """The executing record, committed BEFORE the tool may touch the world.
+
+    ``run_id`` names the run that owns this attempt: the current run, or during
+    recovery the run that continues the interrupted one (not folded in yet).
+    """
+    if task.executing is not None:
+        args = task.executing.args  # a re-run repeats exactly what was executed
+        key = task.executing.idempotency_key
+    else:
+        args = tool.effective_args(task.input)
+        if args == task.input:
+            args = task.input  # no default added: one dict for both (never mutated)
+        key = idempotency_key(s.session_id, task.lineage, task.call_id)
+    record = ToolExecuting(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        run_id=run_id,
+        tool_name=tool.name,
+        args=args,
+        replay=tool.replay.value,
+        idempotency_key=key,
+        fingerprint=fingerprint(tool, args),
+        tool_hash=tool.definition_hash,
+        attempt=attempt,
+        at=env.now,
+        policy_reason=tool.policy_reason,
+    )
+    beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
+    return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
+
+
+def _retry_blocker(env: Env, task: Task) -> str:
+    """Why a pending retry may not run now ("" if it may)."""
+    assert task.executing is not None
+    tool = tool_for(env.tools, task)
+    if tool is None:
+        return "its tool is no longer registered"
+    recorded = ReplayPolicy(task.executing.replay)
+    if not task.retry_by_human and not (recorded.replayable and tool.replay.replayable):
+        return (
+            f"recorded policy {recorded.value}, registered policy {tool.replay.value}: "
+            "never retried automatically"
+        )
+    change, still_fits = _definition_change(task.executing, tool)
+    return "" if still_fits else change.removeprefix("; ")
+
+
+def _definition_change(executing: ToolExecuting, tool: Tool) -> tuple[str, bool]:
+    """Whether the call's tool changed since dispatch: words for the decision, and
+    whether the recorded arguments still fit the tool as it is now."""
+    if fingerprint(tool, executing.args) == executing.fingerprint:
+        return "", True
+    words = (
+        f"; the tool's definition changed since the call was dispatched "
+        f"({executing.tool_hash} -> {tool.definition_hash})"
+    )
+    problems = tool.validate(executing.args)
+    if problems:
+        return words + " and the recorded arguments no longer fit it: " + "; ".join(problems), False
+    return words + "; the recorded arguments still fit it", True
+
+
+def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeUnknown:
+    return ToolOutcomeUnknown(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        output=interrupted_text(task.tool_name),
+        reason=reason,
+        at=env.now,
+    )
+
+
+def _call_off(
+    s: SessionState, env: Env, view: View, tasks: Sequence[Task], reason: str
+) -> tuple[list[Record], list[Effect], bool]:
+    """Stop what runs and cancel what has not: how a cancel and a revision call work off.
+
+    A call not started (or between two attempts) gets its ``ToolCancelled`` for
+    ``reason`` (and its back-off timer stops); an executing call is stopped where its
+    tool is ``cancellable`` and this process runs it, or else left to finish (its late
+    result is recorded). Returns the records, the effects, and whether a call still
+    executes. Terminal calls are skipped.
+    """
+    records: list[Record] = []
+    effects: list[Effect] = []
+    executing = False
+    for task in tasks:
+        if task.terminal:
+            continue
+        if task.phase == "executing":
+            executing = True
+            tool = env.tools.get(task.tool_name)
+            stoppable = tool is not None and tool.cancellable
+            if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
+                effects.append(CancelTool(task.call_id))
+        else:
+            records.append(_task_result_cancelled(s, env, task, reason))
+            if task.call_id in view.waiting:
+                effects.append(StopBackOff(task.call_id))
+    return records, effects, executing
+
+
+def every_phase_has_a_row(table: Mapping[TaskPhase, object], name: str) -> None:
+    """A table keyed by task phase must answer for every phase: checked at import, so a
+    new phase without its rows is an error before any session runs, not a KeyError in one."""
+    missing = [phase for phase in TASK_PHASES if phase not in table]
+    extra = [str(phase) for phase in table if phase not in TASK_PHASES]
+    if missing or extra:
+        raise ImportError(
+            f"the table {name} has no row for the phase(s) {missing}"
+            + (f" and rows for unknown phase(s) {extra}" if extra else "")
+        )

@@ -1,0 +1,97 @@
+"""The core's tables are whole, and the fold holds every record to the lifecycle table.
+
+``advance`` and ``recover`` choose what to do with a tool call by a row keyed by its
+phase (``decide.ADVANCE``, ``decide.RECOVER``), and the lifecycles of docs/DESIGN.md
+§3 are literal tables (``perdure.actors.lifecycle``) that the fold looks every phase
+change up in. A phase without a row would be a ``KeyError`` in a running session; a
+transition the table lacks is refused by the fold, naming what and where.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perdure.actors import decide, lifecycle, protocol
+from perdure.actors.decide.verbs import every_phase_has_a_row
+from perdure.actors.lifecycle import (
+    GENERATION_TRANSITIONS,
+    TASK_PHASES,
+    TASK_TRANSITIONS,
+    ImpossibleTransition,
+)
+from perdure.actors.state import SessionState
+from perdure.storage.records import (
+    GenerationCompleted,
+    ToolCompleted,
+    ToolExecuting,
+    ToolHeartbeat,
+)
+from tests.core.sim import Session, decide_committed
+
+
+@pytest.mark.parametrize("table", ["ADVANCE", "RECOVER"])
+def test_every_task_phase_has_a_row_in_every_table(table: str) -> None:
+    rows = getattr(decide, table)
+    assert set(rows) == set(TASK_PHASES)
+    assert all(callable(row) for row in rows.values())
+
+
+def test_a_table_without_a_row_for_a_phase_is_an_error_at_import() -> None:
+    rows = dict(decide.ADVANCE)
+    del rows["awaiting_human"]
+    with pytest.raises(ImportError, match="awaiting_human"):
+        every_phase_has_a_row(rows, "a table")
+    every_phase_has_a_row(decide.RECOVER, "RECOVER")  # a whole table passes
+
+
+def test_every_task_phase_is_entered_and_only_terminal_phases_have_no_way_out() -> None:
+    entered = set(TASK_TRANSITIONS.values())
+    assert entered == set(TASK_PHASES)
+    left = {before for before, _ in TASK_TRANSITIONS if before is not None}
+    assert set(TASK_PHASES) - left == lifecycle.TERMINAL_PHASES
+
+
+def test_the_fold_refuses_a_second_result_for_a_call() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    s.finish_tool("c1", output="found")
+    late = ToolCompleted(session_id="s1", call_id="c1", output="again", at=1.0)
+    with pytest.raises(ImpossibleTransition, match=r"ToolCompleted for tool call c1 in phase"):
+        s.state.apply(late)
+    assert s.state.tasks["c1"].result is not None
+    assert s.state.tasks["c1"].result.output == "found"
+
+
+def test_the_fold_refuses_to_run_a_call_that_waits_for_its_approval() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "deploy", {"target": "prod"}))
+    assert s.state.tasks["c1"].phase == "awaiting_approval"
+    other = Session()  # an executing record of a call that needed no approval
+    other.command(protocol.Submit("r1", "go"))
+    other.reply("x", ("c1", "lookup", {"query": "q"}))
+    executing = next(r for r in other.log if isinstance(r, ToolExecuting))
+    with pytest.raises(ImpossibleTransition, match="'awaiting_approval'") as refused:
+        s.state.apply(executing)
+    assert refused.value.event == "ToolExecuting" and refused.value.phase == "awaiting_approval"
+
+
+def test_the_fold_refuses_a_heartbeat_of_a_call_that_is_not_running() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "deploy", {"target": "prod"}))
+    beat = ToolHeartbeat(session_id="s1", call_id="c1", attempt=1, details={}, at=1.0)
+    with pytest.raises(ImpossibleTransition):
+        s.state.apply(beat)
+
+
+def test_the_fold_refuses_a_second_reply_to_one_model_turn() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("first")
+    reply = next(r for r in s.log if isinstance(r, GenerationCompleted))
+    state = SessionState.fold("s1", [decide_committed(i, r) for i, r in enumerate(s.log, 1)])
+    with pytest.raises(ImpossibleTransition, match=r"model turn in1\.g1 in phase 'completed'"):
+        state.apply(reply)
+    assert ("completed", "GenerationCompleted") not in GENERATION_TRANSITIONS
