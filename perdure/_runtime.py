@@ -804,7 +804,7 @@ async def open_runtime(
     names this process among the nodes (default: host-pid-random), ``lease_ttl``
     (seconds, default 10) is how long a dead node's sessions wait to be taken over,
     and ``rebalance`` (default True) moves sessions between live nodes, at safe
-    points, so that each runs its fair share (README, "Several nodes").
+    points, so that each runs its fair share (docs/SCALE-OUT.md, "Rebalancing").
     ``map_size`` is LMDB's initial map size. A session left idle for
     ``idle_timeout`` seconds has its actor evicted from memory (and, with
     PostgreSQL, its lease given up); its next command starts it again from the log.

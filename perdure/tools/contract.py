@@ -6,7 +6,7 @@ a timeout, and optionally a ``reconcile`` function that tells recovery whether a
 interrupted call really took effect. The runtime passes a ``ToolContext`` carrying
 an idempotency key that is stable across restarts and re-runs of the same call.
 
-When a call fails, the tool says how (see "When tools fail" in the README): a
+When a call fails, the tool says how (see "When tools fail" in docs/TOOLS.md): a
 transient failure (``RetryableError``, or an exception its ``RetryPolicy`` lists)
 is retried with back-off, for SAFE and KEYED tools only; a failure that needs a
 person (``NeedsHuman``) waits durably for ``rt.resolve``; a long tool reports

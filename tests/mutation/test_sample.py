@@ -2,7 +2,7 @@
 
 The whole campaign (``mutmut run``, docs/RELIABILITY.md) takes too long for CI. This
 test keeps its most important findings from regressing: each row below is a change
-of the core that once passed every test (the audit of issue 14 found them), rebuilt
+of the core that once passed every test (an audit of the tests found them), rebuilt
 here by editing one line of the function's source, and the test that now guards the
 promise must fail against it. A row whose line no longer exists fails too, so a
 rewrite of the core has to carry its sample along.
