@@ -1332,6 +1332,13 @@ def main(argv: list[str] | None = None) -> int:
         help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table",
     )
     args = parser.parse_args(argv)
+    if args.workdir is not None and not args.workdir.is_dir():
+        print(
+            f"bench/run.py: the scratch directory does not exist ({args.workdir}): "
+            "create it, or leave out --workdir for a temporary one",
+            file=sys.stderr,
+        )
+        return 2
     if args.setup_peers:
         setup_peers(args.peers_python)
         return 0

@@ -11,7 +11,7 @@ Where a command goes:
    by the core and recorded, nothing is run (``perdure._unowned`` says why and
    what the next owner does with it);
 4. a log owned by a process that has no daemon to talk to (``perdure run``,
-   another program's runtime) is left alone: the command says so and exits 3.
+   another program's runtime) is left alone: the command says so and exits 1.
 
 Every command carries a request id, as through the API: the same id is answered
 as it was the first time, never recorded twice. Without ``--request-id`` it is
@@ -22,12 +22,15 @@ something new, is a new request: ``cancel`` — the current run; ``approve`` and
 ``revise`` — the current run and the text; ``pause`` and ``resume`` — the
 session's last record (a second pause of a paused session records nothing anyway).
 
-Exit statuses: 0 done (or nothing to do: already done by this request, already
-paused, no run to cancel); 1 refused by the session (no such session or call, not
-in a state that takes the command, a request id used for another command, a
-parked session) or a failure of the log or daemon; 2 bad usage (arguments, no log
-at ``--log``, a missing extra); 3 nobody to deliver it to (the log's owner has no
-reachable daemon, the daemon cannot be reached or refuses the token).
+Exit statuses, within the command line's (``perdure._cli_errors``): 0 done (or
+nothing to do: already done by this request, already paused, no run to cancel); 1
+refused by the session (no such session or call, not in a state that takes the
+command, a request id used for another command, a parked session), nobody to
+deliver it to (the log's owner has no reachable daemon, the daemon cannot be
+reached or refuses the token), or a failure of the log or daemon; 2 bad usage
+(arguments, no log at ``--log``, a missing extra); 3 and 4 the log's file problems
+(permissions, a read-only log, a newer format; no space), said as every command
+says them.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ from attrs import frozen
 
 Kind = Literal["cancel", "approve", "deny", "resolve", "pause", "resume", "revise"]
 
-EXIT_REFUSED: Final = 1
+EXIT_REFUSED: Final = 1  # also: nobody to deliver it to (as a log owned by a live process)
 EXIT_USAGE: Final = 2
-EXIT_UNREACHABLE: Final = 3
 DAEMON_RETRY_S: Final = 5.0  # how long an unreachable or restarting daemon is retried
 
 
-class Undeliverable(Exception):
-    """Nobody to deliver the command to; the message says why (exit 3)."""
+class NotDelivered(Exception):
+    """Nobody to deliver the command to, or its daemon failed; the message says why
+    (exit 1)."""
 
 
 @frozen(kw_only=True)
@@ -148,12 +151,16 @@ def deliver(
     tools: Callable[[], list[Any]],
 ) -> Outcome:
     """Send ``order`` where the module docstring says; raises ``Refused`` (and kin),
-    ``Undeliverable`` or a log error."""
+    ``NotDelivered`` or a log error."""
+    from perdure.client.errors import Unavailable
     from perdure.server.address import read_address
     from perdure.storage import is_postgres
 
     if url is not None:
-        return _via_daemon(order, url, _token(log_dir, token_file, url))
+        try:
+            return _via_daemon(order, url, _token(log_dir, token_file, url))
+        except Unavailable as exc:
+            raise NotDelivered(f"{exc.message} ({url}): is it running? check --url") from None
     if is_postgres(log_dir):
         _fail(
             "a PostgreSQL log is reached through one of its daemons: pass --url URL "
@@ -161,12 +168,14 @@ def deliver(
             EXIT_USAGE,
         )
     if not (Path(log_dir) / "data.mdb").exists():
-        _fail(f"no perdure log at {log_dir} (use --log DIR, or --url URL for a daemon)", EXIT_USAGE)
+        _fail(
+            f"no perdure log here ({log_dir}): give --log the log's folder, or --url URL "
+            "for a daemon",
+            EXIT_USAGE,
+        )
     found = read_address(log_dir)
     if found is None or not found.alive():
         return _directly(order, log_dir, tools, daemon=None)
-    from perdure.client import Unavailable
-
     try:
         return _via_daemon(order, found.url, _token(log_dir, token_file, found.url))
     except Unavailable as exc:
@@ -193,9 +202,9 @@ def _token(log_dir: str, token_file: Path | None, url: str) -> str:
     except OSError:
         token = ""
     if not token:
-        raise Undeliverable(
-            f"no token for the daemon at {url}: pass --token-file FILE or set PERDURE_TOKEN "
-            f"(a daemon's generated token is in its log directory, {TOKEN_FILE})"
+        raise NotDelivered(
+            f"no token for the daemon ({url}): pass --token-file FILE or set PERDURE_TOKEN "
+            f"(a daemon's generated token is in its log folder, {TOKEN_FILE})"
         )
     return token
 
@@ -208,14 +217,25 @@ def _via_daemon(order: Order, url: str, token: str) -> Outcome:
             "talking to a daemon needs the client extra: pip install 'perdure[client]'",
             EXIT_USAGE,
         )
-    with PerdureClient(url, token, retry=Retry(timeout=DAEMON_RETRY_S)) as client:
-        try:
-            summary = client.state(order.session_id).summary
-        except Unauthorized:
-            raise Undeliverable(
-                f"the daemon at {url} refused the token: pass its token with "
-                "--token-file FILE or PERDURE_TOKEN"
-            ) from None
+    from perdure.client.errors import DaemonError, Unavailable
+    from perdure.errors import Refused
+
+    try:
+        return _send(order, url, PerdureClient(url, token, retry=Retry(timeout=DAEMON_RETRY_S)))
+    except Unauthorized:
+        raise NotDelivered(
+            f"the daemon refused the token ({url}): pass its token with "
+            "--token-file FILE or PERDURE_TOKEN"
+        ) from None
+    except DaemonError as exc:
+        if isinstance(exc, Refused | Unavailable):
+            raise  # the session's refusal, as the runtime says it; or nobody answers
+        raise NotDelivered(f"the daemon could not do it ({url}): {exc.message}") from None
+
+
+def _send(order: Order, url: str, client: Any) -> Outcome:
+    with client:
+        summary = client.state(order.session_id).summary
         rid = order.with_request_id(summary)
         sid = order.session_id
         if order.kind == "cancel":
@@ -254,13 +274,13 @@ def _directly(
         owner = str(exc).split(" is owned by ", 1)[-1].split(";", 1)[0]
         if daemon is not None:
             where, why = daemon
-            raise Undeliverable(
-                f"the log {log_dir} is owned by {owner}, and its daemon at {where} does not "
-                f"answer ({why}): wait for it to start, or use --url"
+            raise NotDelivered(
+                f"the log is owned by {owner}, and its daemon at {where} does not answer "
+                f"({log_dir}; {why}): wait for it to start, or use --url"
             ) from None
-        raise Undeliverable(
-            f"the log {log_dir} is owned by {owner}, which has no daemon to talk to (a "
-            "perdure run asks at its own terminal): answer there, or stop it and run this again"
+        raise NotDelivered(
+            f"the log is owned by {owner}, which has no daemon to talk to ({log_dir}): "
+            "answer at its terminal (perdure run asks there), or stop it and run this again"
         ) from None
 
 
@@ -307,6 +327,7 @@ def _run(
     tool_specs: tuple[str, ...] = (),
 ) -> None:
     """Deliver ``order``, print one line, exit with the documented status."""
+    from perdure._cli_errors import explain
     from perdure.errors import Refused
     from perdure.storage import LogError
 
@@ -321,20 +342,17 @@ def _run(
 
     try:
         outcome = deliver(order, log_dir, url, token_file, tools)
-    except Undeliverable as exc:
-        _fail(str(exc), EXIT_UNREACHABLE)
+    except NotDelivered as exc:
+        _fail(str(exc), EXIT_REFUSED)
     except Refused as exc:
         hint = " (another --request-id sends it as a new request)" if exc.code == "conflict" else ""
         _fail(f"session {order.session_id}: {exc.message}{hint}", EXIT_REFUSED)
-    except LogError as exc:
-        _fail(f"the log {log_dir}: {exc}", EXIT_REFUSED)
     except Exception as exc:
-        from perdure.client.errors import DaemonError, Unavailable
-
-        if isinstance(exc, Unavailable):
-            _fail(f"{exc.message} ({url})", EXIT_UNREACHABLE)
-        if isinstance(exc, DaemonError):
-            _fail(f"the daemon refused: {exc.message}", EXIT_REFUSED)
+        problem = explain(exc, log_dir)
+        if problem is not None:  # the log's file problems, said as every command says them
+            _fail(problem.line(), problem.status)
+        if isinstance(exc, LogError):
+            _fail(f"{exc} ({log_dir})", EXIT_REFUSED)
         raise
     click.echo(describe(order, outcome))
     sys.stdout.flush()
@@ -386,8 +404,8 @@ _tools_option = click.option(
 _EPILOG = (
     "Sent to the daemon serving the log (or --url); with no process owning the log, "
     "recorded in it directly, nothing run until a process next opens it. Exit status: "
-    "0 done or nothing to do, 1 refused by the session, 2 bad usage, 3 nobody to "
-    "deliver it to."
+    "0 done or nothing to do; 1 refused by the session, or nobody to deliver it to; 2 "
+    "bad usage; 3 and 4 the log's file problems (see perdure --help)."
 )
 
 

@@ -173,6 +173,35 @@ def test_relative_links_and_paths_exist(doc: Path) -> None:
     assert not problems, f"{doc.relative_to(ROOT)}: " + "; ".join(problems)
 
 
+def test_json_blocks_parse() -> None:
+    blocks = [
+        (doc, m.group(1))
+        for doc in DOCS
+        for m in re.finditer(r"^ *```json\n(.*?)^ *```", doc.read_text(), re.S | re.M)
+    ]
+    assert blocks
+    for doc, block in blocks:  # a config or a script the reader copies must be valid JSON
+        try:
+            json.loads(block)
+        except ValueError as exc:
+            pytest.fail(f"{doc.relative_to(ROOT)}: a JSON block does not parse: {exc}")
+
+
+def test_commands_named_in_the_docs_exist() -> None:
+    from perdure.cli import main
+
+    named = {
+        (doc.relative_to(ROOT), command)
+        for doc in DOCS
+        for command in re.findall(r"`perdure ([a-z][a-z-]*)", doc.read_text())
+    }
+    assert named
+    missing = sorted(
+        f"{doc}: perdure {command}" for doc, command in named if command not in main.commands
+    )
+    assert not missing
+
+
 def test_slugs_follow_github() -> None:
     assert _slug("4. Recovery") == "4-recovery"
     conformance = "Check your tools: `perdure conformance`"

@@ -2,7 +2,8 @@
 them: against a live ``perdure serve`` (found from the log's directory, or by --url),
 against a log no process owns (recorded there; the next daemon acts on it), and
 against what goes wrong (no such session or call, a daemon that is gone, a log owned
-by a process with no daemon): one line each, a documented exit status, no traceback.
+by a process with no daemon, a read-only log): one line each, a documented exit
+status, no traceback, nothing written.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def test_each_command_through_a_live_daemon(daemon: Daemon, tmp_path: Path) -> N
         wrong.write_text("not-the-token")
         said(
             person("pause", "a", "--url", daemon.url, "--token-file", str(wrong), log=log),
-            3,
+            1,
             "refused the token",
         )
 
@@ -287,7 +288,7 @@ def test_nobody_to_deliver_to_is_one_line(held_log: tuple[Path, int], tmp_path: 
     before = (log / "data.mdb").read_bytes()
     said(
         person("approve", "a", "c1", log=log),
-        3,
+        1,
         f"is owned by pid {holder}",
         "no daemon to talk to",
     )
@@ -297,9 +298,14 @@ def test_nobody_to_deliver_to_is_one_line(held_log: tuple[Path, int], tmp_path: 
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     (log / "daemon.json").write_text(json.dumps({"url": dead, "pid": holder}))
     (log / "daemon.token").write_text("t\n")
-    said(person("pause", "a", log=log), 3, f"its daemon at {dead} does not answer")
+    said(person("pause", "a", log=log), 1, f"its daemon at {dead} does not answer")
     assert (log / "data.mdb").read_bytes() == before  # nothing was written
 
-    said(person("pause", "a", "--url", dead, log=tmp_path, env={"PERDURE_TOKEN": "t"}), 3, dead)
-    said(person("pause", "a", log=tmp_path / "none"), 2, "no perdure log at")
+    said(
+        person("pause", "a", "--url", dead, log=tmp_path, env={"PERDURE_TOKEN": "t"}),
+        1,
+        "cannot reach the daemon: ConnectError",
+        f"({dead}): is it running?",
+    )
+    said(person("pause", "a", log=tmp_path / "none"), 2, "no perdure log here")
     said(person("resolve", "a", "c1", "retry", "--result", "x", log=log), 2, "--result")
