@@ -18,7 +18,9 @@ Exit statuses (also in ``perdure --help``):
   log for a command that writes, a log written by a newer perdure).
 * 4: no space: the disk, a file size limit or the log's size limit is reached.
 
-A command that fails this way has written nothing of its own to the log.
+A command that fails this way leaves the log's records as they were (a full disk
+may leave what still fitted before the write that failed: the mark that the log was
+opened and, for ``run``, its empty session).
 """
 
 from __future__ import annotations
@@ -111,8 +113,8 @@ def _explain_one(exc: BaseException, log: str | None) -> Problem | None:
         return Problem(
             "no space left to write the log",
             log or "the log",
-            "free disk space (or raise the file size limit) and run the command again; "
-            "nothing of it was written",
+            "free disk space (or raise the file size limit) and run the command again "
+            "(what did not fit was not written)",
             NO_SPACE,
         )
     code = _code(exc)
@@ -131,8 +133,8 @@ def _explain_one(exc: BaseException, log: str | None) -> Problem | None:
         return Problem(
             "no space left" if code != errno.EFBIG else "the file size limit is reached",
             path,
-            "free disk space (or raise the limit) and run the command again; nothing of "
-            "it was written",
+            "free disk space (or raise the limit) and run the command again (what did "
+            "not fit was not written)",
             NO_SPACE,
         )
     if code in (errno.ENOTDIR, errno.EEXIST) and log is not None and Path(log).is_file():

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from perdure.actors.protocol import Env
+from perdure.actors.protocol import Env, Result
 from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
@@ -89,7 +89,7 @@ class ActorContext:
         )
 
 
-async def report_last(outbox: trio.MemorySendChannel[Any], message: Any) -> None:
+async def report_last(outbox: trio.MemorySendChannel[Result], message: Result) -> None:
     """Send a child actor's last message to its session, and return.
 
     The same cancel point as ``outbox.send`` (a cancelled child reports nothing: after

@@ -29,7 +29,13 @@ import trio
 
 from perdure import _faults
 from perdure.actors.context import ActorContext, report_last
-from perdure.actors.protocol import HeartbeatReported, ReconcileFinished, ToolFinished, ToolOutcome
+from perdure.actors.protocol import (
+    HeartbeatReported,
+    ReconcileFinished,
+    Result,
+    ToolFinished,
+    ToolOutcome,
+)
 from perdure.storage import SessionFenced
 from perdure.storage.bus import Event
 from perdure.storage.records import ToolExecuting
@@ -113,7 +119,7 @@ class Heartbeats:
         self._wake: trio.Event | None = None  # made by the first heartbeat
         self._token = trio.lowlevel.current_trio_token()
         # Where the relay is started by the first heartbeat, while the tool runs.
-        self.relay_in: tuple[trio.Nursery, trio.MemorySendChannel[Any]] | None = None
+        self.relay_in: tuple[trio.Nursery, trio.MemorySendChannel[Result]] | None = None
         self._relay_scope: trio.CancelScope | None = None  # once a relay was started
         self._relay_done: trio.Event | None = None
         self.arm()
@@ -146,7 +152,7 @@ class Heartbeats:
         self.arm()
 
     async def _relay(
-        self, outbox: trio.MemorySendChannel[Any], scope: trio.CancelScope, done: trio.Event
+        self, outbox: trio.MemorySendChannel[Result], scope: trio.CancelScope, done: trio.Event
     ) -> None:
         try:
             with scope:
@@ -186,7 +192,7 @@ async def run_tool(
     ctx: ActorContext,
     tool: Tool,
     executing: ToolExecuting,
-    outbox: trio.MemorySendChannel[Any],
+    outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
     last_heartbeat: Any = None,
 ) -> None:
@@ -299,7 +305,7 @@ async def run_reconcile(
     ctx: ActorContext,
     tool: Tool,
     executing: ToolExecuting,
-    outbox: trio.MemorySendChannel[Any],
+    outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
 ) -> None:
     # Whatever happens, the session hears back: a call left without an answer would keep

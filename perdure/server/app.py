@@ -40,9 +40,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from perdure import Done, __version__
-from perdure._runtime import Runtime
-from perdure.actors.protocol import check_if_busy
+from perdure import Done, Runtime, __version__
+from perdure.answers import check_if_busy
 from perdure.inspect import summarize
 from perdure.observability.hooks import check_traceparent
 from perdure.server import frontends, tokens

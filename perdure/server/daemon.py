@@ -34,7 +34,7 @@ from attrs import frozen
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
-from perdure._runtime import open_runtime
+from perdure import open_runtime
 from perdure._setup import SetupError
 from perdure.collector import tune_gc
 from perdure.errors import find_exception

@@ -17,7 +17,7 @@ from attrs import Attribute, field, frozen
 from cattrs.errors import ClassValidationError
 from starlette.requests import Request
 
-from perdure.actors.protocol import IF_BUSY, check_if_busy
+from perdure.answers import IF_BUSY, check_if_busy
 from perdure.providers.base import Message as ModelMessage
 from perdure.providers.base import (
     RedactedThinkingBlock,

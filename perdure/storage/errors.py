@@ -96,3 +96,12 @@ class StaleGoal(LogError):
         )
         self.expected = expected
         self.found = found
+
+
+class CorruptRecord(Exception):
+    """A stored record could not be decoded; nothing was guessed or skipped."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"record {seq} is damaged or unreadable: {reason}")
+        self.seq = seq
+        self.reason = reason

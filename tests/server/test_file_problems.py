@@ -152,7 +152,7 @@ CASES: dict[tuple[str, str], int] = {
     **{(c, "log is a file"): 2 for c in READ_ONLY + WRITERS},
     **{(c, "newer format"): 3 for c in READ_ONLY + WRITERS},
     **{(c, "workspace missing"): 2 for c in ("run", "serve", "conformance")},
-    **{(c, "disk full"): 4 for c in ("run", "import", "fork", "compact")},
+    **{(c, "disk full"): 4 for c in ("run", "import", "fork", "compact", "prune")},
     # A command for a person, on a log no process owns (it writes one record there).
     ("pause", "folder unwritable"): 2,  # there is no log to pause a session in
     ("pause", "log read-only"): 3,
@@ -185,9 +185,12 @@ def test_a_file_problem_is_one_line_and_leaves_the_log_as_it_was(
         copy_log(world, log)
     elif problem == "disk full":
         copy_log(world, log)
-        # At the log's size for the commands that add to it; below it for compact,
-        # whose copy is smaller than the log.
-        limit = (log / "data.mdb").stat().st_size // (2 if name == "compact" else 1)
+        # At the log's size for the commands that add to it (the big input does not
+        # fit); below it for those that write little (prune) or less
+        # than the log holds (compact's copy): a write past the limit fails even inside
+        # the file, so they fail at the first write beyond it.
+        size = (log / "data.mdb").stat().st_size
+        limit = size if name in ("run", "import", "fork") else size // 2
 
         def preexec() -> None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -220,6 +223,9 @@ def test_a_file_problem_is_one_line_and_leaves_the_log_as_it_was(
         assert not (log / "daemon.token").exists() or before is not None
     if problem == "workspace missing":
         assert not ws.exists()
+    if name == "compact":
+        assert not (log / "compact.tmp").exists()
+    print(proc.stderr)  # the line, for a reader of -s output
 
 
 def test_a_failed_serve_start_leaves_no_token_files(tmp_path: Path) -> None:
