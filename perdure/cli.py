@@ -1,7 +1,10 @@
 """The ``perdure`` command line: run, serve, demo, sessions, show, check.
 
-``run`` and ``serve`` own the log while they run; ``sessions``, ``show`` and
-``check`` open it read-only, so they are safe beside a running daemon.
+``run`` and ``serve`` own the log while they run; ``sessions``, ``show``, ``check``
+and ``export`` open it read-only, so they are safe beside a running daemon and work
+on a log they may not write. Which session ``run`` uses is ``perdure._run_identity``;
+how a file problem ends a command (one line, a documented exit status) is
+``perdure._cli_errors``.
 """
 
 from __future__ import annotations
