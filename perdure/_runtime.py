@@ -473,17 +473,7 @@ class Runtime:
 
     async def children(self, session_id: str) -> list[str]:
         """The sub-agent sessions started by the session's unfinished tool calls."""
-
-        def running(state: SessionState) -> list[str]:
-            found: list[str] = []
-            for task in state.tasks.values():
-                beat = task.last_heartbeat
-                if task.terminal or beat is None or not isinstance(beat.details, dict):
-                    continue
-                found += [a for a in beat.details.get("agents", []) if isinstance(a, str)]
-            return found
-
-        return await self.state(session_id, running)
+        return await self.state(session_id, running_children)
 
     # -- retention ----------------------------------------------------------------------
 
@@ -773,6 +763,18 @@ def resolution(
     except (TypeError, ValueError) as exc:
         raise ValueError(f"result must be a JSON value: {exc}") from None
     return protocol.Resolve(call_id, action, request_id or _rid(), result)
+
+
+def running_children(state: SessionState) -> list[str]:
+    """The sub-agent sessions started by ``state``'s unfinished tool calls (the calls
+    name them in their heartbeats); pause and resume reach them too."""
+    found: list[str] = []
+    for task in state.tasks.values():
+        beat = task.last_heartbeat
+        if task.terminal or beat is None or not isinstance(beat.details, dict):
+            continue
+        found += [a for a in beat.details.get("agents", []) if isinstance(a, str)]
+    return found
 
 
 @asynccontextmanager
