@@ -1,7 +1,10 @@
 """The ``perdure`` command line: run, serve, demo, sessions, show, check.
 
-``run`` and ``serve`` own the log while they run; ``sessions``, ``show`` and
-``check`` open it read-only, so they are safe beside a running daemon.
+``run`` and ``serve`` own the log while they run; ``sessions``, ``show``, ``check``
+and ``export`` open it read-only, so they are safe beside a running daemon and work
+on a log they may not write. Which session ``run`` uses is ``perdure._run_identity``;
+how a file problem ends a command (one line, a documented exit status) is
+``perdure._cli_errors``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, NoReturn
 
 import click
 
+from perdure import _cli_control
 from perdure._cli_errors import EXIT_STATUSES
 
 STYLES: dict[str, dict[str, object]] = {
@@ -1276,6 +1280,8 @@ def compact(log_dir: str) -> None:
         _fail(f"{exc}; stop the process that owns the log first", 2)
     echo(f"compacted {log_dir}: {before} -> {after} bytes")
 
+
+_cli_control.register(main)  # cancel, approve, deny, resolve, pause, resume, revise
 
 if __name__ == "__main__":
     main()

@@ -72,6 +72,9 @@ class ActorContext:
     agents: AgentRunner | None = None
     # Telemetry (perdure.observability): shown every commit; they never decide anything.
     observers: tuple[CommitObserver, ...] = ()
+    # The worker threads that plain ``def`` tools run in, at most this many at once for
+    # the whole runtime (a thread left running by a timed-out call keeps its place).
+    tool_threads: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(40))
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""

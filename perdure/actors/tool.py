@@ -42,6 +42,7 @@ from perdure.storage.records import ToolExecuting
 from perdure.tools.contract import (
     NeedsHuman,
     OutcomeUnknown,
+    ResultNotSerializable,
     RetryableError,
     Tool,
     ToolContext,
@@ -91,6 +92,7 @@ def make_context(
         emit=emit,
         beat=beat_fn,
         agents=agents,
+        threads=ctx.tool_threads,
     )
 
 
@@ -254,11 +256,18 @@ async def _invoke(
             finished = _failed(tool, executing, exc)
         else:
             flagged = value if isinstance(value, ToolResult) else ToolResult(value)
+            try:
+                output, is_error = tool.render(flagged.content), flagged.is_error
+            except ResultNotSerializable as exc:
+                # The tool ran (its effect may be done): the call is not a failure to
+                # re-run, it is a result the model cannot read. Say so to both.
+                log.error("%s", exc)
+                output, is_error = f"perdure: the tool ran, but {exc}", True
             finished = _attempt(
                 executing,
                 "ok",
-                render_result(flagged.content),
-                is_error=flagged.is_error,
+                output,
+                is_error=is_error,
                 terminate=flagged.terminate or tool.terminates,
             )
     if watchdog is not None and watchdog.cancelled_caught:
