@@ -10,7 +10,8 @@ Exit statuses (also in ``perdure --help``):
 
 * 0: done.
 * 1: the command ran and reports a failure (a run that did not complete, a log that
-  fails ``check``, a tool that fails ``conformance``), or the log is owned by a live
+  fails ``check``, a tool that fails ``conformance``, a command for a person that the
+  session refuses or that has nobody to deliver it to), or the log is owned by a live
   process.
 * 2: the command line or the setup is wrong (an unknown option, no log where one is
   needed, a missing workspace, ``--log`` naming a file).
@@ -35,8 +36,9 @@ UNUSABLE = 3
 NO_SPACE = 4
 
 EXIT_STATUSES = (
-    "Exit status: 0 done; 1 the run, check or conformance reports a failure, or a live "
-    "process owns the log; 2 a wrong command line or setup (e.g. no log there, a "
+    "Exit status: 0 done; 1 the run, check or conformance reports a failure, a command "
+    "for a person is refused or has nobody to deliver it to, or a live process owns "
+    "the log; 2 a wrong command line or setup (e.g. no log there, a "
     "missing workspace, --log naming a file); 3 the log or workspace cannot be used "
     "as it is (permissions, read-only, written by a newer perdure); 4 no space left."
 )

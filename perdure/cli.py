@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 import click
 
+from perdure import _cli_control
 from perdure._cli_errors import EXIT_STATUSES
 
 STYLES: dict[str, dict[str, object]] = {
@@ -1279,6 +1280,8 @@ def compact(log_dir: str) -> None:
         _fail(f"{exc}; stop the process that owns the log first", 2)
     echo(f"compacted {log_dir}: {before} -> {after} bytes")
 
+
+_cli_control.register(main)  # cancel, approve, deny, resolve, pause, resume, revise
 
 if __name__ == "__main__":
     main()

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import outcome
 import trio
 
-from perdure import Runtime
+from perdure import Runtime, StreamStats
 from perdure import open_runtime as open_trio_runtime
 from perdure.answers import Accepted, Done, Forked, IfBusy
 from perdure.providers.base import Message
@@ -336,6 +336,9 @@ class AsyncioRuntime:
 
     async def stats(self) -> JournalStats:
         return await self.run(_sync(self.trio_runtime.stats))
+
+    async def stream_stats(self) -> StreamStats:
+        return await self.run(_sync(self.trio_runtime.stream_stats))
 
     async def resident_sessions(self) -> list[str]:
         return await self.run(_sync(lambda: self.trio_runtime.resident_sessions))

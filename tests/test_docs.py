@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,30 @@ from perdure.providers.base import ToolResultBlock
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
 EXAMPLES = list(find_examples(ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))))
+
+
+def _run(run: Callable[[CodeExample], object], example: CodeExample) -> None:
+    """Run an example; its exception becomes a plain test failure.
+
+    pytest-examples rewrites an example's traceback so that it points at the Markdown
+    lines, and on Python 3.11 pytest cannot render such a traceback: the report itself
+    raises, and that INTERNALERROR would end the whole test session. So the failure is
+    reported here as text, with the example's lines the rewritten traceback names.
+    """
+    __tracebackhide__ = True
+    failure = None
+    try:
+        run(example)
+    except Exception as exc:
+        lines = []
+        tb = exc.__traceback__
+        while tb is not None:
+            lines.append(f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}")
+            tb = tb.tb_next
+        detail = "".join(traceback.format_exception_only(exc)).strip()
+        failure = f"{example}: {detail}\n  at " + "\n  at ".join(lines)
+    if failure is not None:  # outside the handler: no chained exception for pytest to render
+        pytest.fail(failure, pytrace=False)
 
 
 def _is_fragment(example: CodeExample) -> bool:
@@ -71,7 +97,7 @@ def test_python_block(
     eval_example.set_config(line_length=100, quotes="double", target_version="py310")
     eval_example.lint(example)
     monkeypatch.chdir(tmp_path)
-    eval_example.run_print_check(example)
+    _run(eval_example.run_print_check, example)
 
 
 def _quick_start() -> CodeExample:
@@ -91,10 +117,10 @@ def test_quick_start_run_twice_runs_once_and_says_so(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     example = _quick_start()
-    eval_example.run(example)
+    _run(eval_example.run, example)
     first = capsys.readouterr().out
     assert "submitted before" not in first
-    eval_example.run(example)
+    _run(eval_example.run, example)
     second = capsys.readouterr().out
     assert "'add-note' was submitted before" in second
     assert "completed Added the note" in second

@@ -100,6 +100,7 @@ def command(name: str, world: dict[str, Any], log: Path, ws: Path) -> list[str]:
         "fork": ["fork", sid, *scripted, "--log", str(log)],
         "import": ["import", str(world["root"] / "other.jsonl"), "--log", str(log)],
         "conformance": ["conformance", "--tools", TOOLS, "--workspace-template", str(ws)],
+        "pause": ["pause", sid, "--log", str(log)],
     }[name]
 
 
@@ -152,6 +153,11 @@ CASES: dict[tuple[str, str], int] = {
     **{(c, "newer format"): 3 for c in READ_ONLY + WRITERS},
     **{(c, "workspace missing"): 2 for c in ("run", "serve", "conformance")},
     **{(c, "disk full"): 4 for c in ("run", "import", "fork", "compact", "prune")},
+    # A command for a person, on a log no process owns (it writes one record there).
+    ("pause", "folder unwritable"): 2,  # there is no log to pause a session in
+    ("pause", "log read-only"): 3,
+    ("pause", "log is a file"): 2,
+    ("pause", "newer format"): 3,
 }
 
 

@@ -92,7 +92,7 @@ async def test_a_def_tool_heartbeats_from_its_thread_without_blocking_the_loop(
                 outcome = await rt.wait_idle(SESSION)
             nursery.cancel_scope.cancel()
         turn = await read_turn(rt, outcome)
-        committed = [c.record for c in await rt.journal.read_session(SESSION)]
+        committed = [c.record for c in await rt._journal.read_session(SESSION)]
     assert turn.results[call_id(1)] == ("3", False)
     beats: list[Any] = [r.details for r in committed if isinstance(r, ToolHeartbeat)]
     assert beats and beats[-1] == {"at": 3}  # the last one, committed before the result
