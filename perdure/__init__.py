@@ -44,6 +44,14 @@ from perdure.tools.contract import (
     ToolResult,
     tool,
 )
+from perdure.view import (
+    GenerationView,
+    RunView,
+    SessionLookup,
+    SessionView,
+    SubmissionView,
+    TaskView,
+)
 
 __version__ = "0.1.0"
 
@@ -56,6 +64,7 @@ __all__ = [
     "Event",
     "EventStreamLagged",
     "Forked",
+    "GenerationView",
     "LogBusy",
     "LogError",
     "LogFenced",
@@ -75,12 +84,17 @@ __all__ = [
     "RetryPolicy",
     "RetryableError",
     "RunFinished",
+    "RunView",
     "Runtime",
     "SessionFenced",
+    "SessionLookup",
     "SessionParkedError",
     "SessionRestarting",
+    "SessionView",
     "StorageFull",
     "StreamStats",
+    "SubmissionView",
+    "TaskView",
     "Tool",
     "ToolContext",
     "ToolResult",
