@@ -412,7 +412,8 @@ class Tool:
         """
         kwargs = self.structure_args(args)
         if not inspect.iscoroutinefunction(self.fn):
-            call = functools.partial(self.fn, ctx, **kwargs) if self.takes_context else None
+            in_thread = _for_the_host_loop(ctx) if self.takes_context else None
+            call = functools.partial(self.fn, in_thread, **kwargs) if in_thread else None
             call = call or functools.partial(self.fn, **kwargs)
             return await trio.to_thread.run_sync(call, limiter=ctx._threads, abandon_on_cancel=True)
         if self.runs_on == "asyncio" and ctx._host is not None:
@@ -548,9 +549,9 @@ def _build(
 
 
 def _for_the_host_loop(ctx: ToolContext) -> ToolContext:
-    """``ctx`` for a coroutine on the host's asyncio loop (another thread, or outside
-    trio's context on the same one): its heartbeats and progress events are handed to
-    the trio loop without waiting; sub-agents, trio code, are refused."""
+    """``ctx`` for code outside trio's context (a coroutine on the host's asyncio loop,
+    a plain ``def`` in a worker thread): its heartbeats and progress events are handed
+    to the trio loop without waiting; sub-agents, trio code, are refused."""
     token = trio.lowlevel.current_trio_token()
     beat, emit = ctx._beat, ctx._emit
 

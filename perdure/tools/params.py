@@ -362,6 +362,12 @@ _STRICT_KEYWORDS = frozenset(
 )
 
 
+# The string formats strict mode knows (pydantic's "path", say, is not one of them).
+_STRICT_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
+
+
 def strict_compatible(schema: Any) -> bool:
     """Whether OpenAI's strict mode accepts ``schema`` as it is: every object closed
     (``additionalProperties: false``) with all its properties required, and only the
@@ -369,6 +375,8 @@ def strict_compatible(schema: Any) -> bool:
     if not isinstance(schema, dict):
         return False
     if not set(schema) <= _STRICT_KEYWORDS:
+        return False
+    if "format" in schema and schema["format"] not in _STRICT_FORMATS:
         return False
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:

@@ -486,3 +486,5 @@ def test_strict_mode_where_the_schema_allows_it() -> None:
     assert strict_compatible(tool(loose).input_schema) is False
     assert strict_compatible(_tool_of(Literal["a", "b"]).input_schema) is True
     assert strict_compatible(_tool_of(int | None).input_schema) is True
+    assert strict_compatible(_tool_of(uuid.UUID).input_schema) is True
+    assert strict_compatible(_tool_of(Path).input_schema) is False  # format "path": unknown
