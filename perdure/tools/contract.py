@@ -32,22 +32,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
-import pydantic_core
 import trio
 import trio.lowlevel
 from attrs import field, frozen
 
-from perdure.tools.params import (
-    JsonSchema,
-    Parameters,
-    ResultNotSerializable,
-    ToolDefinitionError,
-    check_name,
-    describe,
-    render,
-)
-
-__all__ = ["ResultNotSerializable", "ToolDefinitionError"]  # re-exported for users
+from perdure.tools.params import JsonSchema, Parameters, check_name, describe, render
+from perdure.tools.params import ResultNotSerializable as ResultNotSerializable
+from perdure.tools.params import ToolDefinitionError as ToolDefinitionError
 
 
 class ReplayPolicy(enum.Enum):
@@ -412,7 +403,8 @@ class Tool:
         """
         kwargs = self.structure_args(args)
         if not inspect.iscoroutinefunction(self.fn):
-            call = functools.partial(self.fn, ctx, **kwargs) if self.takes_context else None
+            in_thread = _for_the_host_loop(ctx) if self.takes_context else None
+            call = functools.partial(self.fn, in_thread, **kwargs) if in_thread else None
             call = call or functools.partial(self.fn, **kwargs)
             return await trio.to_thread.run_sync(call, limiter=ctx._threads, abandon_on_cancel=True)
         if self.runs_on == "asyncio" and ctx._host is not None:
@@ -548,9 +540,9 @@ def _build(
 
 
 def _for_the_host_loop(ctx: ToolContext) -> ToolContext:
-    """``ctx`` for a coroutine on the host's asyncio loop (another thread, or outside
-    trio's context on the same one): its heartbeats and progress events are handed to
-    the trio loop without waiting; sub-agents, trio code, are refused."""
+    """``ctx`` for code outside trio's context (a coroutine on the host's asyncio loop,
+    a plain ``def`` in a worker thread): its heartbeats and progress events are handed
+    to the trio loop without waiting; sub-agents, trio code, are refused."""
     token = trio.lowlevel.current_trio_token()
     beat, emit = ctx._beat, ctx._emit
 
@@ -762,6 +754,8 @@ def render_result(value: Any) -> str:
     try:
         return render("", value)
     except ResultNotSerializable:
+        import pydantic_core  # imported with the first result, not with perdure
+
         return json.dumps(pydantic_core.to_jsonable_python(value, fallback=str), ensure_ascii=False)
 
 

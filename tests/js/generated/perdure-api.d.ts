@@ -82,7 +82,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The API's documentation for people (Swagger UI over /openapi.json) */
+        /**
+         * The API's documentation for people (Swagger UI over /openapi.json)
+         * @description `?token=` trades a token for the page's cookie and redirects to `/docs` (303).
+         */
         get: operations["get_docs"];
         put?: never;
         post?: never;
@@ -1446,7 +1449,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description OK */
+            /** @description the page */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1454,6 +1457,13 @@ export interface operations {
                 content: {
                     "text/html": string;
                 };
+            };
+            /** @description the token was traded for a cookie */
+            303: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             401: components["responses"]["E401"];
             403: components["responses"]["E403"];
