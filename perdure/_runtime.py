@@ -35,6 +35,7 @@ from perdure import errors as perdure_errors
 from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
+from perdure.actors.decide.sessions import orphaned
 from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
@@ -65,7 +66,6 @@ from perdure.storage.records import (
     LogOpened,
     ResolutionAction,
     RunFinished,
-    SessionCreated,
     ToolExecuting,
     ToolHeartbeat,
 )
@@ -433,22 +433,16 @@ class Runtime:
         return outcome.final_text
 
     async def _stop_orphans(self, sessions: Iterable[str]) -> list[str]:
-        """Cancel the recovered sub-agents whose parent call is over without them.
-
-        A crash between the parent's cancel (or revision) and the child's leaves a child
-        whose answer nobody waits for: recovery settled the parent's call, so the child
-        is cancelled now (idempotent by a derived request id).
-        """
+        """Cancel the recovered sub-agents whose parent call is over without them: the
+        core decides (``decide.sessions.orphaned``), this reads what it needs and tells them."""
         stopped: list[str] = []
         # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
         for sid in (s for s in sessions if AGENT_MARK in s):
             try:
                 first = await self.journal.read_session(sid, 0, 1)
-                created = first[0].record if first else None
-                if not isinstance(created, SessionCreated) or not created.parent:
-                    continue
-                if await retention.dependency(self.journal, sid) is None:
-                    await self.cancel(sid, request_id=f"orphan:{created.parent}")
+                stop = orphaned(first, await retention.parent_of(self.journal, first))
+                if stop is not None:
+                    await self.cancel(sid, request_id=stop.request_id)
                     stopped.append(sid)
             except (LogError, perdure_errors.Refused) as exc:
                 # The log cannot be read now, or the child cannot be told: it runs on,
