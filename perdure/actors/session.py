@@ -33,6 +33,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
+from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
@@ -42,6 +43,7 @@ from perdure.tools.contract import Tool
 log = logging.getLogger("perdure.session")
 
 RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
+RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdure.backoff)
 
 T = TypeVar("T")
 A = TypeVar("A", protocol.Accepted, protocol.Done)
@@ -608,14 +610,12 @@ class SessionActor:
         Tools keep running meanwhile. If the log stays unreachable, the state may hold
         records the log does not: the actor must stop, to restart from the log later.
         """
-        delay = 0.05
-        for _ in range(RELOAD_TRIES):
+        for attempt in range(1, RELOAD_TRIES + 1):
             try:
                 return await self._load()
             except LogUnavailable as exc:
                 reread: LogError = exc
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await trio.sleep(RELOAD_BACKOFF.delay(attempt))
         raise CommitUnknown(
             f"session {self.session_id}: a commit failed ({failed}) and the log could not "
             f"be re-read ({reread})"

@@ -32,6 +32,7 @@ import attrs
 import cattrs
 from attrs import field, frozen
 
+from perdure.backoff import Backoff
 from perdure.tools.schema import JsonSchema, object_schema, validate
 
 
@@ -242,15 +243,10 @@ class RetryPolicy:
             raise ValueError(f"RetryPolicy.multiplier must be finite, not {value!r}")
 
     def delay(self, attempt: int, jitter: float, retry_after: float | None = None) -> float:
-        """Seconds to wait after failed attempt ``attempt``; ``jitter`` is a sample of U(0, 1)."""
-        exponent = min(attempt - 1, 1000)  # past this the cap applies anyway
-        try:
-            grown = self.initial * self.multiplier**exponent
-        except OverflowError:  # multiplier ** 1000 is past a float for a multiplier > ~2.03
-            grown = math.inf
-        ceiling = min(self.max_interval, grown)
-        wait = ceiling * (0.5 + jitter / 2)
-        return wait if retry_after is None else max(wait, retry_after)
+        """Seconds to wait after failed attempt ``attempt``; ``jitter`` is a sample of U(0, 1)
+        (the one back-off formula, ``perdure.backoff``)."""
+        policy = Backoff(initial=self.initial, multiplier=self.multiplier, cap=self.max_interval)
+        return policy.delay(attempt, jitter, retry_after)
 
     def retries(self, failure: type[BaseException]) -> bool:
         """Whether an exception of this type is a transient failure under this policy."""
