@@ -26,7 +26,7 @@ AgentRunner = Callable[
         str | None,
         list[str] | None,
         Callable[[], bool],
-        Callable[[Any], None],
+        Callable[[str], Awaitable[None]],  # link: tell the session a child started
     ],
     Awaitable[str],
 ]

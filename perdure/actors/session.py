@@ -348,6 +348,8 @@ class SessionActor:
             await self._result(message)
         elif isinstance(message, protocol.HeartbeatReported):
             await self._heartbeat(message)
+        elif isinstance(message, protocol.AgentLinked):
+            await self._link(message)
         elif isinstance(message, _FlushHeartbeat):
             throttle = self._beats.get(message.call_id)
             if throttle is not None and throttle.held is not None:
@@ -509,6 +511,22 @@ class SessionActor:
             raise
         except LogError as exc:  # progress only: the next heartbeat will carry newer details
             log.warning("session %s: heartbeat of %s not saved (%s)", self.session_id, beat, exc)
+
+    async def _link(self, link: protocol.AgentLinked) -> None:
+        """A running call started a sub-agent: commit the link (``AgentStarted``).
+
+        Not held for a later commit if the log cannot take it now (the call's attempt
+        still holds its place): like a heartbeat, the link is what the parent knows of
+        its child, and the child's own ``SessionCreated.parent`` keeps the other end.
+        """
+        env = self._env()
+        step = decide.on_result(self.state, env, link)
+        try:
+            await self._commit(step, env)
+        except (LogFenced, CommitUnknown):
+            raise
+        except LogError as exc:
+            log.warning("session %s: sub-agent %s not linked (%s)", self.session_id, link, exc)
 
     async def _last_heartbeat(self, call_id: str) -> None:
         """The attempt is over: commit the heartbeat still held, before its result."""
