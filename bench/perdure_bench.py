@@ -319,7 +319,7 @@ async def breakdown(log: str, k: int) -> dict[str, Any]:
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
-        journal, lmdb = rt.journal, rt.journal.log
+        journal, lmdb = rt._journal, rt._journal.log
         real_commit, real_append = lmdb.commit, journal.append
 
         def timed_commit(batches: Any) -> Any:
@@ -376,7 +376,7 @@ async def census(log: str) -> dict[str, Any]:
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
-        real = rt.journal.log.commit
+        real = rt._journal.log.commit
 
         def counting(batches: Any) -> Any:
             results = real(batches)
@@ -389,7 +389,7 @@ async def census(log: str) -> dict[str, Any]:
                     txns.append(frames)
             return results
 
-        rt.journal.log.commit = counting  # type: ignore[method-assign]
+        rt._journal.log.commit = counting  # type: ignore[method-assign]
         sid = await rt.create_session("census")
         await rt.submit(sid, workload.USER_TEXT, request_id="census-1")
         await rt.wait_idle(sid)
@@ -603,7 +603,7 @@ async def build_finished(log: str, sessions: int, k: int) -> dict[str, Any]:
             await _run_sessions(rt, sids, "done")
             if lo and lo % 2000 == 0:
                 note(f"  built {lo} finished sessions")
-        active = await rt.journal.active_sessions()
+        active = await rt._journal.active_sessions()
     assert not active, active
     return {"finished_sessions": sessions, "k": k, "build_s": time.perf_counter() - start}
 
@@ -712,7 +712,7 @@ async def memory(
         hibernate_after=hibernate_after,
         **runtime_options(k),
     ) as rt:
-        lmdb_log = rt.journal.log
+        lmdb_log = rt._journal.log
 
         async def quiet() -> None:
             """Until the idle actors hibernated, their states were frozen and the heap
@@ -795,7 +795,7 @@ async def stream(log: str, sessions: int, per_session: int, k: int) -> dict[str,
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
-        real = rt.journal.log.commit
+        real = rt._journal.log.commit
 
         def stamping(batches: Any) -> Any:
             results = real(batches)
@@ -806,7 +806,7 @@ async def stream(log: str, sessions: int, per_session: int, k: int) -> dict[str,
                         committed_at[c.seq] = now
             return results
 
-        rt.journal.log.commit = stamping  # type: ignore[method-assign]
+        rt._journal.log.commit = stamping  # type: ignore[method-assign]
         sids = [await rt.create_session(_sid("st", i)) for i in range(sessions)]
 
         async def subscriber(sid: str, after: int) -> None:
@@ -817,10 +817,10 @@ async def stream(log: str, sessions: int, per_session: int, k: int) -> dict[str,
                 if event.kind == "RunFinished":
                     return
 
-        bus = rt.journal.bus
+        bus = rt._journal.bus
         async with trio.open_nursery() as nursery:
             for sid in sids:
-                info = await rt.journal.session_info(sid)
+                info = await rt._journal.session_info(sid)
                 assert info is not None
                 for _ in range(per_session):
                     nursery.start_soon(subscriber, sid, info.last_seq)

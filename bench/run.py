@@ -1,4 +1,4 @@
-"""The one entry point of perdure's benchmarks (issue #9).
+"""The one entry point of perdure's benchmarks.
 
     python bench/run.py            # the full suite (about 10-20 minutes)
     python bench/run.py --quick    # a tiny version for CI: checks the code, not the figures
@@ -57,7 +57,7 @@ FULL: dict[str, Any] = {
     "finished_sessions": 10_000,
     "finished_k": 10,
     "interrupted_sessions": 100,
-    "interrupted_sessions_large": 1000,  # the scale target (issue 21)
+    "interrupted_sessions_large": 1000,  # the scale target (1,000 sessions in 2 s)
     "interrupted_k": 10,
     "block_at_turn": 5,
     "recovery_trials": 5,
@@ -137,7 +137,7 @@ class ChildFailed(RuntimeError):
 # -- running children ---------------------------------------------------------------------
 
 
-# The allocator setting a memory-bound daemon can choose (README, "The daemon"): every
+# The allocator setting a memory-bound daemon can choose (docs/DAEMON.md, "Memory"): every
 # object from the C library's malloc rather than CPython's pools, whose 1 MiB arenas
 # go back to the kernel only when wholly free.
 MALLOC_ENV = {"PYTHONMALLOC": "malloc"}
@@ -777,7 +777,7 @@ def log(message: str) -> None:
 
 
 def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every ratio of the issue, with its target and whether it was met."""
+    """Every target ratio, with its measured value and whether it was met."""
     pt = results["per_turn"]
     k, kl = cfg["k_small"], cfg["k_large"]
     rows: list[dict[str, Any]] = []
@@ -1250,7 +1250,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
     if malloc:
         lines.append(
             f"- the same with `PYTHONMALLOC=malloc` (the C library's allocator for every "
-            f'object; README, "The daemon"): {_fmt(malloc["kib_per_idle_session"], 1)} KiB '
+            f'object; docs/DAEMON.md, "Memory"): {_fmt(malloc["kib_per_idle_session"], 1)} KiB '
             f"(anonymous {_fmt(malloc['kib_anon_per_idle_session'], 1)} KiB)"
         )
     variants = mem.get("variants", {})
@@ -1332,6 +1332,13 @@ def main(argv: list[str] | None = None) -> int:
         help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table",
     )
     args = parser.parse_args(argv)
+    if args.workdir is not None and not args.workdir.is_dir():
+        print(
+            f"bench/run.py: the scratch directory does not exist ({args.workdir}): "
+            "create it, or leave out --workdir for a temporary one",
+            file=sys.stderr,
+        )
+        return 2
     if args.setup_peers:
         setup_peers(args.peers_python)
         return 0

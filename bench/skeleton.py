@@ -71,13 +71,13 @@ async def _capture(log: str) -> _Batches:
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
-        real = rt.journal.log.commit
+        real = rt._journal.log.commit
 
         def keeping(pending: Sequence[Any]) -> Any:
             batches.extend(tuple(records) for records, _ in pending)
             return real(pending)
 
-        rt.journal.log.commit = keeping  # type: ignore[method-assign]
+        rt._journal.log.commit = keeping  # type: ignore[method-assign]
         sid = await rt.create_session("captured")
         await rt.submit(sid, workload.USER_TEXT, request_id="captured-1")
         await rt.wait_idle(sid)

@@ -146,7 +146,7 @@ async def measure(
             await rt.create_session("s")
             app = cast(ASGIFramework, create_app(rt, token="floor", closing=closing))
             path, auth = "/v1/sessions/s/events", ["-H", "Authorization: Bearer floor"]
-            bus = rt.journal.bus
+            bus = rt._journal.bus
 
             def publish(i: int) -> None:
                 bus.publish(Event("s", "text_delta", data=dict(frame_data, i=i)))

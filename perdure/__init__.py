@@ -6,7 +6,7 @@ nodes) before anything depends on it, so a restarted process continues exactly t
 work that was pending.
 """
 
-from perdure._runtime import Runtime, open_runtime
+from perdure._runtime import Runtime, StreamStats, open_runtime
 from perdure.actors.protocol import Accepted, Done, Forked
 from perdure.agents import agent_tool
 from perdure.budget import Budget, Price
@@ -80,6 +80,7 @@ __all__ = [
     "SessionParkedError",
     "SessionRestarting",
     "StorageFull",
+    "StreamStats",
     "Tool",
     "ToolContext",
     "ToolResult",

@@ -94,7 +94,7 @@ def choose(
     if session_id is None:
         digest = task_digest(workspace, task)
         runs = 0
-        while log is not None and log.session_info(numbered_session(digest, runs + 1)):
+        while log is not None and log.session_info(numbered_session(digest, runs + 1)) is not None:
             runs += 1
         session_id = numbered_session(digest, runs + 1 if new or runs == 0 else runs)
     rid = request_id or derived_request_id(session_id, task)

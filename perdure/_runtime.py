@@ -94,6 +94,15 @@ IfBusy = protocol.IfBusy
 check_if_busy = protocol.check_if_busy
 
 
+@attrs.frozen
+class StreamStats:
+    """The event streams of a runtime, at one moment (``Runtime.stream_stats``)."""
+
+    open: int  # subscriptions: SSE clients and ``Runtime.events`` readers
+    backlog: int  # events waiting in the fullest subscription's buffer
+    lagged: int  # subscriptions dropped for falling behind, since the runtime opened
+
+
 class Runtime:
     """A running perdure runtime. Obtain one with ``open_runtime``."""
 
@@ -106,7 +115,7 @@ class Runtime:
         caller_trace: Callable[[], str] | None = None,
     ) -> None:
         self._sup = supervisor
-        self.journal = journal
+        self._journal = journal
         self._ctx = ctx
         self._mcp = mcp
         # The caller's current trace context, when tracing is on (perdure.observability).
@@ -127,7 +136,7 @@ class Runtime:
     @property
     def log_path(self) -> Path:
         """The LMDB directory (for a PostgreSQL log, see ``location``)."""
-        path = getattr(self.journal.log, "path", None)
+        path = getattr(self._journal.log, "path", None)
         if not isinstance(path, Path):
             raise AttributeError(f"{self.location} is not a directory log")
         return path
@@ -135,16 +144,16 @@ class Runtime:
     @property
     def location(self) -> str:
         """Where the log is: a directory, or a PostgreSQL URL (without its password)."""
-        return self.journal.log.location
+        return self._journal.log.location
 
     @property
     def node_id(self) -> str:
         """This process's name among the nodes sharing a PostgreSQL log."""
-        return self.journal.log.node_id
+        return self._journal.log.node_id
 
     @property
     def epoch(self) -> int:
-        return self.journal.log.epoch
+        return self._journal.log.epoch
 
     @property
     def recovered_sessions(self) -> list[str]:
@@ -194,9 +203,15 @@ class Runtime:
         """How many times an idle session's actor hibernated since the runtime opened."""
         return self._sup.hibernations
 
+    def stream_stats(self) -> StreamStats:
+        """The event streams open now (SSE clients, ``events`` readers), the events waiting
+        in the fullest one's buffer, and how many were dropped for falling behind."""
+        bus = self._journal.bus
+        return StreamStats(len(bus.subscriptions()), bus.backlog(), bus.lagged)
+
     def stats(self) -> JournalStats:
         """A snapshot of the Journal's counters (appends, transactions, records)."""
-        return attrs.evolve(self.journal.stats)
+        return attrs.evolve(self._journal.stats)
 
     # -- sessions -------------------------------------------------------------------
 
@@ -258,17 +273,17 @@ class Runtime:
             digest = hashlib.sha256(f"{source}\x00{rid}".encode()).hexdigest()[:16]
             session_id = f"fork-{digest}"
         forked = await self._sup.fork_session(source, session_id, at, rid)
-        info = await self.journal.session_info(forked.session_id)
+        info = await self._journal.session_info(forked.session_id)
         if info is not None and info.open_submissions:
             await self._sup.mailbox(forked.session_id)  # its pending work starts now
         return forked
 
     async def sessions(self) -> list[SessionInfo]:
-        return await self.journal.sessions()
+        return await self._journal.sessions()
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         """The log's summary of one session, or None if there is no such session."""
-        return await self.journal.session_info(session_id)
+        return await self._journal.session_info(session_id)
 
     async def restarts(self) -> list[Committed]:
         """Every ``LogOpened`` record of the log (each start of a runtime or node), in order.
@@ -276,7 +291,7 @@ class Runtime:
         System records are indexed under the empty session id, so this is a range
         scan of them alone, not of the history.
         """
-        system = await self.journal.run(self.journal.log.read_system)
+        system = await self._journal.run(self._journal.log.read_system)
         return [c for c in system if isinstance(c.record, LogOpened)]  # not SessionDeleted
 
     async def _done(self, session_id: str, command: protocol.Command) -> protocol.Done:
@@ -450,8 +465,8 @@ class Runtime:
         # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
         for sid in (s for s in sessions if AGENT_MARK in s):
             try:
-                first = await self.journal.read_session(sid, 0, 1)
-                stop = orphaned(first, await retention.parent_of(self.journal, first))
+                first = await self._journal.read_session(sid, 0, 1)
+                stop = orphaned(first, await retention.parent_of(self._journal, first))
                 if stop is not None:
                     await self.cancel(sid, request_id=stop.request_id)
                     stopped.append(sid)
@@ -463,11 +478,7 @@ class Runtime:
 
     async def children(self, session_id: str) -> list[str]:
         """The sub-agent sessions started by the session's unfinished tool calls."""
-
-        def running(state: SessionState) -> list[str]:
-            return [c for t in state.tasks.values() if not t.terminal for c in t.children]
-
-        return await self.state(session_id, running)
+        return await self.state(session_id, running_children)
 
     # -- retention ----------------------------------------------------------------------
 
@@ -480,7 +491,7 @@ class Runtime:
         """
         count = await self._sup.delete_session(session_id, reason)
         data = {"session_id": session_id, "records": count, "reason": reason}
-        self.journal.bus.publish(Event(session_id, SESSION_DELETED, data=data))
+        self._journal.bus.publish(Event(session_id, SESSION_DELETED, data=data))
         return count
 
     async def prune(
@@ -491,8 +502,8 @@ class Runtime:
         (deleted or, with ``dry_run``, to delete; kept, with why)."""
         deleted: list[retention.Pruned] = []
         kept: list[tuple[str, str]] = []
-        for found in await retention.prunable(self.journal, finished_before):
-            why = await retention.dependency(self.journal, found.session_id)
+        for found in await retention.prunable(self._journal, finished_before):
+            why = await retention.dependency(self._journal, found.session_id)
             if why is not None:
                 kept.append((found.session_id, why))
             elif dry_run:
@@ -508,15 +519,15 @@ class Runtime:
 
     async def export_session(self, session_id: str) -> list[str]:
         """The session as JSON lines (a header, then every record with its seq)."""
-        records = await self.journal.read_session(session_id)
+        records = await self._journal.read_session(session_id)
         if not records:
             raise UnknownSession(session_id)
         return list(retention.export_lines(session_id, records))
 
     async def import_session(self, lines: Iterable[str]) -> str:
         """Restore an exported session into this log (one commit); return its id."""
-        session_id, _ = await retention.import_session(self.journal, lines)
-        info = await self.journal.session_info(session_id)
+        session_id, _ = await retention.import_session(self._journal, lines)
+        info = await self._journal.session_info(session_id)
         if info is not None and info.open_submissions:
             await self._sup.mailbox(session_id)  # its unfinished work goes on here
         return session_id
@@ -554,9 +565,9 @@ class Runtime:
 
     async def load_state(self, session_id: str) -> SessionState:
         """The state folded from the log (works for any session; no actor is started)."""
-        if await self.journal.session_info(session_id) is None:
+        if await self._journal.session_info(session_id) is None:
             raise UnknownSession(session_id)
-        return SessionState.fold(session_id, await self.journal.read_session(session_id))
+        return SessionState.fold(session_id, await self._journal.read_session(session_id))
 
     async def transcript(self, session_id: str) -> list[Message]:
         """The conversation as the model sees it (unfinished tool calls shown by phase)."""
@@ -596,14 +607,14 @@ class Runtime:
         streams) can then write them at once, and wakes once per burst instead of
         once per event. Never an empty list.
         """
-        info = await self.journal.session_info(session_id)
+        info = await self._journal.session_info(session_id)
         if info is None:
             raise UnknownSession(session_id)
         markers: list[Committed] = []
         if restarts:
             markers = [c for c in await self.restarts() if c.seq > max(after, info.first_seq)]
 
-        with self.journal.bus.subscribe(session_id) as live_feed:
+        with self._journal.bus.subscribe(session_id) as live_feed:
             last = after
             async with aclosing(self._replay(session_id, last, markers)) as replay:
                 async for page in replay:
@@ -611,7 +622,7 @@ class Runtime:
                     yield page
             if not live:
                 return
-            if self.journal.log.multi_node:
+            if self._journal.log.multi_node:
                 async with aclosing(self._follow(session_id, live_feed, last)) as follow:
                     async for followed in follow:
                         yield followed
@@ -676,7 +687,7 @@ class Runtime:
 
         last = after
         while True:
-            page = await self.journal.read_session(session_id, last, _PAGE)
+            page = await self._journal.read_session(session_id, last, _PAGE)
             out: list[Event] = []
             for c in page:
                 while pending and pending[0].seq < c.seq:
@@ -703,8 +714,8 @@ class Runtime:
         Ephemeral events come from this node's bus only.
         """
         last = after
-        poll = self.journal.log.poll_interval
-        with self.journal.follow(session_id, feed):
+        poll = self._journal.log.poll_interval
+        with self._journal.follow(session_id, feed):
             while True:
                 event: Event | None = None
                 with trio.move_on_after(poll):
@@ -764,6 +775,12 @@ def resolution(
     return protocol.Resolve(call_id, action, request_id or _rid(), result)
 
 
+def running_children(state: SessionState) -> list[str]:
+    """The sub-agent sessions started by ``state``'s unfinished tool calls (each linked
+    by an ``AgentStarted`` of the call); pause and resume reach them too."""
+    return [child for t in state.tasks.values() if not t.terminal for child in t.children]
+
+
 @asynccontextmanager
 async def open_runtime(
     log: str | PathLike[str] | LogBackend = ".perdure",
@@ -806,7 +823,7 @@ async def open_runtime(
     names this process among the nodes (default: host-pid-random), ``lease_ttl``
     (seconds, default 10) is how long a dead node's sessions wait to be taken over,
     and ``rebalance`` (default True) moves sessions between live nodes, at safe
-    points, so that each runs its fair share (README, "Several nodes").
+    points, so that each runs its fair share (docs/SCALE-OUT.md, "Rebalancing").
     ``map_size`` is LMDB's initial map size. A session left idle for
     ``idle_timeout`` seconds has its actor evicted from memory (and, with
     PostgreSQL, its lease given up); its next command starts it again from the log.

@@ -6,7 +6,8 @@ openai`` (Chat Completions; ``openai:responses`` for the Responses API) needs
 OpenAI-compatible server. A vendor's module is imported only on its path, so the
 scripted provider works without either SDK.
 ``--provider scripted:FILE`` replays a JSON script (see ``ScriptedProvider.from_file``).
-``--tools MODULE:ATTR`` names a ``Tool`` or an iterable of tools; without it the
+``--tools MODULE:ATTR`` names a ``Tool`` or an iterable of tools, imported with the
+current folder first on the import path (as uvicorn imports an app); without it the
 built-in workspace tools are used when this build has them (``perdure run`` has the
 ones that change files ask for approval first).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,6 +96,11 @@ def _resolve(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise SetupError(f"--tools {spec!r}: expected MODULE:ATTR, e.g. mypkg.tools:TOOLS")
+    # As uvicorn does for its app: a module in the current folder can be named even
+    # when the command was started from an installed script, whose folder is on the path.
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         value: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -1,7 +1,10 @@
 """The ``perdure`` command line: run, serve, demo, sessions, show, check.
 
-``run`` and ``serve`` own the log while they run; ``sessions``, ``show`` and
-``check`` open it read-only, so they are safe beside a running daemon.
+``run`` and ``serve`` own the log while they run; ``sessions``, ``show``, ``check``
+and ``export`` open it read-only, so they are safe beside a running daemon and work
+on a log they may not write. Which session ``run`` uses is ``perdure._run_identity``;
+how a file problem ends a command (one line, a documented exit status) is
+``perdure._cli_errors``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+
+from perdure import _cli_control
+from perdure._cli_errors import EXIT_STATUSES
 
 STYLES: dict[str, dict[str, object]] = {
     "title": {"bold": True},
@@ -52,12 +58,64 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise SystemExit(code)
 
 
+def _fail_log(exc: BaseException, log_dir: str | None, code: int = 1) -> NoReturn:
+    """A log error in one line: a file problem as ``perdure._cli_errors`` says it, any
+    other documented log error with its own message."""
+    from perdure._cli_errors import explain
+
+    problem = explain(exc, log_dir)
+    if problem is not None:
+        _fail(problem.line(), problem.status)
+    _fail(str(exc), code)
+
+
+LOG_KEY = "perdure.log"  # where the command's --log is kept, for the error messages
+
+
+def _remember_log(ctx: click.Context, _: click.Parameter, value: str) -> str:
+    ctx.meta[LOG_KEY] = value
+    return value
+
+
 log_option = click.option(
     "--log",
     "log_dir",
     default=".perdure",
     show_default=True,
+    callback=_remember_log,
     help="The log: a directory (LMDB) or a postgresql:// URL.",
+)
+
+
+def _workspace(path: Path, create: bool, *, can_create: bool = True) -> Path:
+    """The workspace, which must exist unless ``--create-workspace`` asks for it."""
+    from perdure._cli_errors import USAGE, Problem
+
+    if path.is_dir():
+        return path
+    if path.exists():
+        problem = Problem(
+            "the workspace is not a folder", str(path), "give --workspace a folder", USAGE
+        )
+        _fail(problem.line(), problem.status)
+    if not create:
+        problem = Problem(
+            "the workspace does not exist",
+            str(path),
+            "create it, or pass --create-workspace to have it created"
+            if can_create
+            else "create it first",
+            USAGE,
+        )
+        _fail(problem.line(), problem.status)
+    path.mkdir(parents=True)
+    return path
+
+
+create_workspace_option = click.option(
+    "--create-workspace",
+    is_flag=True,
+    help="Create the --workspace folder if it does not exist (else a missing one is an error).",
 )
 provider_option = click.option(
     "--provider",
@@ -75,8 +133,8 @@ tools_option = click.option(
     "tool_specs",
     multiple=True,
     metavar="MODULE:ATTR",
-    help="Tools to register: a @perdure.tool or a list of them (repeat or comma-separate). "
-    "Default: the built-in workspace tools.",
+    help="Tools to register: a @perdure.tool or a list of them (repeat or comma-separate), "
+    "imported from the current folder as uvicorn does. Default: the built-in workspace tools.",
 )
 
 
@@ -119,7 +177,24 @@ def _setup(
         _fail(str(exc), 2)
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group: a file problem ends any command in one line, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from perdure._cli_errors import explain
+
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if isinstance(exc, click.ClickException | click.exceptions.Exit):
+                raise
+            problem = explain(exc, ctx.meta.get(LOG_KEY))
+            if problem is None:
+                raise
+            _fail(problem.line(), problem.status)
+
+
+@click.group(cls=_Commands, epilog=EXIT_STATUSES)
 @click.version_option(package_name="perdure")
 def main() -> None:
     """perdure: a durable runtime for LLM agents."""
@@ -151,8 +226,9 @@ def demo(keep: bool) -> None:
     "--workspace",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="The directory the tools work in.",
+    help="The directory the tools work in (it must exist).",
 )
+@create_workspace_option
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -219,6 +295,7 @@ def serve(
     model: str | None,
     tool_specs: tuple[str, ...],
     workspace: Path | None,
+    create_workspace: bool,
     token_file: Path | None,
     token_key_file: Path | None,
     takeover: bool,
@@ -230,7 +307,11 @@ def serve(
     metrics_port: int | None,
     log_format: str,
 ) -> None:
-    """Serve the HTTP API, event streams and web page; recover interrupted runs first."""
+    """Serve the HTTP API, event streams and web page; recover interrupted runs first.
+
+    A start that fails (a port in use, a log it cannot open) leaves behind none of the
+    token files it created.
+    """
     import trio
 
     if log_format == "json":
@@ -244,9 +325,10 @@ def serve(
     from perdure.server.tokens import resolve_token_key
     from perdure.storage import LogBusy, LogError
 
+    if workspace is not None:
+        workspace = _workspace(workspace, create_workspace)
     try:
-        token, source, show = resolve_token(log_dir, token_file, os.environ, host)
-        token_key, _ = resolve_token_key(log_dir, token_key_file, os.environ, token)
+        # The ports first: a start that fails there has created nothing.
         check_port(host, port)
         if metrics_port is not None:
             if importlib.util.find_spec("prometheus_client") is None:
@@ -256,8 +338,23 @@ def serve(
         _fail(str(exc), 2)
     prov, tools = _setup(provider, model, tool_specs)
     servers = _mcp_servers(mcp_config)
-    if workspace is not None:
-        workspace.mkdir(parents=True, exist_ok=True)
+    created = _Created.before(log_dir)
+    listening = False
+
+    def say(text: str, style: str = "plain") -> None:
+        nonlocal listening
+        listening = listening or text.startswith("perdure serve: listening on")
+        _say(text, style)
+
+    try:
+        token, source, show = resolve_token(log_dir, token_file, os.environ, host)
+        token_key, _ = resolve_token_key(log_dir, token_key_file, os.environ, token)
+    except SetupError as exc:
+        created.remove()
+        _fail(str(exc), 2)
+    except BaseException:
+        created.remove()
+        raise
     names = ", ".join(t.name for t in tools) or "none"
     if servers:
         names += "; MCP servers: " + ", ".join(f"{s.name} ({s.transport})" for s in servers)
@@ -280,17 +377,49 @@ def serve(
         metrics_port=metrics_port,
     )
     try:
-        trio.run(lambda: serve_daemon(opts, _say, show_token=show))
-    except LogBusy as exc:
-        _fail(f"{exc} (perdure serve --takeover takes it over)")
-    except LogError as exc:
-        _fail(str(exc))
-    except SetupError as exc:
-        _fail(str(exc), 2)
-    except Exception as exc:
-        if servers:
+        trio.run(lambda: serve_daemon(opts, say, show_token=show))
+    except BaseException as exc:
+        if not listening:
+            created.remove()  # a failed start leaves nothing behind
+        if isinstance(exc, LogBusy):
+            _fail(f"{exc} (perdure serve --takeover takes it over)")
+        if isinstance(exc, LogError):
+            _fail_log(exc, log_dir)
+        if isinstance(exc, SetupError):
+            _fail(str(exc), 2)
+        if isinstance(exc, Exception) and servers:
             _fail_mcp_start(exc)
         raise
+
+
+class _Created:
+    """What ``perdure serve`` may create before it listens (the log folder, its token
+    files), so that a start that fails can remove what it created, and only that."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.missing = [p for p in paths if not p.exists()]
+
+    @classmethod
+    def before(cls, log_dir: str) -> _Created:
+        from perdure.server.daemon import TOKEN_FILE
+        from perdure.server.tokens import KEY_FILE
+        from perdure.storage import is_postgres
+
+        if is_postgres(log_dir):
+            return cls([])
+        root = Path(log_dir)
+        # The files first, the folder last (removed only if it is then empty).
+        return cls([root / TOKEN_FILE, root / KEY_FILE, root])
+
+    def remove(self) -> None:
+        import contextlib
+
+        for path in self.missing:
+            with contextlib.suppress(OSError):
+                if path.is_dir():
+                    path.rmdir()  # only when empty: a log opened meanwhile stays
+                else:
+                    path.unlink()
 
 
 def _fail_mcp_start(exc: Exception) -> None:
@@ -385,8 +514,9 @@ async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("."),
     show_default=True,
-    help="The directory the tools work in.",
+    help="The directory the tools work in (it must exist).",
 )
+@create_workspace_option
 @model_option
 @provider_option
 @log_option
@@ -418,6 +548,7 @@ async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
 def run(
     task: str,
     workspace: Path,
+    create_workspace: bool,
     model: str | None,
     provider: str,
     log_dir: str,
@@ -445,6 +576,7 @@ def run(
     if new and session_id is not None:
         _fail("--new starts a fresh session of its own; leave out --session", 2)
     prov, tools = _setup(provider, model, tool_specs, ask_before_writes=True)
+    workspace = _workspace(workspace, create_workspace)
     choice = _choose_run(log_dir, workspace, task, session_id, request_id, new)
     previous = choice.previous
     if previous is not None and previous.finished is not None:
@@ -453,7 +585,7 @@ def run(
     try:
         status = trio.run(_run_task, task, workspace, log_dir, prov, tools, choice, yes, servers)
     except LogError as exc:
-        _fail(str(exc))
+        _fail_log(exc, log_dir)
     except KeyboardInterrupt:
         _fail("interrupted; the run is in the log and resumes the next time it is opened", 130)
     except Exception as exc:
@@ -519,7 +651,7 @@ def fork(
     except Refused as exc:
         _fail(str(exc))
     except LogError as exc:
-        _fail(str(exc))
+        _fail_log(exc, log_dir)
     again = " (already forked by this request)" if forked.duplicate else ""
     echo(f"session {forked.session_id} forked from {source} at record {forked.position}{again}")
 
@@ -552,7 +684,7 @@ def _choose_run(
     try:
         log = open_log(log_dir, readonly=True)
     except LogError as exc:
-        _fail(f"cannot open the log {_where(log_dir)}: {exc}")
+        _fail_log(exc, log_dir)
     try:
         return pick(log)
     finally:
@@ -793,16 +925,33 @@ class Progress:
 
 def _open_readonly(log_dir: str) -> Any:
     """The log for reading only, either backend; a clear message if there is none."""
+    from perdure._cli_errors import USAGE, Problem
     from perdure.storage import LogError, is_postgres, open_log
 
+    if not is_postgres(log_dir) and Path(log_dir).is_file():
+        problem = Problem(
+            "--log names a file, not a log folder",
+            log_dir,
+            "give --log the log's folder or a postgresql:// URL",
+            USAGE,
+        )
+        _fail(problem.line(), problem.status)
     if not is_postgres(log_dir) and not (Path(log_dir) / "data.mdb").exists():
-        _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
+        _no_log(log_dir)
     try:
         return open_log(log_dir, readonly=True)
     except FileNotFoundError:
-        _fail(f"no perdure log at {log_dir} (use --log DIR or --log postgresql://...)", 2)
+        _no_log(log_dir)
     except LogError as exc:
-        _fail(f"cannot open the log {_where(log_dir)}: {exc}")
+        _fail_log(exc, _where(log_dir))
+
+
+def _no_log(log_dir: str) -> NoReturn:
+    _fail(
+        f"there is no perdure log here ({log_dir}): give --log the log's folder or a "
+        "postgresql:// URL (perdure run and perdure serve create a log)",
+        2,
+    )
 
 
 def _where(log_dir: str) -> str:
@@ -929,8 +1078,8 @@ def check(log_dir: str, settled: bool) -> None:
 )
 @click.option(
     "--workspace-template",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A directory copied into each scratch workspace before a run.",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A directory copied into each scratch workspace before a run (it must exist).",
 )
 @click.option(
     "--world-command",
@@ -951,6 +1100,8 @@ def conformance(
     from perdure._setup import SetupError, load_tools
 
     specs = _split(tool_specs)
+    if workspace_template is not None:
+        _workspace(workspace_template, create=False, can_create=False)
     try:
         tools = load_tools(specs)
     except SetupError as exc:
@@ -1095,6 +1246,7 @@ def import_session(source: Any, log_dir: str) -> None:
 
     from perdure import retention
     from perdure.errors import Refused
+    from perdure.storage import LogError
 
     lines = source.read().splitlines()
 
@@ -1106,6 +1258,8 @@ def import_session(source: Any, log_dir: str) -> None:
         sid, count = trio.run(go)
     except (Refused, ValueError) as exc:
         _fail(str(exc))
+    except LogError as exc:
+        _fail_log(exc, log_dir)
     echo(f"imported session {sid} ({count} records)")
 
 
@@ -1116,14 +1270,18 @@ def compact(log_dir: str) -> None:
     from perdure import retention
     from perdure.storage import LogBusy
 
+    if Path(log_dir).is_file():
+        _fail(f"--log names a file, not a log folder ({log_dir}): give --log the log's folder", 2)
     if not (Path(log_dir) / "data.mdb").exists():
-        _fail(f"no LMDB log at {log_dir} (use --log DIR)", 2)
+        _no_log(log_dir)
     try:
         before, after = retention.compact(log_dir)
     except LogBusy as exc:
         _fail(f"{exc}; stop the process that owns the log first", 2)
     echo(f"compacted {log_dir}: {before} -> {after} bytes")
 
+
+_cli_control.register(main)  # cancel, approve, deny, resolve, pause, resume, revise
 
 if __name__ == "__main__":
     main()

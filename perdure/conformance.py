@@ -72,12 +72,17 @@ class ToolReport:
         return bool(self.error) or any(p.flagged for p in self.points)
 
 
-def example_args(schema: dict[str, Any]) -> Any:
-    """A plain value that satisfies ``schema`` (the subset ``@tool`` derives)."""
+def example_args(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> Any:
+    """A plain value that satisfies ``schema`` (as pydantic derives them for ``@tool``;
+    ``$ref`` resolved in the top schema's ``$defs``)."""
+    defs = schema.get("$defs", {}) if defs is None else defs
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return example_args(defs.get(ref.removeprefix("#/$defs/"), {}), defs)
     if "enum" in schema:
         return schema["enum"][0]
     if "anyOf" in schema:
-        return example_args(schema["anyOf"][0])
+        return example_args(schema["anyOf"][0], defs)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = kind[0]
@@ -85,7 +90,7 @@ def example_args(schema: dict[str, Any]) -> Any:
         return "conformance"
     if kind == "object":
         props = schema.get("properties", {})
-        return {name: example_args(props[name]) for name in schema.get("required", [])}
+        return {name: example_args(props[name], defs) for name in schema.get("required", [])}
     return {
         "string": "conformance",
         "integer": 1,

@@ -43,21 +43,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import outcome
 import trio
 
-from perdure._runtime import IfBusy, Runtime
-from perdure._runtime import open_runtime as open_trio_runtime
-from perdure.actors.protocol import Accepted, Done, Forked
-from perdure.actors.state import SessionState
+from perdure import Runtime, StreamStats
+from perdure import open_runtime as open_trio_runtime
+from perdure.answers import Accepted, Done, Forked, IfBusy
 from perdure.providers.base import Message
 from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
 from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+
+if TYPE_CHECKING:
+    from perdure.actors.state import SessionState
 
 T = TypeVar("T")
 Mode = Literal["thread", "guest"]
@@ -322,6 +324,9 @@ class AsyncioRuntime:
 
     async def stats(self) -> JournalStats:
         return await self.run(_sync(self.trio_runtime.stats))
+
+    async def stream_stats(self) -> StreamStats:
+        return await self.run(_sync(self.trio_runtime.stream_stats))
 
     async def resident_sessions(self) -> list[str]:
         return await self.run(_sync(lambda: self.trio_runtime.resident_sessions))

@@ -186,10 +186,11 @@ def compact(path: str | os.PathLike[str]) -> tuple[int, int]:
     data = root / "data.mdb"
     before = data.stat().st_size
     target = root / "compact.tmp"
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir()
     log = LmdbLog(root)  # the owner's lock: nobody writes meanwhile
     try:
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        # A copy that fails (no space, no permission) leaves the log as it was.
         log.env.copy(str(target), compact=True)
         log.env.close()  # before the swap; the lock is held until log.close()
         os.replace(target / "data.mdb", data)

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from tests.support.fake_vendor import Disconnect, FakeVendor, Received, Wire, sse
+from tests.support.vendor_schemas import schema_problem
 
 __all__ = [
     "Disconnect",
@@ -221,7 +222,12 @@ def _bad_request(message: str) -> HttpError:
 
 
 def _refusal(body: dict[str, Any], redacted: set[str]) -> HttpError | None:
-    """The 400 the real API answers ``body`` with when reasoning is not handed back intact."""
+    """The 400 the real API answers ``body`` with: a tool it cannot take, or reasoning
+    not handed back intact."""
+    for t in body.get("tools") or []:
+        problem = schema_problem(t.get("name"), t.get("input_schema"))
+        if problem is not None:
+            return _bad_request(f"tools: {problem}")
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None

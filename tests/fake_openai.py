@@ -44,6 +44,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from tests.support.fake_vendor import Disconnect, FakeVendor, Received, Wire, sse
+from tests.support.vendor_schemas import schema_problem
 
 __all__ = [
     "Disconnect",
@@ -217,6 +218,13 @@ class FakeOpenAI(FakeVendor[Action]):
 
 def chat_problem(body: dict[str, Any]) -> str | None:
     """The 400 message the API answers a Chat Completions body with, if it refuses it."""
+    for t in body.get("tools") or []:
+        function = t.get("function") or {}
+        problem = schema_problem(
+            function.get("name"), function.get("parameters"), strict=bool(function.get("strict"))
+        )
+        if problem is not None:
+            return problem
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty array"
@@ -249,6 +257,10 @@ def chat_problem(body: dict[str, Any]) -> str | None:
 
 def responses_problem(body: dict[str, Any]) -> str | None:
     """The 400 message the API answers a Responses body with, if it refuses it."""
+    for t in body.get("tools") or []:
+        problem = schema_problem(t.get("name"), t.get("parameters"), strict=bool(t.get("strict")))
+        if problem is not None:
+            return problem
     items = body.get("input")
     if not isinstance(items, list) or not items:
         return "'input' must be a non-empty array"

@@ -95,3 +95,22 @@ def test_revise_midway_example() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "open_team_ticket [toolu_001_2] cancelled" in proc.stdout
     assert "request revised (revision 1)" in proc.stdout
+
+
+def test_tools_from_another_framework_run_with_one_decorator(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "bring_your_tools.py")],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "get_forecast: Get the weather forecast for a city." in out
+    assert '"description": "the city, and its ISO country code."' in out
+    # the plain def ran (in a thread) and its pydantic result reached the model as JSON
+    assert 'model read (ok): {"city": "Lyon", "day": "2026-03-01", "high": 21.5' in out
+    assert "model read (error): perdure: invalid arguments for 'send_alert': recipients[0]" in out
+    assert "run: completed" in out

@@ -5,12 +5,11 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import trio
 from attrs import define, field
 
-from perdure.actors.protocol import Env
+from perdure.actors.protocol import Env, Result
 from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
@@ -72,6 +71,9 @@ class ActorContext:
     agents: AgentRunner | None = None
     # Telemetry (perdure.observability): shown every commit; they never decide anything.
     observers: tuple[CommitObserver, ...] = ()
+    # The worker threads that plain ``def`` tools run in, at most this many at once for
+    # the whole runtime (a thread left running by a timed-out call keeps its place).
+    tool_threads: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(40))
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""
@@ -89,7 +91,7 @@ class ActorContext:
         )
 
 
-async def report_last(outbox: trio.MemorySendChannel[Any], message: Any) -> None:
+async def report_last(outbox: trio.MemorySendChannel[Result], message: Result) -> None:
     """Send a child actor's last message to its session, and return.
 
     The same cancel point as ``outbox.send`` (a cancelled child reports nothing: after

@@ -23,7 +23,7 @@ async def call_model(
     ctx: ActorContext,
     request: ModelRequest,
     not_before: float | None,
-    outbox: trio.MemorySendChannel[Any],
+    outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
 ) -> None:
     with scope:

@@ -19,10 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal
 
 from attrs import field, frozen
 
+from perdure.answers import IF_BUSY as IF_BUSY
+from perdure.answers import Accepted as Accepted
+from perdure.answers import Done as Done
+from perdure.answers import Forked as Forked
+from perdure.answers import IfBusy as IfBusy
+from perdure.answers import check_if_busy as check_if_busy
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Budget, Record, ResolutionAction, ToolExecuting, Usage
@@ -76,17 +82,6 @@ def with_budget_hash(text: str, budget: Budget | None) -> str:
         return text_body_hash(text)
     limits = (budget.run_tokens, budget.session_tokens, budget.run_cost, budget.session_cost)
     return text_body_hash(f"{text}\x00budget\x00{limits!r}")
-
-
-IfBusy = Literal["queue", "interrupt", "reject", "steer"]
-IF_BUSY: tuple[str, ...] = ("queue", "interrupt", "reject", "steer")
-
-
-def check_if_busy(value: str | None) -> IfBusy | None:
-    """``value`` if it names an ``if_busy`` policy (or is None), else a ValueError."""
-    if value is not None and value not in IF_BUSY:
-        raise ValueError(f"if_busy must be one of {', '.join(IF_BUSY)}, not {value!r}")
-    return cast(IfBusy | None, value)
 
 
 @frozen
@@ -411,37 +406,6 @@ class Step:
 NOTHING = Step()
 
 # -- answers: what a caller hears ---------------------------------------------------------------
-
-
-@frozen
-class Accepted:
-    """The answer to a submit: durable before the caller sees it."""
-
-    submission_id: str
-    seq: int
-    duplicate: bool = False
-    # queued (waits its turn, or started at once), interrupted (the busy run was
-    # cancelled for it) or steered (it revised the running request ``submission_id``)
-    disposition: str = "queued"
-
-
-@frozen
-class Done:
-    """The answer to other commands. ``seq`` is 0 when nothing had to be recorded."""
-
-    ref: str
-    seq: int = 0
-    duplicate: bool = False
-
-
-@frozen
-class Forked:
-    """The answer to a fork: the new session, and where in the source it was taken."""
-
-    session_id: str
-    source: str
-    position: int  # the source's seq the fork was taken at
-    duplicate: bool = False
 
 
 Answer = Accepted | Done

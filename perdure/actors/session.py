@@ -151,6 +151,11 @@ class _Throttle:
     timer: trio.CancelScope | None = None  # a pending _FlushHeartbeat
 
 
+# Everything a session's mailbox carries: a caller's message, a result of one of its
+# actors (model calls, tool calls, back-off timers), or one of its own timers.
+Inbox = Message | protocol.Result | _RetryResult | _HandOverDue | _FlushHeartbeat
+
+
 @define
 class Mailbox:
     """A session's inbox; it outlives actor restarts so no message is lost.
@@ -160,14 +165,14 @@ class Mailbox:
     session handed over to another node is closed the same way (``handed_over``).
     """
 
-    send: trio.MemorySendChannel[Any]
-    receive: trio.MemoryReceiveChannel[Any]
+    send: trio.MemorySendChannel[Inbox]
+    receive: trio.MemoryReceiveChannel[Inbox]
     evicted: bool = False
     handed_over: bool = False
 
     @classmethod
     def open(cls, size: int = 256) -> Mailbox:
-        s, r = trio.open_memory_channel[Any](size)
+        s, r = trio.open_memory_channel[Inbox](size)
         return cls(s, r)
 
 
@@ -234,7 +239,7 @@ class SessionActor:
                 del message  # an idle actor must not keep its last message (a reply...)
                 self._after_message()
 
-    async def _next_message(self) -> Any:
+    async def _next_message(self) -> Inbox | None:
         """The next message, or None once the session has stayed idle long enough.
 
         Eviction happens only when nothing is in flight or owed to anyone, so the
@@ -334,7 +339,7 @@ class SessionActor:
 
     # -- the loop -------------------------------------------------------------------
 
-    async def _handle(self, message: Any) -> None:
+    async def _handle(self, message: Inbox) -> None:
         if isinstance(message, CommandMsg):
             await self._command(message)
         elif isinstance(message, protocol.ModelReplied | protocol.ModelFailed):

@@ -994,7 +994,7 @@ class Supervisor:
             del self.unreachable[session_id]  # restarted: the log answers again
         message = make()
         try:
-            await box.send.send(message)
+            await box.send.send(message)  # type: ignore[arg-type]  # every Asking is a session.Message
         except trio.BrokenResourceError:
             if box.evicted:
                 return await self.ask(session_id, make)  # evicted meanwhile: start it again

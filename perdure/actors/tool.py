@@ -33,6 +33,7 @@ from perdure.actors.protocol import (
     AgentLinked,
     HeartbeatReported,
     ReconcileFinished,
+    Result,
     ToolFinished,
     ToolOutcome,
 )
@@ -42,6 +43,7 @@ from perdure.storage.records import ToolExecuting
 from perdure.tools.contract import (
     NeedsHuman,
     OutcomeUnknown,
+    ResultNotSerializable,
     RetryableError,
     Tool,
     ToolContext,
@@ -97,6 +99,7 @@ def make_context(
         emit=emit,
         beat=beat_fn,
         agents=agents,
+        threads=ctx.tool_threads,
     )
 
 
@@ -125,7 +128,7 @@ class Heartbeats:
         self._wake: trio.Event | None = None  # made by the first heartbeat
         self._token = trio.lowlevel.current_trio_token()
         # Where the relay is started by the first heartbeat, while the tool runs.
-        self.relay_in: tuple[trio.Nursery, trio.MemorySendChannel[Any]] | None = None
+        self.relay_in: tuple[trio.Nursery, trio.MemorySendChannel[Result]] | None = None
         self._relay_scope: trio.CancelScope | None = None  # once a relay was started
         self._relay_done: trio.Event | None = None
         self.arm()
@@ -158,7 +161,7 @@ class Heartbeats:
         self.arm()
 
     async def _relay(
-        self, outbox: trio.MemorySendChannel[Any], scope: trio.CancelScope, done: trio.Event
+        self, outbox: trio.MemorySendChannel[Result], scope: trio.CancelScope, done: trio.Event
     ) -> None:
         try:
             with scope:
@@ -198,7 +201,7 @@ async def run_tool(
     ctx: ActorContext,
     tool: Tool,
     executing: ToolExecuting,
-    outbox: trio.MemorySendChannel[Any],
+    outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
     last_heartbeat: Any = None,
 ) -> None:
@@ -270,11 +273,18 @@ async def _invoke(
             finished = _failed(tool, executing, exc)
         else:
             flagged = value if isinstance(value, ToolResult) else ToolResult(value)
+            try:
+                output, is_error = tool.render(flagged.content), flagged.is_error
+            except ResultNotSerializable as exc:
+                # The tool ran (its effect may be done): the call is not a failure to
+                # re-run, it is a result the model cannot read. Say so to both.
+                log.error("%s", exc)
+                output, is_error = f"perdure: the tool ran, but {exc}", True
             finished = _attempt(
                 executing,
                 "ok",
-                render_result(flagged.content),
-                is_error=flagged.is_error,
+                output,
+                is_error=is_error,
                 terminate=flagged.terminate or tool.terminates,
             )
     if watchdog is not None and watchdog.cancelled_caught:
@@ -321,7 +331,7 @@ async def run_reconcile(
     ctx: ActorContext,
     tool: Tool,
     executing: ToolExecuting,
-    outbox: trio.MemorySendChannel[Any],
+    outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
 ) -> None:
     # Whatever happens, the session hears back: a call left without an answer would keep

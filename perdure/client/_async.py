@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import httpx
 
-from perdure.actors.protocol import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, Done, Forked, IfBusy
 from perdure.client import _model as m
 from perdure.client.errors import DaemonError
 

@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from attrs import field, frozen
 
-from perdure.actors.protocol import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, Done, Forked, IfBusy
 from perdure.client.errors import DaemonError, ProtocolError, Unavailable, error_from
 
 T = TypeVar("T")

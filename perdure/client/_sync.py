@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from perdure.actors.protocol import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, Done, Forked, IfBusy
 from perdure.client import _model as m
 from perdure.client.errors import DaemonError
 

@@ -25,8 +25,8 @@ from perdure.errors import (
     SessionParkedError,
     SessionRestarting,
 )
-from perdure.storage import LogUnavailable as _LogUnavailable
-from perdure.storage.codec import CorruptRecord as _CorruptRecord
+from perdure.storage.errors import CorruptRecord as _CorruptRecord
+from perdure.storage.errors import LogUnavailable as _LogUnavailable
 
 
 class DaemonError(Exception):

@@ -9,5 +9,5 @@
 
 Nothing here is imported by ``import perdure`` except ``hooks`` and ``logs`` (standard
 library only); the optional libraries are imported only by the modules that need
-them. See README "Observability".
+them. See docs/OBSERVABILITY.md.
 """

@@ -134,13 +134,12 @@ class RuntimeMetrics:
     def attach(self, rt: Runtime) -> None:
         """Read ``rt``'s gauges when scraped (pass this object to ``open_runtime(telemetry=)``
         too, so that its commits, recovery's included, are counted)."""
-        bus = rt.journal.bus
         self.resident.set_function(lambda: len(rt.resident_sessions))
         self.hibernated.set_function(lambda: len(rt.hibernated_sessions))
         self.frozen.set_function(lambda: len(rt.frozen_sessions))
-        self.subscribers.set_function(lambda: len(bus.subscriptions()))
-        self.backlog.set_function(bus.backlog)
-        self.lagged.set_function(lambda: bus.lagged)
+        self.subscribers.set_function(lambda: rt.stream_stats().open)
+        self.backlog.set_function(lambda: rt.stream_stats().backlog)
+        self.lagged.set_function(lambda: rt.stream_stats().lagged)
 
     def render(self) -> bytes:
         """The exposition text (``CONTENT_TYPE_LATEST``)."""

@@ -69,6 +69,7 @@ from perdure.providers.base import (
     ToolUseBlock,
 )
 from perdure.storage.records import ToolCall, Usage
+from perdure.tools.params import strict_compatible
 
 __all__ = [
     "OpenAIProvider",
@@ -527,6 +528,7 @@ class OpenAIProvider(OwnsClient):
                             "name": t.name,
                             "description": t.description,
                             "parameters": t.input_schema,
+                            "strict": strict_compatible(t.input_schema),
                         },
                     }
                     for t in request.tools
@@ -544,7 +546,7 @@ class OpenAIProvider(OwnsClient):
                         "name": t.name,
                         "description": t.description,
                         "parameters": t.input_schema,
-                        "strict": False,
+                        "strict": strict_compatible(t.input_schema),
                     }
                     for t in request.tools
                 ]

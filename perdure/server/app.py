@@ -40,9 +40,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from perdure import Done, __version__
-from perdure._runtime import Runtime
-from perdure.actors.protocol import check_if_busy
+from perdure import Done, Runtime, __version__
+from perdure.answers import check_if_busy
 from perdure.inspect import summarize
 from perdure.observability.hooks import check_traceparent
 from perdure.server import frontends, tokens
@@ -57,8 +56,11 @@ from perdure.server.auth import (
 from perdure.server.errors import HANDLERS, ApiError
 from perdure.server.openapi import (
     AG_UI_DOC,
+    AG_UI_EVENT,
     AG_UI_REQUEST,
     AI_SDK_DOC,
+    AI_SDK_EVENT,
+    ANY_EVENT,
     CHAT_DOC,
     CHAT_REQUEST,
     EVENT_PARAMS,
@@ -274,6 +276,8 @@ class Api:
         if scope is None:
             raise ApiError(400, "invalid_field", "the field 'scope' must be read or write", "scope")
         ttl = data.get("ttl_s", 3600)
+        if isinstance(ttl, float) and ttl.is_integer():
+            ttl = int(ttl)  # JSON has one number type: 60.0 is a whole number of seconds
         if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= tokens.MAX_TTL:
             raise ApiError(
                 400,
@@ -378,7 +382,8 @@ class Api:
         Operation(
             summary="Create a session (with an id of your own, or one generated)",
             tag="sessions",
-            body=Body(CreateSessionBody),
+            body=Body(CreateSessionBody, required=False),
+            yields_session=True,
             answers={
                 201: Body(SessionCreatedAnswer, description="created"),
                 200: Body(SessionCreatedAnswer, description="it was already there, alike"),
@@ -474,6 +479,7 @@ class Api:
             tag="commands",
             access="session",
             body=Body(schema=FORK_REQUEST),
+            yields_session=True,
             answers={
                 201: Body(ForkAnswer, description="forked"),
                 200: Body(ForkAnswer, description="a repeat of the same request"),
@@ -627,7 +633,7 @@ class Api:
             description=EVENTS_DOC,
             access="query",
             params=EVENT_PARAMS,
-            answers={200: Body(schema={"type": "string"}, media=SSE, description="the stream")},
+            answers={200: Body(schema=ANY_EVENT, media=SSE, description="the stream")},
             errors=(400, 404),
         )
     )
@@ -655,7 +661,7 @@ class Api:
             description=CHAT_DOC,
             access="session",
             body=Body(schema=CHAT_REQUEST),
-            answers={200: Body(schema={"type": "string"}, media=SSE, description=AI_SDK_DOC)},
+            answers={200: Body(schema=AI_SDK_EVENT, media=SSE, description=AI_SDK_DOC)},
             errors=(400, 404, 409, 413, 423),
         )
     )
@@ -670,7 +676,7 @@ class Api:
             tag="frontends",
             access="session",
             answers={
-                200: Body(schema={"type": "string"}, media=SSE, description=AI_SDK_DOC),
+                200: Body(schema=AI_SDK_EVENT, media=SSE, description=AI_SDK_DOC),
                 204: Body(description="no reply in progress"),
             },
             errors=(404,),
@@ -691,7 +697,7 @@ class Api:
             description=AG_UI_DOC,
             access="session",
             body=Body(schema=AG_UI_REQUEST),
-            answers={200: Body(schema={"type": "string"}, media=SSE, description="AG-UI events")},
+            answers={200: Body(schema=AG_UI_EVENT, media=SSE, description="AG-UI events")},
             errors=(400, 404, 409, 413, 423, 501),
         )
     )

@@ -34,12 +34,13 @@ from attrs import frozen
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
-from perdure._runtime import open_runtime
+from perdure import open_runtime
 from perdure._setup import SetupError
 from perdure.collector import tune_gc
 from perdure.errors import find_exception
 from perdure.observability.hooks import auto_observers
 from perdure.providers.base import Provider
+from perdure.server.address import forget_address, write_address
 from perdure.server.app import create_app
 from perdure.storage import Durability, LogError, is_postgres
 from perdure.tools.contract import Tool
@@ -188,6 +189,24 @@ async def _on_signals(
             return
 
 
+async def _keep_address(
+    log: str, url: str, closing: trio.Event, *, task_status: trio.TaskStatus[None]
+) -> None:
+    """Say where this daemon answers in the log's directory until it stops serving
+    (``perdure.server.address``), so commands run beside the log find it; started
+    (written) before the daemon says it listens."""
+    if is_postgres(log):
+        task_status.started()
+        return  # no directory to write into: such clients are given --url
+    await trio.to_thread.run_sync(write_address, log, url)
+    task_status.started()
+    try:
+        await closing.wait()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(forget_address, log)
+
+
 def _metrics(opts: ServeOptions) -> RuntimeMetrics | None:
     if not opts.metrics and opts.metrics_port is None:
         return None
@@ -258,6 +277,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
                 )
             )
             url = binds[0] if binds else f"http://{config.bind[0]}"
+            await nursery.start(_keep_address, opts.log, url, closing)
             say(f"perdure serve: listening on {url}", "title")
             if metrics is not None and opts.metrics_port is not None:
                 side = Config()

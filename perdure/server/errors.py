@@ -20,6 +20,7 @@ from typing import Any, Final
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
 
 from perdure.errors import NotOwnerRefused, Refused, SessionRestarting
 from perdure.storage import LogError, NotOwner
@@ -96,7 +97,20 @@ async def _log_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
+    return error_response(exc.status_code, code, str(exc.detail), headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers on this path. Starlette's own ``Allow`` names only
+    the first route that matched the path, and a path here has one route per method."""
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE:
+            allowed.update(route.methods or ())
+    return sorted(allowed)
 
 
 async def _internal(request: Request, exc: Exception) -> Response:

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from perdure import __version__
 from perdure.server.payloads import ForkBody
+from perdure.server.tokens import MAX_TTL
 from perdure.storage import SessionInfo
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,6 +97,7 @@ class Body:
     schema: Mapping[str, Any] | None = None
     media: str = JSON
     description: str = ""
+    required: bool = True  # a request body that may be left out (all its fields optional)
 
 
 @frozen(kw_only=True)
@@ -109,6 +111,9 @@ class Operation:
     answers: Mapping[int, Body] = attrs.field(factory=dict)
     errors: tuple[int, ...] = ()
     params: tuple[Param, ...] = ()
+    # Its 2xx answers carry a ``session_id`` that every session route can take (OpenAPI
+    # links: what a client, or a stateful test, calls next).
+    yields_session: bool = False
     # "none": no credentials; "admin": the admin token only; "session": the admin
     # token or a scoped token of that session; "query": as "session", and also
     # ``?token=`` (a browser's EventSource cannot set a header).
@@ -198,6 +203,9 @@ class Schemas:
         out: dict[str, Any] = {"type": "object", "properties": properties}
         if required:
             out["required"] = required
+        # A rule across fields (what a class's __attrs_post_init__ checks), as the class
+        # states it beside the check.
+        out.update(getattr(kind, "__json_schema__", {}))
         if kind.__doc__ and not kind.__doc__.startswith(kind.__name__ + "("):
             out["description"] = " ".join(kind.__doc__.split())
         return out
@@ -311,6 +319,7 @@ def openapi_document(routes: Iterable[object]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``routes`` (a Starlette app's ``routes``)."""
     schemas = Schemas()
     paths: dict[str, dict[str, Any]] = {}
+    producers: list[dict[str, Any]] = []
     for method, path, op in operations(routes):
         entry: dict[str, Any] = {
             "operationId": _operation_id(method, path),
@@ -335,7 +344,7 @@ def openapi_document(routes: Iterable[object]) -> dict[str, Any]:
             entry["parameters"] = params
         if op.body is not None:
             entry["requestBody"] = {
-                "required": True,
+                "required": op.body.required,
                 "content": _content(op.body, schemas),
             }
             if op.body.description:
@@ -354,7 +363,25 @@ def openapi_document(routes: Iterable[object]) -> dict[str, Any]:
         for status in sorted(errors):
             responses[str(status)] = {"$ref": f"#/components/responses/E{status}"}
         entry["responses"] = responses
+        if op.yields_session:
+            producers.append(responses)
         paths.setdefault(path, {})[method.lower()] = entry
+    session_ops = [
+        entry["operationId"]
+        for path, entries in paths.items()
+        if path.startswith("/v1/sessions/{session_id}")
+        for entry in entries.values()
+    ]
+    for responses in producers:
+        for code, response in responses.items():
+            if code.startswith("2") and "content" in response:
+                response["links"] = {
+                    target: {
+                        "operationId": target,
+                        "parameters": {"session_id": "$response.body#/session_id"},
+                    }
+                    for target in session_ops
+                }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -429,6 +456,51 @@ def _operation_id(method: str, path: str) -> str:
 
 HTML: Final = "text/html"
 
+
+def sse_event(data: Mapping[str, Any], description: str) -> dict[str, Any]:
+    """One Server-Sent Event, the OpenAPI 3.2 way: ``schema`` of a text/event-stream
+    describes each event (its fields as strings; ``data`` per ``data``)."""
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["data"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the record's seq"},
+            "event": {"type": "string"},
+            "retry": {"type": "integer"},
+            "data": dict(data),
+        },
+    }
+
+
+NATIVE_EVENT: Final = {
+    "type": "string",
+    "contentMediaType": JSON,
+    "contentSchema": {
+        "type": "object",
+        "required": ["type", "session_id"],
+        "properties": {
+            "seq": {"type": "integer", "description": "committed records only"},
+            "type": {"type": "string", "description": "the record type, or the ephemeral kind"},
+            "session_id": {"type": "string"},
+            "record": {"type": "object", "description": "the record, with its type as `t`"},
+            "data": {"description": "an ephemeral event's data"},
+        },
+    },
+}
+ANY_EVENT: Final = sse_event(
+    {"type": "string", "description": "native: a JSON object; ai-sdk and ag-ui: their JSON parts"},
+    "an event of the stream, in the format asked for",
+)
+AI_SDK_EVENT: Final = sse_event(
+    {"type": "string", "description": "a UI message stream part as JSON, or `[DONE]` at the end"},
+    "an AI SDK UI message stream part",
+)
+AG_UI_EVENT: Final = sse_event(
+    {"type": "string", "contentMediaType": JSON, "contentSchema": {"type": "object"}},
+    "an AG-UI event",
+)
+
 HEALTH: Final = {
     "type": "object",
     "required": ["status"],
@@ -453,7 +525,13 @@ TOKEN_REQUEST: Final = {
     "required": ["scope"],
     "properties": {
         "scope": {"enum": ["read", "write"]},
-        "ttl_s": {"type": "integer", "minimum": 1, "default": 3600, "description": "lifetime"},
+        "ttl_s": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_TTL,
+            "default": 3600,
+            "description": "the token's lifetime in seconds",
+        },
     },
 }
 

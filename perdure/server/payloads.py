@@ -10,14 +10,14 @@ route says *what* it answers and this module says *how* it looks on the wire.
 from __future__ import annotations
 
 import json
-from typing import Any, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import cattrs
 from attrs import Attribute, field, frozen
 from cattrs.errors import ClassValidationError
 from starlette.requests import Request
 
-from perdure.actors.protocol import IF_BUSY, check_if_busy
+from perdure.answers import IF_BUSY, check_if_busy
 from perdure.providers.base import Message as ModelMessage
 from perdure.providers.base import (
     RedactedThinkingBlock,
@@ -148,6 +148,12 @@ class ResolutionBody:
     action: str = field(validator=_action, metadata={"schema": {"enum": list(ACTIONS)}})
     request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
     result: Any = None
+
+    # What __attrs_post_init__ checks, for the API's document.
+    __json_schema__: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"action": {"const": "retry"}}, "required": ["action"]},
+        "then": {"properties": {"result": {"type": "null"}}},
+    }
 
     def __attrs_post_init__(self) -> None:
         if self.action == "retry" and self.result is not None:

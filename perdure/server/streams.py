@@ -26,7 +26,7 @@ from attrs import frozen
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from perdure._runtime import Runtime
+from perdure import Runtime
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import converter
 from perdure.storage.records import Record

@@ -1,13 +1,20 @@
 """Scoped session tokens: what the admin token hands to a browser.
 
 A scoped token names one session, a scope (``read``: look; ``write``: also send
-input and answer approvals) and an expiry, and is signed with HMAC-SHA256 under
-the daemon's *token key*. Nothing about it is stored: the daemon checks the
-signature and the expiry on every request, so rotating the key (replacing the
-key file, or giving another key) revokes every token minted under the old one.
+input and answer approvals) and an expiry. It is a JSON Web Token (RFC 7519),
+HS256-signed with PyJWT under the daemon's *token key*, with the claims ``sub``
+(the session), ``scope``, ``exp`` and ``iat`` (seconds since the epoch), ``aud``
+(``perdure-session``, so no other JWT signed with the same key passes for one) and
+``jti`` (a nonce). Nothing about it is stored: the daemon checks the signature, the
+audience and the expiry on every request, so rotating the key (replacing the key
+file, or giving another key) revokes every token minted under the old one.
 
-Shape: ``pdt1.<payload>.<signature>``, both base64url without padding; the payload
-is compact JSON ``{"s": session, "c": scope, "e": expires_at, "n": nonce}``.
+Why a JWT rather than an itsdangerous token: a frontend, in whatever language,
+can read a JWT's claims with any JWT library (to show its scope, or to mint a new
+one before ``exp``) and an operator can inspect one with common tools; the format
+and its checks are a published standard instead of a Python library's own. The
+tokens of the earlier ``pdt1.`` format are refused with a message saying to mint a
+new one.
 
 The key comes from ``--token-key-file`` or ``PERDURE_TOKEN_KEY`` if given, else
 from ``token.key`` in an LMDB log's directory (generated with mode 0600 on first
@@ -18,31 +25,33 @@ the admin token revokes the scoped ones too).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
-import json
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from attrs import frozen
 
 from perdure._setup import SetupError
 from perdure.storage import is_postgres
 
-PREFIX: Final = "pdt1."
+OLD_PREFIX: Final = "pdt1."
+AUDIENCE: Final = "perdure-session"
+ALGORITHM: Final = "HS256"
 KEY_FILE: Final = "token.key"
 MAX_TTL: Final = 30 * 24 * 3600  # a month: a browser token is not a service account
 Scope = Literal["read", "write"]
 SCOPES: Final[dict[str, Scope]] = {"read": "read", "write": "write"}
+# A JWS in compact form: three base64url parts (an admin token has no dots).
+_JWT_SHAPE: Final = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
 
 
 class TokenRejected(Exception):
-    """A scoped token that is malformed, forged (wrong signature) or expired."""
+    """A scoped token that is malformed, forged (wrong signature), expired or outdated."""
 
 
 @frozen
@@ -58,15 +67,8 @@ class Claim:
 
 
 def is_scoped(token: str) -> bool:
-    return token.startswith(PREFIX)
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """Whether ``token`` has the shape of a scoped token (of this or the old format)."""
+    return token.startswith(OLD_PREFIX) or _JWT_SHAPE.match(token) is not None
 
 
 class TokenSigner:
@@ -75,36 +77,61 @@ class TokenSigner:
     def __init__(self, key: bytes) -> None:
         if len(key) < 16:
             raise ValueError("a token key must be at least 16 bytes")
-        self._key = key
-
-    def _sign(self, payload: str) -> str:
-        mac = hmac.new(self._key, b"perdure scoped token v1\0" + payload.encode(), hashlib.sha256)
-        return _b64(mac.digest())
+        # The signing key proper: 32 bytes (what HS256 asks for) derived from the key
+        # material, whatever its length, and used for nothing but these tokens.
+        self._key = hmac.new(key, b"perdure scoped token (JWT)", hashlib.sha256).digest()
 
     def mint(self, session_id: str, scope: Scope, ttl_s: int, now: float) -> tuple[str, int]:
         """``(token, expires_at)``; ``expires_at`` in whole seconds since the epoch."""
+        import jwt  # PyJWT, imported when a daemon first needs it
+
         expires_at = int(now) + ttl_s
-        body = {"s": session_id, "c": scope, "e": expires_at, "n": secrets.token_hex(8)}
-        payload = _b64(json.dumps(body, separators=(",", ":")).encode())
-        return f"{PREFIX}{payload}.{self._sign(payload)}", expires_at
+        claims = {
+            "sub": session_id,
+            "scope": scope,
+            "aud": AUDIENCE,
+            "iat": int(now),
+            "exp": expires_at,
+            "jti": secrets.token_hex(8),
+        }
+        return jwt.encode(claims, self._key, algorithm=ALGORITHM), expires_at
 
     def verify(self, token: str, now: float) -> Claim:
         """The claim of a genuine, unexpired token; ``TokenRejected`` otherwise."""
-        if not is_scoped(token):
-            raise TokenRejected("not a scoped token")
-        payload, sep, signature = token[len(PREFIX) :].partition(".")
-        if not sep or not hmac.compare_digest(
-            signature.encode("utf-8", "replace"), self._sign(payload).encode()
-        ):
-            raise TokenRejected("the token's signature is wrong (forged, or the key was rotated)")
+        import jwt
+
+        if token.startswith(OLD_PREFIX):
+            raise TokenRejected(
+                "this is a token of the old pdt1 format, which is no longer accepted: "
+                "mint a new one (POST /v1/sessions/{session_id}/tokens)"
+            )
         try:
-            body = json.loads(_unb64(payload))
-            claim = Claim(str(body["s"]), SCOPES[body["c"]], int(body["e"]))
-        except (ValueError, KeyError, TypeError, binascii.Error):
-            raise TokenRejected("the token's payload is malformed") from None
-        if now >= claim.expires_at:
+            # Expiry is checked below against ``now``, so one clock decides everywhere.
+            body: dict[str, Any] = jwt.decode(
+                token,
+                self._key,
+                algorithms=[ALGORITHM],
+                audience=AUDIENCE,
+                options={"require": ["sub", "scope", "exp", "aud"], "verify_exp": False},
+            )
+        except jwt.InvalidSignatureError:
+            raise TokenRejected(
+                "the token's signature is wrong (forged, or the key was rotated)"
+            ) from None
+        except jwt.InvalidTokenError as exc:
+            raise TokenRejected(f"the token is malformed: {exc}") from None
+        scope = SCOPES.get(body["scope"]) if isinstance(body["scope"], str) else None
+        expires_at = body["exp"]
+        if (
+            scope is None
+            or not isinstance(body["sub"], str)
+            or isinstance(expires_at, bool)
+            or not isinstance(expires_at, int)
+        ):
+            raise TokenRejected("the token's claims are malformed")
+        if now >= expires_at:
             raise TokenRejected("the token has expired")
-        return claim
+        return Claim(body["sub"], scope, expires_at)
 
 
 def resolve_token_key(

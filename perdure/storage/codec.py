@@ -34,6 +34,7 @@ from typing import Any, Final
 import cattrs
 from cattrs.strategies import configure_tagged_union
 
+from perdure.storage.errors import CorruptRecord as CorruptRecord  # defined with the log's errors
 from perdure.storage.records import (
     RECORD_TYPES,
     RECORD_VERSIONS,
@@ -45,15 +46,6 @@ from perdure.storage.records import (
 
 FRAME_FORMAT: Final = 1
 _HEADER: Final = 5
-
-
-class CorruptRecord(Exception):
-    """A stored record could not be decoded; nothing was guessed or skipped."""
-
-    def __init__(self, seq: int, reason: str) -> None:
-        super().__init__(f"record {seq} is damaged or unreadable: {reason}")
-        self.seq = seq
-        self.reason = reason
 
 
 _EXACT_FLOAT_INT: Final = 2**53  # every int up to this is exactly a float

@@ -58,6 +58,19 @@ class CommitUnknown(LogUnavailable):
     """
 
 
+class LogFormatError(LogError):
+    """The log was written in a layout this build does not read (a newer perdure's)."""
+
+    def __init__(self, path: str, layout: bytes, expected: bytes) -> None:
+        shown = layout.decode(errors="replace")
+        super().__init__(
+            f"the log was written by a newer perdure (layout {shown}; this one reads "
+            f"layout {expected.decode()})"
+        )
+        self.path = path
+        self.layout = layout
+
+
 class StorageFull(LogError):
     """The disk (or the map, beyond its limit) is full; the commit did not happen."""
 
@@ -83,3 +96,12 @@ class StaleGoal(LogError):
         )
         self.expected = expected
         self.found = found
+
+
+class CorruptRecord(Exception):
+    """A stored record could not be decoded; nothing was guessed or skipped."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"record {seq} is damaged or unreadable: {reason}")
+        self.seq = seq
+        self.reason = reason

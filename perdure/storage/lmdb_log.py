@@ -53,6 +53,7 @@ from perdure.storage.errors import (
     LogBusy,
     LogError,
     LogFenced,
+    LogFormatError,
     SessionBusy,
     StaleGoal,
     StorageFull,
@@ -233,21 +234,7 @@ class LmdbLog(SingleOwner):
             self._lock = _OwnerLock(self.path / "owner.lock")
             self._lock.acquire(takeover=takeover)
         try:
-            self.env = lmdb.open(
-                str(self.path),
-                map_size=map_size,
-                max_dbs=8,
-                subdir=True,
-                readonly=readonly,
-                # full: fsync data and meta page on every commit. fast: one fsync per
-                # commit, meta page flushed later; a power loss may undo the last commits
-                # but never breaks atomicity. A killed process loses nothing either way.
-                sync=True,
-                metasync=durability == "full",
-                writemap=False,
-                lock=True,
-                max_readers=512,
-            )
+            self.env = self._open_env(map_size, lock=True)
             # A crashed owner leaves reader slots behind; they would pin old pages.
             if not readonly:
                 self.env.reader_check()
@@ -265,6 +252,11 @@ class LmdbLog(SingleOwner):
                 ) from None
             if txn is not None:
                 txn.commit()
+            if readonly:
+                with self.env.begin() as read:
+                    layout = read.get(b"format", db=self._meta)
+                if layout is not None and layout != LAYOUT_VERSION:
+                    raise LogFormatError(str(self.path), layout, LAYOUT_VERSION)
             self._next_seq = self._read_last_seq() + 1
             if not readonly:
                 self._claim()
@@ -279,7 +271,7 @@ class LmdbLog(SingleOwner):
         with self.env.begin(write=True) as txn:
             layout = txn.get(b"format", db=self._meta)
             if layout is not None and layout != LAYOUT_VERSION:
-                raise LogError(f"the log at {self.path} has layout {layout!r}; expected 1")
+                raise LogFormatError(str(self.path), layout, LAYOUT_VERSION)
             txn.put(b"format", LAYOUT_VERSION, db=self._meta)
             raw = txn.get(_EPOCH, db=self._meta)
             self.epoch = (int(raw) if raw else 0) + 1
@@ -294,6 +286,34 @@ class LmdbLog(SingleOwner):
         self._lock.write_owner(
             {"pid": os.getpid(), "host": socket.gethostname(), "epoch": self.epoch}
         )
+
+    def _open_env(self, map_size: int, *, lock: bool) -> lmdb.Environment:
+        try:
+            return lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=8,
+                subdir=True,
+                readonly=self.readonly,
+                # full: fsync data and meta page on every commit. fast: one fsync per
+                # commit, meta page flushed later; a power loss may undo the last commits
+                # but never breaks atomicity. A killed process loses nothing either way.
+                sync=True,
+                metasync=self.durability == "full",
+                writemap=False,
+                lock=lock,
+                max_readers=512,
+            )
+        except lmdb.Error as exc:
+            # A reader that may not write the lock file (a read-only copy, another
+            # user's log) reads without LMDB's reader table, as LMDB itself does on a
+            # read-only file system. No process of ours can be writing such a log;
+            # another user's writer could reuse pages under the read, which the
+            # frames' checksums would then report.
+            denied = any(str(exc).endswith(os.strerror(c)) for c in (errno.EACCES, errno.EPERM))
+            if self.readonly and lock and denied:
+                return self._open_env(map_size, lock=False)
+            raise
 
     def close(self) -> None:
         env = getattr(self, "env", None)
@@ -652,7 +672,7 @@ def _is_disk_full(exc: lmdb.Error, path: Path) -> bool:
     case. So EIO counts as full when the filesystem has (almost) no space left.
     """
     code = getattr(exc, "code", None)
-    if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return True
     if code == errno.EIO:
         try:

@@ -1,12 +1,15 @@
 """The tool contract: what a tool declares, and what the runtime hands it.
 
-A tool is an async function wrapped by ``@tool``. It declares whether it may be
-replayed after a crash (``ReplayPolicy``), whether a human must approve each call,
-a timeout, and optionally a ``reconcile`` function that tells recovery whether an
-interrupted call really took effect. The runtime passes a ``ToolContext`` carrying
-an idempotency key that is stable across restarts and re-runs of the same call.
+A tool is a function wrapped by ``@tool``: an ``async def`` runs on the runtime's
+loop, a plain ``def`` in a worker thread; its parameters, their JSON schema and the
+check of a model's arguments come from pydantic (``perdure.tools.params``). It
+declares whether it may be replayed after a crash (``ReplayPolicy``), whether a
+human must approve each call, a timeout, and optionally a ``reconcile`` function
+that tells recovery whether an interrupted call really took effect. The runtime
+passes a ``ToolContext`` carrying an idempotency key that is stable across restarts
+and re-runs of the same call.
 
-When a call fails, the tool says how (see "When tools fail" in the README): a
+When a call fails, the tool says how (see "When tools fail" in docs/TOOLS.md): a
 transient failure (``RetryableError``, or an exception its ``RetryPolicy`` lists)
 is retried with back-off, for SAFE and KEYED tools only; a failure that needs a
 person (``NeedsHuman``) waits durably for ``rt.resolve``; a long tool reports
@@ -28,12 +31,22 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
-import attrs
-import cattrs
+import pydantic_core
+import trio
 from attrs import field, frozen
 
 from perdure.backoff import Backoff
-from perdure.tools.schema import JsonSchema, object_schema, validate
+from perdure.tools.params import (
+    JsonSchema,
+    Parameters,
+    ResultNotSerializable,
+    ToolDefinitionError,
+    check_name,
+    describe,
+    render,
+)
+
+__all__ = ["ResultNotSerializable", "ToolDefinitionError"]  # re-exported for users
 
 
 class ReplayPolicy(enum.Enum):
@@ -68,6 +81,8 @@ class ToolContext:
     _agents: Callable[[str, str | None, list[str] | None], Awaitable[str]] | None = field(
         default=None, alias="agents", repr=False
     )
+    # The runtime's bound on the worker threads of plain ``def`` tools (None: trio's default).
+    _threads: trio.CapacityLimiter | None = field(default=None, alias="threads", repr=False)
 
     async def run_agent(
         self, task: str, *, system: str | None = None, tools: Iterable[str] | None = None
@@ -262,12 +277,10 @@ class ToolResult:
     terminate: bool = False  # the run finishes with this result; nothing more is dispatched
 
 
-ToolFn = Callable[..., Awaitable[Any]]
+ToolFn = Callable[..., Awaitable[Any]] | Callable[..., Any]
 ReconcileFn = Callable[..., Awaitable[Reconciled]]
 ForgetFn = Callable[..., Awaitable[None]]
 F = TypeVar("F", bound=ToolFn)
-
-_args_converter = cattrs.Converter()
 
 
 @frozen(kw_only=True, eq=False)
@@ -300,6 +313,9 @@ class Tool:
     check_args: Callable[[dict[str, Any]], list[str]] | None = None
     # Why the tool has its replay policy (recorded in every ToolExecuting of its calls).
     policy_reason: str = ""
+    # The pydantic description of the parameters (None for a tool that brings its own
+    # schema and check_args, e.g. an MCP tool: its arguments are passed as they are).
+    parameters: Parameters | None = None
 
     def __attrs_post_init__(self) -> None:
         # Here rather than in @tool, so that attrs.evolve(a_tool, retry=...) is held to it too.
@@ -313,7 +329,9 @@ class Tool:
             return [f"the arguments must be a JSON object, got {type(args).__name__}"]
         if self.check_args is not None:
             return self.check_args(args)
-        return validate(self.input_schema, args)
+        if self.parameters is not None:
+            return self.parameters.problems(args)
+        return []
 
     def needs_approval(self, args: dict[str, Any]) -> bool:
         """Whether this call waits for a human. A callable policy decides per call.
@@ -337,18 +355,34 @@ class Tool:
         return out
 
     def structure_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {
-            name: _args_converter.structure(value, self.param_types[name])
-            if name in self.param_types
-            else value
-            for name, value in args.items()
-        }
+        """The values the function receives: converted by pydantic (a model instance for
+        a model parameter, a datetime for a datetime...), or as they are for a tool
+        without ``parameters``."""
+        if self.parameters is None:
+            return dict(args)
+        return self.parameters.convert(args)
 
     async def invoke(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
+        """Run the function once: an ``async def`` on this loop, a plain ``def`` in a
+        worker thread of the runtime's limiter.
+
+        A cancelled wait (a timeout, a cancel) leaves the thread to finish on its own:
+        a thread cannot be stopped, and it is never started again for the same attempt.
+        """
         kwargs = self.structure_args(args)
-        if self.takes_context:
-            return await self.fn(ctx, **kwargs)
-        return await self.fn(**kwargs)
+        call = functools.partial(self.fn, ctx, **kwargs) if self.takes_context else None
+        call = call or functools.partial(self.fn, **kwargs)
+        if inspect.iscoroutinefunction(self.fn):
+            return await call()
+        return await trio.to_thread.run_sync(call, limiter=ctx._threads, abandon_on_cancel=True)
+
+    def render(self, value: Any) -> str:
+        """What the model reads of a value this tool returned (``params.render``).
+
+        Raises ``ResultNotSerializable`` (naming the tool and the type) for a value
+        pydantic cannot serialize.
+        """
+        return render(self.name, value)
 
     async def run_reconcile(self, ctx: ToolContext, args: dict[str, Any]) -> Reconciled:
         assert self.reconcile is not None
@@ -359,7 +393,8 @@ class Tool:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (handy in unit tests)."""
-        return await self.fn(*args, **kwargs)
+        result = self.fn(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
 
 
 @functools.lru_cache(maxsize=4096)
@@ -403,32 +438,28 @@ def _build(
     needs_human_on: tuple[type[Exception], ...],
     version: str,
 ) -> Tool:
-    if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"@tool needs an async function; {fn.__qualname__} is not")
+    if not callable(fn) or isinstance(fn, Tool):
+        raise TypeError(f"@tool needs a function, not {fn!r}")
+    tool_name = name if name is not None else fn.__name__
+    check_name(tool_name)
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: a generator cannot be a tool; return the whole result"
+        )
     if not isinstance(replay, ReplayPolicy):
-        raise TypeError(f"replay must be a ReplayPolicy, not {replay!r}")
+        raise TypeError(f"tool {tool_name!r}: replay must be a ReplayPolicy, not {replay!r}")
     if forget is not None and not inspect.iscoroutinefunction(forget):
-        raise TypeError(f"tool {fn.__qualname__}: forget must be an async function")
-    hints = typing.get_type_hints(fn, include_extras=True)
-    params = list(inspect.signature(fn).parameters.values())
-    takes_context = bool(params) and hints.get(params[0].name) is ToolContext
-    if takes_context:
-        params = params[1:]
-    fields: dict[str, tuple[Any, bool]] = {}
-    param_types: dict[str, Any] = {}
-    for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"tool {fn.__qualname__}: *args/**kwargs cannot be described")
-        if p.name not in hints:
-            raise TypeError(f"tool {fn.__qualname__}: parameter {p.name!r} needs a type hint")
-        fields[p.name] = (hints[p.name], p.default is inspect.Parameter.empty)
-        param_types[p.name] = _strip_annotated(hints[p.name])
-    tool_name = name or fn.__name__
+        raise TypeError(f"tool {tool_name!r}: forget must be an async function")
+    first = next(iter(inspect.signature(fn).parameters.values()), None)
+    takes_context = first is not None and _hint_of(fn, first.name) is ToolContext
     # Checked before the timeout is made a float below (float("5") or float(True) would
     # let a wrong value through); the Tool checks again, for attrs.evolve.
     _check_failure_options(tool_name, replay, retry, heartbeat_timeout, needs_human_on)
-    schema = object_schema(fields)
-    desc = description if description is not None else _first_line_and_rest(fn.__doc__)
+    summary, parameters = describe(tool_name, fn, skip_first=takes_context)
+    schema = parameters.schema
+    hints = typing.get_type_hints(fn, include_extras=True)
+    param_types = {p: _strip_annotated(hints[p]) for p in parameters.names}
+    desc = description if description is not None else summary
     definition = {
         "name": tool_name,
         "description": desc,
@@ -459,7 +490,16 @@ def _build(
         takes_context=takes_context,
         param_types=param_types,
         definition_hash=digest,
+        parameters=parameters,
     )
+
+
+def _hint_of(fn: Callable[..., Any], name: str) -> Any:
+    try:
+        hint = typing.get_type_hints(fn).get(name)
+    except Exception:  # reported, naming the parameter, by describe()
+        return None
+    return hint
 
 
 def _check_failure_options(
@@ -616,17 +656,14 @@ def tool(
 
 
 def render_result(value: Any) -> str:
-    """The text the model sees for a tool's return value."""
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    if attrs.has(type(value)):
-        value = attrs.asdict(value)
+    """The text the model reads for a result a person gave (``rt.resolve`` with
+    ``action="skip"``): the rule of tools' results (``params.render``), except that a
+    value pydantic cannot serialize is shown as its ``str`` rather than refused (a
+    person's answer must reach the model)."""
     try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
+        return render("", value)
+    except ResultNotSerializable:
+        return json.dumps(pydantic_core.to_jsonable_python(value, fallback=str), ensure_ascii=False)
 
 
 def registry(tools: typing.Iterable[Tool]) -> dict[str, Tool]:

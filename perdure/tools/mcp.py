@@ -302,7 +302,7 @@ def policy_for(
     override: Mapping[str, Any] | None = None,
     default_timeout: float | None = None,
 ) -> Policy:
-    """The policy table of the README's "MCP servers" section, row by row."""
+    """The policy table of docs/MCP.md, row by row."""
     hints = annotations or mt.ToolAnnotations()
     # The spec's defaults: not read-only, destructive, not idempotent.
     read_only = bool(hints.read_only_hint) if hints.read_only_hint is not None else False

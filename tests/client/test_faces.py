@@ -132,6 +132,7 @@ ONLY_IN_PROCESS = {
     "session_info": "the clients' sessions() lists the same summaries",
     "load_state": "a fold of the log is a process's object; the clients read state()",
     "restarts": "the log's system records are read where the log is",
+    "stream_stats": "the daemon's /metrics serves them",
     "children": "the daemon streams sub-agents' events; their ids are in the heartbeats",
     "prune": "retention is run where the log is (perdure prune)",
     "export_session": "retention is run where the log is (perdure export)",

@@ -52,10 +52,10 @@ async def test_dispatch_prepared_under_an_old_revision_is_refused(log_dir: Path)
         first, _ = decide.command(snapshot, env, protocol.Approve("toolu_001_1", True, "late"))
         step = decide.settle(snapshot, env, protocol.View(), first)
         assert any(isinstance(r, ToolExecuting) for r in step.records)
-        before = len(await rt.journal.read_session(sid))
+        before = len(await rt._journal.read_session(sid))
         with pytest.raises(StaleGoal, match="revision 1 is in force"):
-            await rt.journal.append(step.records, guard=Guard(sid, 0))
-        after = await rt.journal.read_session(sid)
+            await rt._journal.append(step.records, guard=Guard(sid, 0))
+        after = await rt._journal.read_session(sid)
         assert len(after) == before, "a refused append wrote something"
         assert not any(isinstance(c.record, ToolExecuting) for c in after)
 
@@ -101,6 +101,6 @@ async def test_an_actor_holding_an_old_revision_cannot_dispatch(log_dir: Path) -
                 await message.reply.wait()
             assert zombie.state.goal_rev == 1, "the refused actor re-read the log"
             nursery.cancel_scope.cancel()
-        log = await rt.journal.read_session(sid)
+        log = await rt._journal.read_session(sid)
         assert not any(isinstance(c.record, ToolExecuting) for c in log)
         assert DEPLOYED == [], "the old goal's action never ran"

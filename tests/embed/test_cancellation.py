@@ -41,9 +41,12 @@ def watched(
     return call
 
 
+WAIT = 10.0  # seconds for the trio side's note (tests/mutation waits less)
+
+
 async def noted(event: threading.Event) -> bool:
     """Wait (without blocking the asyncio loop, which may host trio) for ``event``."""
-    return await asyncio.to_thread(event.wait, 10)
+    return await asyncio.to_thread(event.wait, WAIT)
 
 
 @pytest.mark.parametrize("mode", MODES)

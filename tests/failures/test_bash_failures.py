@@ -72,7 +72,7 @@ async def test_the_runtime_hands_a_retryable_bash_failure_to_the_model_without_r
         await rt.submit(SESSION, "go", request_id="r1")
         with trio.fail_after(30):
             outcome = await rt.wait_idle(SESSION)
-        log = [c.record for c in await rt.journal.read_session(SESSION)]
+        log = [c.record for c in await rt._journal.read_session(SESSION)]
     assert outcome is not None and outcome.status == "completed"
     assert len([r for r in log if isinstance(r, ToolExecuting)]) == 1, "bash is NEVER"
     assert not [r for r in log if isinstance(r, ToolRetryPending)]

@@ -79,7 +79,7 @@ async def run(
             await during(rt)
         with trio.fail_after(60):
             outcome = await rt.wait_idle(SESSION)
-        return list(await rt.journal.read_session(SESSION)), outcome
+        return list(await rt._journal.read_session(SESSION)), outcome
 
 
 # -- retries --------------------------------------------------------------------------------
@@ -399,7 +399,7 @@ async def test_a_call_waiting_for_a_person_is_still_waiting_after_a_restart(
         await rt.resolve(SESSION, waiting.call_id, action="retry")
         with trio.fail_after(30):
             outcome = await rt.wait_idle(SESSION)
-        log = list(await rt.journal.read_session(SESSION))
+        log = list(await rt._journal.read_session(SESSION))
     assert outcome is not None and outcome.status == "completed"
     decisions = [d for d in of(RecoveryDecision, log) if "awaiting a person" in d.found]
     assert decisions and decisions[0].action == "keep waiting"

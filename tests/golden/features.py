@@ -208,7 +208,7 @@ async def _run(log: Path, a: fa.FakeAnthropic, o: fo.FakeOpenAI) -> None:
         # Both providers failed; wait for the second, long back-off to be recorded.
         with trio.fail_after(60):
             while True:
-                stored = await rt.journal.read_session("model-back-off")
+                stored = await rt._journal.read_session("model-back-off")
                 if sum(type(c.record).__name__ == "RetryPending" for c in stored) >= 2:
                     break
                 await trio.sleep(0.01)

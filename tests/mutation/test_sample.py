@@ -2,7 +2,7 @@
 
 The whole campaign (``mutmut run``, docs/RELIABILITY.md) takes too long for CI. This
 test keeps its most important findings from regressing: each row below is a change
-of the core that once passed every test (the audit of issue 14 found them), rebuilt
+of the core that once passed every test (an audit of the tests found them), rebuilt
 here by editing one line of the function's source, and the test that now guards the
 promise must fail against it. A row whose line no longer exists fails too, so a
 rewrite of the core has to carry its sample along.
@@ -24,6 +24,7 @@ import pytest
 
 from perdure.actors import decide
 from perdure.storage.records import ToolOutcomeUnknown
+from perdure.tools import params
 from tests.core import (
     test_commands,
     test_decide,
@@ -31,6 +32,7 @@ from tests.core import (
     test_held_and_gathered,
     test_session_control,
 )
+from tests.tools import test_params
 
 DOORS = ("verbs", "advancing", "recovery", "results", "commands", "forks", "settling")
 
@@ -143,3 +145,44 @@ def test_every_equivalent_mutant_is_named_with_its_reason() -> None:
     for name, why in reasons.items():
         assert name.startswith(prefixes), f"{name} names no file of the campaign"
         assert "__mutmut_" in name and len(why) > 20, name
+
+
+# -- the tools' parameters (perdure.tools.params) -----------------------------------------------
+
+TOOL_SAMPLE: list[tuple[str, str, str, Callable[[], None]]] = [
+    (  # the model's arguments not validated: a wrong call would be executed
+        "problems",
+        "self.model.model_validate(args)",
+        "pass",
+        test_decide.test_unknown_tool_and_invalid_arguments_become_error_results_not_crashes,
+    ),
+    (  # the tool handed the model's JSON instead of converted values
+        "convert",
+        "alias: getattr(validated, field)",
+        "alias: args[alias]",
+        test_params.test_a_signature_gives_the_schema_the_description_and_the_conversion,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "replacement", "guard"), TOOL_SAMPLE, ids=[row[0] for row in TOOL_SAMPLE]
+)
+def test_the_guard_of_each_sampled_tool_promise_kills_its_mutant(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    line: str,
+    replacement: str,
+    guard: Callable[[], None],
+) -> None:
+    guard()  # the guard passes on the real code
+    source = textwrap.dedent(inspect.getsource(getattr(params.Parameters, name)))
+    assert source.count(line) == 1, f"Parameters.{name} no longer contains {line!r}"
+    namespace = dict(vars(params))
+    flags = __future__.annotations.compiler_flag
+    exec(
+        compile(source.replace(line, replacement), params.__file__, "exec", flags=flags), namespace
+    )
+    monkeypatch.setattr(params.Parameters, name, namespace[name])
+    with pytest.raises(AssertionError):
+        guard()

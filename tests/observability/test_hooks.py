@@ -41,7 +41,7 @@ async def test_a_failing_observer_is_logged_and_the_run_completes(
             sid = await rt.create_session("s1")
             await rt.submit(sid, "go")
             outcome = await rt.wait_idle(sid)
-            seqs = [c.seq for c in await rt.journal.read_session(sid)]
+            seqs = [c.seq for c in await rt._journal.read_session(sid)]
     assert outcome is not None
     assert outcome.status == "completed"
     # It saw every record of the session's actor, each once it was durable.

@@ -58,7 +58,7 @@ def writers(url: str) -> list[tuple[str, str]]:
 
 async def finished(rt: Any, sessions: list[str]) -> bool:
     for sid in sessions:
-        records = await rt.journal.read_session(sid)
+        records = await rt._journal.read_session(sid)
         if not any(
             isinstance(c.record, RunFinished) and c.record.status == "completed" for c in records
         ):

@@ -33,7 +33,7 @@ async def test_delete_a_finished_session_on_postgres(pg_url: str) -> None:
         await rt.submit("old", "go", request_id="r1")
         with trio.fail_after(20):
             await rt.wait_idle("old")
-        records = len(await rt.journal.read_session("old"))
+        records = len(await rt._journal.read_session("old"))
         GATE["lookup"] = trio.Event()
         await rt.create_session("busy")
         await rt.submit("busy", "go", request_id="r1")
@@ -42,7 +42,7 @@ async def test_delete_a_finished_session_on_postgres(pg_url: str) -> None:
         assert info.value.code == "busy"
         assert await rt.delete_session("old") == records
         assert await rt.session_info("old") is None
-        assert await rt.journal.read_session("old") == []
+        assert await rt._journal.read_session("old") == []
         GATE["lookup"].set()
         with trio.fail_after(20):
             await rt.wait_idle("busy")
@@ -60,7 +60,7 @@ async def test_fork_and_export_import_on_postgres(pg_url: str) -> None:
         await rt.submit("src", "go", request_id="r1")
         with trio.fail_after(20):
             await rt.wait_idle("src")
-        history = await rt.journal.read_session("src")
+        history = await rt._journal.read_session("src")
         turn_end = next(c.seq for c in history if type(c.record).__name__ == "ToolCompleted")
         forked = await rt.fork("src", at=turn_end, session_id="alt", request_id="f1")
         with trio.fail_after(20):
@@ -69,7 +69,7 @@ async def test_fork_and_export_import_on_postgres(pg_url: str) -> None:
         lines = await rt.export_session("src")
         await rt.delete_session("src")
         assert await rt.import_session(lines) == "src"
-        assert [c.record for c in await rt.journal.read_session("src")] == [
+        assert [c.record for c in await rt._journal.read_session("src")] == [
             c.record for c in history
         ]
     report = check_log(pg_url)

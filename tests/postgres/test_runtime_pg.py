@@ -93,7 +93,7 @@ async def test_events_follow_a_session_run_by_another_node(pg_url: str) -> None:
             await a.submit(sid, "go", request_id="r1")
             with trio.fail_after(20):
                 await a.wait_idle(sid)
-        in_log = await a.journal.read_session(sid)
+        in_log = await a._journal.read_session(sid)
         assert [e.seq for e in seen] == [c.seq for c in in_log]
         assert [e.record for e in seen] == [c.record for c in in_log]
 

@@ -78,7 +78,7 @@ async def ask(rt: Runtime, text: str, *, system: str | None = None) -> tuple[str
 
 
 async def records(rt: Runtime, sid: str) -> list[Record]:
-    return [c.record for c in await rt.journal.read_session(sid)]
+    return [c.record for c in await rt._journal.read_session(sid)]
 
 
 def of(kind: type, items: Sequence[Record]) -> list[Any]:

@@ -171,7 +171,7 @@ async def test_primary_overloaded_the_secondary_answers_and_it_is_recorded(
     fake_oa.script(fo.Reply(content=[fo.Text("Answered by the secondary.")]))
     async with runtime(log_dir, chain, retry_base=0.05) as rt:
         sid, outcome = await ask(rt, "Anyone there?")
-        stored = await rt.journal.read_session(sid)
+        stored = await rt._journal.read_session(sid)
     committed = [c.record for c in stored]
     assert outcome.status == "completed"
     assert outcome.final_text == "Answered by the secondary."

@@ -160,6 +160,7 @@ async def test_parallel_tool_calls(
                     "name": "add",
                     "description": "Add two integers.",
                     "parameters": {"type": "object", "properties": {}},
+                    "strict": False,  # an open object: not strict
                 },
             }
         ]

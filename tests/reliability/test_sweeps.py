@@ -1,4 +1,4 @@
-"""CI-sized crash sweeps over every reference workload (issue: proof of crash safety).
+"""CI-sized crash sweeps over every reference workload: the proof of crash safety.
 
 Every commit point of each single-session workload on LMDB (30 sampled points, plus
 the first and the last, of the 20-session one), every ``tool.before``/``tool.after``

@@ -63,7 +63,7 @@ async def test_a_sub_agent_answers_the_parent_call(log_dir: Path) -> None:
         with trio.fail_after(20):
             outcome = await rt.wait_idle("p")
         assert outcome is not None and outcome.final_text == "the parent's answer"
-        parent = await rt.journal.read_session("p")
+        parent = await rt._journal.read_session("p")
         (result,) = [c.record for c in parent if isinstance(c.record, ToolCompleted)]
         assert result.output == "Lisbon"
         # The parent's log links its call to the child (a typed record, not a heartbeat).
@@ -71,7 +71,7 @@ async def test_a_sub_agent_answers_the_parent_call(log_dir: Path) -> None:
         assert link.call_id == result.call_id
         child = link.child
         assert child.startswith("p.agent-")
-        first, task = (await rt.journal.read_session(child))[:2]
+        first, task = (await rt._journal.read_session(child))[:2]
         created = first.record
         assert isinstance(created, SessionCreated)
         # Created with its task in one commit: a child never exists without it, so a
@@ -134,7 +134,7 @@ async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
                         seqs.setdefault((event.session_id, event.kind), event.seq)
                     if event.session_id == "p" and event.kind == "RunFinished":
                         break
-        records = [c.record for c in await rt.journal.read_session("p")]
+        records = [c.record for c in await rt._journal.read_session("p")]
         (link,) = [r for r in records if isinstance(r, AgentStarted)]
         child = link.child
         assert (child, "SessionCreated") in seen and (child, "RunFinished") in seen
@@ -168,7 +168,7 @@ async def test_a_sub_agent_cannot_use_a_tool_it_was_not_given(log_dir: Path) -> 
         (child,) = children
         (refused,) = [
             c.record
-            for c in await rt.journal.read_session(child)
+            for c in await rt._journal.read_session(child)
             if isinstance(c.record, ToolCompleted)
         ]
         assert refused.kind == "unknown_tool" and "available: lookup" in refused.output

@@ -63,12 +63,12 @@ def script(*uses: ToolUse) -> ScriptedProvider:
 
 
 async def record_kinds(rt: perdure.Runtime) -> list[str]:
-    return [type(c.record).__name__ for c in await rt.journal.read_session(SID)]
+    return [type(c.record).__name__ for c in await rt._journal.read_session(SID)]
 
 
 async def wait_for(rt: perdure.Runtime, kind: type, count: int = 1) -> None:
     with trio.fail_after(900):
-        while sum(isinstance(c.record, kind) for c in await rt.journal.read_session(SID)) < count:  # noqa: ASYNC110
+        while sum(isinstance(c.record, kind) for c in await rt._journal.read_session(SID)) < count:  # noqa: ASYNC110
             await trio.sleep(0.05)
 
 
@@ -99,7 +99,7 @@ async def test_the_step_finishes_then_the_actor_stops_and_the_next_one_starts_cl
         # Its next use (here: the same node, as the lease is trivial) recovers it.
         with trio.fail_after(60):
             await rt.wait_idle(SID)
-        records = [c.record for c in await rt.journal.read_session(SID)]
+        records = [c.record for c in await rt._journal.read_session(SID)]
         (decision,) = [r for r in records if isinstance(r, RecoveryDecision)]
         assert decision.reason == "nothing was in flight"
         finished = [r for r in records if isinstance(r, RunFinished)]
@@ -129,7 +129,7 @@ async def test_a_back_off_stops_at_once_and_the_next_actor_waits_out_the_rest(
         assert not_before is not None
         with trio.fail_after(900):
             await rt.wait_idle(SID)
-        records = [c for c in await rt.journal.read_session(SID)]
+        records = [c for c in await rt._journal.read_session(SID)]
         second = [
             c.record
             for c in records
@@ -157,7 +157,7 @@ async def test_no_safe_point_before_the_deadline_the_session_stays_and_goes_on(
         with trio.fail_after(30):
             outcome = await rt.wait_idle(SID)
         assert outcome is not None and outcome.status == "completed"
-        records = [c.record for c in await rt.journal.read_session(SID)]
+        records = [c.record for c in await rt._journal.read_session(SID)]
         assert not [r for r in records if isinstance(r, RecoveryDecision)], "it never stopped"
         done = next(i for i, r in enumerate(records) if isinstance(r, ToolCompleted))
         assert isinstance(records[done + 1], GenerationStarted), "its next turn began here"

@@ -52,13 +52,13 @@ async def lookup(ctx: ToolContext, query: str) -> str:
 def count_reads(rt: perdure.Runtime) -> list[str]:
     """Record every session whose records the runtime reads from the log from now on."""
     reads: list[str] = []
-    real = rt.journal.read_session
+    real = rt._journal.read_session
 
     async def reading(session_id: str, *args: Any, **kwargs: Any) -> Any:
         reads.append(session_id)
         return await real(session_id, *args, **kwargs)
 
-    rt.journal.read_session = reading  # type: ignore[method-assign]
+    rt._journal.read_session = reading  # type: ignore[method-assign]
     return reads
 
 

@@ -47,7 +47,7 @@ async def test_an_unreachable_log_is_waited_out(where: Where, clock: MockClock) 
     async with perdure.open_runtime(
         where.open(), provider=script, tools=[lookup], **where.options()
     ) as rt:
-        log: Any = rt.journal.log
+        log: Any = rt._journal.log
         real_commit, real_read = log.commit, log.read_session
         failed_reads = 0
         broke = trio.Event()
@@ -100,7 +100,7 @@ async def test_an_actor_that_keeps_crashing_is_still_parked(where: Where, clock:
         where.open(), provider=script, tools=[lookup], **where.options()
     ) as rt:
         await rt.create_session("s")
-        log: Any = rt.journal.log
+        log: Any = rt._journal.log
         real_read = log.read_session
 
         def read_session(session_id: str, *args: Any, **kw: Any) -> Any:
@@ -126,7 +126,7 @@ async def test_callers_hear_of_an_outage_at_once(where: Where, clock: MockClock)
         await rt.submit("evicted", "go", request_id="r1")
         with trio.fail_after(10):
             await rt.wait_idle("evicted")
-        log: Any = rt.journal.log
+        log: Any = rt._journal.log
         real_read = log.read_session
         down = True
 

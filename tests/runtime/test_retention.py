@@ -57,7 +57,7 @@ async def test_delete_a_finished_session_and_refuse_a_busy_one(log_dir: Path) ->
     GATE.clear()
     async with perdure.open_runtime(log_dir, provider=script(), tools=[lookup]) as rt:
         await finished(rt, "old")
-        before = len(await rt.journal.read_session("old"))
+        before = len(await rt._journal.read_session("old"))
         GATE["lookup"] = trio.Event()
         await rt.create_session("busy")
         await rt.submit("busy", "go", request_id="r1")
@@ -87,7 +87,7 @@ async def test_delete_a_finished_session_and_refuse_a_busy_one(log_dir: Path) ->
             await rt.wait_idle("busy")
         markers = [c.record for c in await rt.restarts()]
         assert markers  # system records are still readable
-        system = await trio.to_thread.run_sync(rt.journal.log.read_system)
+        system = await trio.to_thread.run_sync(rt._journal.log.read_system)
         deleted = [c.record for c in system if isinstance(c.record, SessionDeleted)]
         assert [(d.deleted, d.records) for d in deleted] == [("old", before)]
     sound(log_dir)
@@ -101,7 +101,7 @@ async def test_prune_export_import_and_compact(tmp_path: Path) -> None:
             await finished(rt, sid)
         exported = await rt.export_session("b")
         transcript = await rt.transcript("b")
-        original = [c.record for c in await rt.journal.read_session("b")]
+        original = [c.record for c in await rt._journal.read_session("b")]
         cutoff = time.time() + 1
         dry, kept = await rt.prune(cutoff, dry_run=True)
         assert sorted(p.session_id for p in dry) == ["a", "b", "c"] and not kept
@@ -117,7 +117,7 @@ async def test_prune_export_import_and_compact(tmp_path: Path) -> None:
 
     async with perdure.open_runtime(other, provider=script(), tools=[lookup]) as rt:
         assert await rt.import_session(exported) == "b"
-        assert [c.record for c in await rt.journal.read_session("b")] == original
+        assert [c.record for c in await rt._journal.read_session("b")] == original
         assert await rt.transcript("b") == transcript
         with pytest.raises(perdure.Refused) as info:
             await rt.import_session(exported)

@@ -56,7 +56,7 @@ def sound(log_dir: Path) -> None:
 
 
 async def records(rt: perdure.Runtime, sid: str, kind: type) -> list[object]:
-    return [c.record for c in await rt.journal.read_session(sid) if isinstance(c.record, kind)]
+    return [c.record for c in await rt._journal.read_session(sid) if isinstance(c.record, kind)]
 
 
 async def test_a_fork_copies_a_settled_prefix_and_leaves_the_source_alone(log_dir: Path) -> None:
@@ -75,11 +75,11 @@ async def test_a_fork_copies_a_settled_prefix_and_leaves_the_source_alone(log_di
         await rt.submit("src", "two", request_id="r2")
         with trio.fail_after(10):
             await rt.wait_idle("src")
-        before = await rt.journal.read_session("src")
+        before = await rt._journal.read_session("src")
 
         forked = await rt.fork("src", at="in1.r0", session_id="alt", request_id="f1")
         assert forked == perdure.Forked("alt", "src", forked.position)
-        assert await rt.journal.read_session("src") == before, "the source is untouched"
+        assert await rt._journal.read_session("src") == before, "the source is untouched"
         again = await rt.fork("src", at="in1.r0", session_id="alt", request_id="f1")
         assert again.duplicate and again.position == forked.position
         with pytest.raises(perdure.Refused) as info:
@@ -128,7 +128,7 @@ async def test_a_fork_at_the_end_of_a_turn_continues_that_run(log_dir: Path) -> 
         await rt.submit("src", "one", request_id="r1")
         with trio.fail_after(10):
             await rt.wait_idle("src")
-        history = await rt.journal.read_session("src")
+        history = await rt._journal.read_session("src")
         turn_end = next(c.seq for c in history if isinstance(c.record, ToolCompleted))
         forked = await rt.fork("src", at=turn_end, session_id="alt", request_id="f1")
         assert forked.position == turn_end

@@ -107,7 +107,7 @@ def test_the_page_streams_survives_a_restart_and_approves(
     expect(lookup).to_have_attribute("data-phase", "completed")
     expect(page.locator(".assistant").last.locator(".text")).to_have_text("Deployed: all done.")
     expect(page.locator("#status")).to_have_text("idle", timeout=10_000)
-    # The spend so far, from the log's usage (issue: cost visible on the page).
+    # The spend so far, from the log's usage (the cost is visible on the page).
     expect(page.locator("#summary .spend")).to_contain_text(
         re.compile(r"tokens: [1-9]\d* in, [1-9]\d* out; cost: \$\d+\.\d{4}")
     )

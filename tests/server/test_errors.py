@@ -118,8 +118,8 @@ async def test_an_actor_crash_is_session_restarting_and_the_retry_is_answered_on
         ) as c:
             created = await c.post("/v1/sessions", json={"session_id": "s1"})
             assert created.status_code == 201, created.text
-            crash = CrashOnce(rt.journal.append, InputAccepted)
-            monkeypatch.setattr(rt.journal, "append", crash)
+            crash = CrashOnce(rt._journal.append, InputAccepted)
+            monkeypatch.setattr(rt._journal, "append", crash)
             body = {"text": "hello", "request_id": "r1"}
             with trio.fail_after(30):  # the caller must be told, never left waiting
                 first = await c.post("/v1/sessions/s1/messages", json=body)

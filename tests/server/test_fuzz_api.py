@@ -1,15 +1,15 @@
-"""Arbitrary payloads against a real daemon: only documented errors, never a 500.
+"""Raw bytes against a real daemon: only documented errors, never a 500.
 
-Hypothesis throws raw bytes, arbitrary JSON, objects with the right field names
-holding the wrong types, and strange path segments and headers at every write
-route and at the event stream. Every answer must be one of the documented
-statuses with a JSON error body, and the daemon must keep serving.
+What schemathesis cannot send (``test_schemathesis`` covers every schema-shaped
+input, path segment, parameter and header from the OpenAPI document): bodies that
+are not JSON at all, not UTF-8, or cut short, at every write route. Every answer
+must be one of the documented statuses with a JSON error body, and the daemon must
+keep serving.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -54,11 +54,13 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=10,
 )
+# Bytes, and JSON documents cut short (the shape a dropped connection leaves).
 bodies = st.one_of(
     st.binary(max_size=200),
-    json_values.map(lambda v: json.dumps(v).encode()),
-    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=5).map(
-        lambda v: json.dumps(v).encode()
+    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=5).flatmap(
+        lambda v: st.integers(1, max(1, len(json.dumps(v)) - 1)).map(
+            lambda cut: json.dumps(v).encode()[:cut]
+        )
     ),
 )
 segments = st.one_of(
@@ -77,7 +79,7 @@ def _assert_documented(resp: httpx.Response) -> None:
 
 
 @settings(
-    max_examples=300,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -90,26 +92,6 @@ def test_write_routes_answer_only_documented_errors(
         api_daemon.url + path,
         content=body,
         headers={**api_daemon.headers(), "Content-Type": "application/json"},
-        timeout=10,
-    )
-    _sent["requests"] += 1
-    _assert_documented(resp)
-
-
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(last=st.text(max_size=12), after=st.text(max_size=12))
-def test_event_stream_cursor_is_validated(api_daemon: Daemon, last: str, after: str) -> None:
-    headers: dict[str, Any] = {**api_daemon.headers()}
-    if last and last == last.strip() and last.isprintable() and last.isascii():
-        headers["Last-Event-ID"] = last  # (what an HTTP client can send at all)
-    resp = httpx.get(
-        api_daemon.url + "/v1/sessions/fuzz/events",
-        params={"after": after, "live": "0"},
-        headers=headers,
         timeout=10,
     )
     _sent["requests"] += 1

@@ -144,3 +144,18 @@ def test_the_daemon_serves_the_document_and_its_docs_page_behind_the_token(
         base_url=daemon.url, timeout=30, headers={"Authorization": f"Bearer {minted['token']}"}
     ) as scoped:
         assert scoped.get("/openapi.json").status_code == 200
+
+
+def test_what_schemathesis_found_stays_fixed(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        # 405 names every method of the path, not only the first route's.
+        refused = client.request("OPTIONS", "/v1/sessions")
+        assert refused.status_code == 405
+        assert refused.headers["allow"] == "GET, HEAD, POST"
+        assert client.request("PUT", "/v1/sessions/s1").headers["allow"] == "DELETE, GET, HEAD"
+        # JSON has one number type: 60.0 seconds is a whole number of seconds.
+        client.post("/v1/sessions", json={"session_id": "s2"}).raise_for_status()
+        minted = client.post("/v1/sessions/s2/tokens", json={"scope": "read", "ttl_s": 60.0})
+        assert minted.status_code == 201, minted.text
+        half = client.post("/v1/sessions/s2/tokens", json={"scope": "read", "ttl_s": 60.5})
+        assert half.status_code == 400 and half.json()["error"]["field"] == "ttl_s"

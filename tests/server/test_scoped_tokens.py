@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from perdure.server.tokens import KEY_FILE, TokenSigner
+from perdure.server.tokens import KEY_FILE, Claim, TokenRejected, TokenSigner, is_scoped
 from tests.server.conftest import APPROVAL_SCRIPT
 from tests.support.daemon import Daemon
 
@@ -148,3 +148,54 @@ def test_rotating_the_key_revokes_every_token(make_daemon: Any) -> None:
     assert call(d, token, "GET", f"/v1/sessions/{SID}", None) == 401
     fresh = mint(d, SID, "read")
     assert call(d, fresh, "GET", f"/v1/sessions/{SID}", None) == 200
+
+
+# -- the token format: a standard JWT ------------------------------------------------------
+
+
+def test_a_scoped_token_is_a_jwt_that_any_jwt_library_reads() -> None:
+    import jwt
+
+    signer = TokenSigner(b"sixteen bytes at least")
+    token, expires_at = signer.mint(SID, "write", 600, 1_000_000.0)
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["sub"] == SID and claims["scope"] == "write"
+    assert claims["exp"] == expires_at == 1_000_600 and claims["iat"] == 1_000_000
+    assert claims["aud"] == "perdure-session"
+    assert jwt.get_unverified_header(token)["alg"] == "HS256"
+    assert signer.verify(token, 1_000_599.0) == Claim(SID, "write", 1_000_600)
+    with pytest.raises(TokenRejected, match="expired"):
+        signer.verify(token, 1_000_600.0)
+
+
+def test_tokens_that_are_not_ours_are_refused_saying_why() -> None:
+    import jwt
+
+    material = b"sixteen bytes at least"
+    signer = TokenSigner(material)
+    key = signer._key  # the derived HS256 key, to forge tokens that are signed right
+    exp = int(time.time()) + 600
+    base = {"sub": SID, "scope": "read", "aud": "perdure-session", "exp": exp}
+    cases = {
+        "audience": jwt.encode({**base, "aud": "someone-else"}, key, algorithm="HS256"),
+        "scope": jwt.encode({**base, "scope": "admin"}, key, algorithm="HS256"),
+        "sub": jwt.encode({k: v for k, v in base.items() if k != "sub"}, key, algorithm="HS256"),
+        "signature": jwt.encode(base, b"another key of thirty-two bytes!", algorithm="HS256"),
+        "none": jwt.encode(base, None, algorithm="none"),
+    }
+    for what, token in cases.items():
+        with pytest.raises(TokenRejected) as refused:
+            signer.verify(token, time.time())
+        assert str(refused.value), what
+    with pytest.raises(TokenRejected, match="signature is wrong"):
+        signer.verify(cases["signature"], time.time())
+
+
+def test_an_old_pdt1_token_is_refused_with_a_clear_error(daemon: Daemon) -> None:
+    old = "pdt1.eyJzIjoiYWxwaGEiLCJjIjoid3JpdGUiLCJlIjo5OTk5OTk5OTk5LCJuIjoiMDAifQ.c2ln"
+    assert is_scoped(old)
+    with httpx.Client(base_url=daemon.url, timeout=30) as c:
+        resp = c.get(f"/v1/sessions/{SID}", headers={"Authorization": f"Bearer {old}"})
+    assert resp.status_code == 401
+    message = resp.json()["error"]["message"]
+    assert "old pdt1 format" in message and "mint a new one" in message

@@ -142,8 +142,8 @@ async def test_a_commit_reaches_a_batch_reader_as_one_batch(log_dir: Path) -> No
         async with aclosing(rt.event_batches("s")) as batches:
             replay = await batches.__anext__()
             assert [e.kind for e in replay] == ["SessionCreated"]
-            committed = await rt.journal.append([result("s", f"c{i}") for i in range(3)])
-            rt.journal.bus.publish(Event("s", "text_delta", data={"text": "hi"}))
+            committed = await rt._journal.append([result("s", f"c{i}") for i in range(3)])
+            rt._journal.bus.publish(Event("s", "text_delta", data={"text": "hi"}))
             live = await batches.__anext__()
             assert [e.seq for e in live] == [c.seq for c in committed] + [None]
             # What events() yields is the same, one at a time.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,35 @@ async def create_object(ctx: ToolContext, name: str) -> str:
     return f"created {created['id']}"
 
 
+def _sync_note(ctx: ToolContext, tool_name: str, note: str) -> str:
+    """A plain ``def`` tool's body: note the start, and on the first attempt write the
+    marker and block (the parent kills the process while this thread sleeps)."""
+    line = json.dumps(
+        {"tool": tool_name, "key": ctx.idempotency_key, "attempt": ctx.attempt, "note": note}
+    )
+    with open(_ledger(), "a") as f:
+        f.write(line + "\n")
+    if ctx.attempt == 1:
+        (WORKDIR / "marker").write_text("in the thread")
+        time.sleep(60)
+    return f"noted {note}"
+
+
+@tool(replay=ReplayPolicy.KEYED)
+def sync_keyed(ctx: ToolContext, note: str) -> str:
+    """A plain def tool, KEYED: re-run with the same key after a crash."""
+    return _sync_note(ctx, "sync_keyed", note)
+
+
+@tool(replay=ReplayPolicy.NEVER)
+def sync_never(ctx: ToolContext, note: str) -> str:
+    """A plain def tool, NEVER: an unknown outcome after a crash, not re-run."""
+    return _sync_note(ctx, "sync_never", note)
+
+
 TEST_TOOLS = [
+    sync_keyed,
+    sync_never,
     ledger,
     note_checked,
     note_unsure,

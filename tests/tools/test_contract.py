@@ -61,8 +61,8 @@ async def test_each_failure_is_an_is_error_result_and_the_run_goes_on(tmp_path: 
     assert is_error
     assert turn.kind(2) == "invalid_args"
     assert "invalid arguments for 'lookup'" in content
-    assert "query: expected string, got 7" in content
-    assert "unexpected field 'limt' (allowed: limit, query)" in content
+    assert "query: Input should be a valid string, got 7" in content
+    assert "limt: unexpected field (the tool's parameters: limit, query)" in content
     assert "Nothing was run" in content
 
     content, is_error = turn.results[call_id(3)]

@@ -257,8 +257,9 @@ def test_render_result_gives_the_model_text() -> None:
     assert render_result({"ü": 1}) == '{"ü": 1}'  # not escaped to ASCII
     assert render_result(Order(7, "sent")) == '{"number": 7, "status": "sent"}'
     assert render_result([1, 2.5, True]) == "[1, 2.5, true]"
-    assert render_result({"when": math}) == '{"when": "' + str(math) + '"}'  # str() fallback
-    assert render_result({1.5: "x", (1, 2): "y"}) == repr({1.5: "x", (1, 2): "y"})
+    # A person's answer (rt.resolve "skip") is never refused: what pydantic cannot
+    # serialize is shown as its str(), inside the JSON.
+    assert render_result({"when": math}) == '{"when": "' + str(math) + '"}'
 
 
 # -- what a running tool is handed ------------------------------------------------------

@@ -1,7 +1,8 @@
 // perdure's web page: sessions, a live transcript per session (with the model's
 // reasoning as it streams, and tokens and cost per turn and per run), approvals,
-// calls that wait for a person (retry, skip or fail them), and calls whose outcome
-// is unknown (look, compensate, or tell the agent).
+// calls that wait for a person (retry, skip or fail them), calls whose outcome is
+// unknown (look, or tell the agent), and the undo of completed calls whose tool has
+// one (offered where a cancel or a revision lists the call as compensable).
 // Plain JS, no build step. Auth rides on the HttpOnly cookie set by GET /?token=...,
 // which fetch() and EventSource send by themselves (same origin). The token may be
 // the admin token or a scoped one (GET /v1/whoami says which): a scoped page shows
@@ -40,6 +41,7 @@ const view = {
   lastSeq: 0,        // the last committed seq rendered
   gens: new Map(),   // generation_id -> assistant <li>
   calls: new Map(),  // call_id -> tool card element
+  compensated: new Set(), // call_ids with a compensation requested
   reopen: null,      // timer for a manual reconnect
   summaryTimer: null,
 };
@@ -109,7 +111,9 @@ async function loadSessions() {
 function openSession(sid) {
   if (view.source) view.source.close();
   clearTimeout(view.reopen);
-  Object.assign(view, { sid, source: null, lastSeq: 0, gens: new Map(), calls: new Map() });
+  Object.assign(view, {
+    sid, source: null, lastSeq: 0, gens: new Map(), calls: new Map(), compensated: new Set(),
+  });
   location.hash = encodeURIComponent(sid);
   $("#empty").hidden = true;
   $("#session-view").hidden = false;
@@ -384,12 +388,13 @@ function onRecord(type, r, seq) {
       break;
     }
     case "CompensationRequested": {
+      view.compensated.add(r.call_id);
       const card = view.calls.get(r.call_id);
       if (card) {
         card.querySelector(".note").textContent =
           `compensation ${r.compensation_id} requested${r.automatic ? " (automatic)" : ""}`;
-        const next = card.querySelector(".next");
-        if (next) next.remove();
+        const undo = card.querySelector(".undo");
+        if (undo) undo.remove();
       }
       note("event", `compensating ${r.call_id} with ${r.compensation_id}`);
       break;
@@ -412,9 +417,11 @@ function onRecord(type, r, seq) {
     }
     case "CancelRequested":
       note("event", `cancel requested for run ${r.run_id}`);
+      compensateButtons(r.compensable);
       break;
     case "GoalRevised":
       note("revision", `request ${r.steered ? "steered by new input" : "revised"} (revision ${r.goal_rev}): ${r.text}`);
+      compensateButtons(r.compensable);
       break;
     case "SessionForked":
       note("event", `forked from ${r.source} at record ${r.position} (${r.records} records copied)`);
@@ -441,6 +448,8 @@ function onRecord(type, r, seq) {
 }
 
 // A call that may or may not have taken effect: say so loudly, and what can be done.
+// No undo is offered: the runtime compensates only a completed call (the undo is
+// handed the call's result), so a button here could only be refused.
 function unknownOutcome(card, callId) {
   card.classList.add("unknown");
   if (card.querySelector(".next")) return;
@@ -450,31 +459,44 @@ function unknownOutcome(card, callId) {
   const list = el("ul");
   const key = card.dataset.key ? ` (its idempotency key: ${card.dataset.key})` : "";
   list.append(el("li", "", `Look: check the system ${name} acts on for its effect${key}.`));
-  list.append(el("li", "", "Compensate: run the tool's undo, if it has one."));
   list.append(el("li", "", "Tell the agent what you found, so it carries on from the truth."));
   next.append(list);
   const actions = el("div", "actions");
-  const compensate = el("button", "compensate", "Compensate");
-  compensate.type = "button";
-  compensate.addEventListener("click", async () => {
-    compensate.disabled = true;
-    try {
-      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/compensations/${encodeURIComponent(callId)}`,
-        { request_id: requestId() });
-    } catch (e) {
-      alert(e.message);
-      compensate.disabled = false;
-    }
-  });
   const tell = el("button", "tell", "Tell the agent…");
   tell.type = "button";
   tell.addEventListener("click", () => {
     $("#text").value = `About ${name} [${callId}], whose outcome was unknown: I checked, and `;
     $("#text").focus();
   });
-  actions.append(compensate, tell);
+  actions.append(tell);
   next.append(actions);
   card.append(next);
+}
+
+// The undo of completed calls, offered only where it exists: a cancel or a revision
+// lists the completed calls whose tool declares a compensation (the runtime decides
+// the list from the registered tools), and a requested compensation takes it away.
+function compensateButtons(callIds) {
+  for (const callId of callIds || []) {
+    const card = view.calls.get(callId);
+    if (!card || view.compensated.has(callId) || card.querySelector(".undo")) continue;
+    const undo = el("div", "actions undo");
+    const compensate = el("button", "compensate", "Compensate");
+    compensate.type = "button";
+    compensate.title = "Run this tool's compensation (its undo) as a durable call of its own";
+    compensate.addEventListener("click", async () => {
+      compensate.disabled = true;
+      try {
+        await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/compensations/${encodeURIComponent(callId)}`,
+          { request_id: requestId() });
+      } catch (e) {
+        alert(e.message);
+        compensate.disabled = false;
+      }
+    });
+    undo.append(compensate);
+    card.append(undo);
+  }
 }
 
 function onEphemeral(type, data) {
