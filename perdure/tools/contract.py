@@ -95,8 +95,8 @@ class ToolContext:
         of the call (after a crash, a retry) finds the same child, never a second one,
         and waits for its result. Declare the calling tool KEYED (``agent_tool`` does)
         so that recovery re-runs it. Cancelling the call (a cancel, a revision) cancels
-        the child; pausing the parent pauses it. The child's id is announced as this
-        call's heartbeat (``{"agents": [...]}``), so the parent's stream references it.
+        the child; pausing the parent pauses it. The parent's log links this call to
+        the child (``AgentStarted``), so the parent's stream references it.
         A child that does not complete raises ``RuntimeError`` (the tool's error).
         """
         if self._agents is None:
