@@ -44,4 +44,5 @@ def agent_tool(
         cancellable=True,
         requires_approval=requires_approval,
         timeout=timeout,
+        runs_on="trio",  # ctx.run_agent is trio code
     )(run)

@@ -24,10 +24,12 @@ holds nothing up but its own stream.
 
 Limits:
 
-* Tools stay trio code (``async def`` run on the runtime's trio loop). A tool calls
-  blocking code (a plain sync function) in a worker thread with
-  ``trio.to_thread.run_sync``, and the application's asyncio code (its database
-  pool, its HTTP client) with ``run_in_asyncio``, on the host's loop.
+* A tool written for asyncio (``runs_on="asyncio"``, the default for a tool whose
+  module does not import trio) is awaited on the host's loop: asyncio-only clients
+  just work; a timeout or a cancel of the call cancels its asyncio task, and a task
+  cancelled on the host's side ends the call as cancelled. Trio tools run on the
+  runtime's trio loop and reach the application's asyncio code with
+  ``run_in_asyncio``; a plain ``def`` tool runs in a worker thread.
 * One runtime per process and per log: leave the ``async with`` before the asyncio
   loop closes (an ASGI app's lifespan does it); on the way out, running tools get
   ``shutdown_grace`` seconds to finish and their results are committed first.
@@ -101,6 +103,16 @@ async def run_in_asyncio(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) 
         future.cancel()
         raise
     return future.result()
+
+
+def host_runner() -> Callable[[Callable[[], Coroutine[Any, Any, Any]]], Awaitable[Any]] | None:
+    """``run_in_asyncio`` inside an embedded runtime (the runtime awaits tools written
+    for asyncio with it); None on a plain trio runtime."""
+    try:
+        _HOST_LOOP.get()
+    except LookupError:
+        return None
+    return run_in_asyncio
 
 
 class _Portal:

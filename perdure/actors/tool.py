@@ -17,6 +17,7 @@ throttled), the last unsent ones just before the result; and with
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -41,6 +42,8 @@ from perdure.storage import SessionFenced
 from perdure.storage.bus import Event
 from perdure.storage.records import ToolExecuting
 from perdure.tools.contract import (
+    HostRunner,
+    NeedsAsyncio,
     NeedsHuman,
     OutcomeUnknown,
     ResultNotSerializable,
@@ -100,7 +103,15 @@ def make_context(
         beat=beat_fn,
         agents=agents,
         threads=ctx.tool_threads,
+        host=_host_runner(),
     )
+
+
+def _host_runner() -> HostRunner | None:
+    """Under perdure.embed, what awaits a coroutine on the application's asyncio loop."""
+    from perdure import embed  # embed builds on the runtime, which builds on this module
+
+    return embed.host_runner()
 
 
 class Heartbeats:
@@ -297,6 +308,14 @@ async def _invoke(
 
 def _failed(tool: Tool, executing: ToolExecuting, exc: Exception) -> ToolFinished:
     """What the exception a tool raised says about its call (the core decides the rest)."""
+    if isinstance(exc, NeedsAsyncio):
+        # The runtime cannot run this tool: say so to whoever runs it, and to the model
+        # in words that do not blame the tool.
+        log.error("%s", exc)
+        return _attempt(executing, "error", f"perdure could not run this tool here: {exc}")
+    if isinstance(exc, concurrent.futures.CancelledError):
+        # Its task on the application's asyncio loop was cancelled there.
+        return _attempt(executing, "cancelled", "cancelled on the asyncio loop")
     if isinstance(exc, NeedsHuman):
         return _attempt(executing, "needs_human", exc.reason)
     if tool.needs_human_on and isinstance(exc, tool.needs_human_on):

@@ -50,6 +50,7 @@ from perdure.server.auth import (
     SCOPED_COOKIE,
     Authenticator,
     AuthMiddleware,
+    Grant,
     cookie_value,
     grant_of,
 )
@@ -213,25 +214,7 @@ class Api:
     async def page(self, request: Request) -> Response:
         grant = grant_of(request)
         if grant.via == "query":
-            # Trade the token in the URL for a cookie, and drop it from the address bar.
-            # One page, one credential: the other kind's cookie is cleared.
-            response: Response = RedirectResponse("/", status_code=303)
-            if grant.claim is None or grant.token is None:
-                response.set_cookie(
-                    COOKIE, cookie_value(self.token), httponly=True, samesite="strict", path="/"
-                )
-                response.delete_cookie(SCOPED_COOKIE, path="/")
-            else:
-                response.set_cookie(
-                    SCOPED_COOKIE,
-                    grant.token,
-                    max_age=max(1, grant.claim.expires_at - int(time.time())),
-                    httponly=True,
-                    samesite="strict",
-                    path="/",
-                )
-                response.delete_cookie(COOKIE, path="/")
-            return response
+            return self._cookie_for(grant, "/")
         return Response(
             self.index,
             media_type="text/html; charset=utf-8",
@@ -240,6 +223,27 @@ class Api:
                 "Cache-Control": "no-store",
             },
         )
+
+    def _cookie_for(self, grant: Grant, then: str) -> Response:
+        """Trade the token in the URL for a cookie, and drop it from the address bar.
+        One page, one credential: the other kind's cookie is cleared."""
+        response: Response = RedirectResponse(then, status_code=303)
+        if grant.claim is None or grant.token is None:
+            response.set_cookie(
+                COOKIE, cookie_value(self.token), httponly=True, samesite="strict", path="/"
+            )
+            response.delete_cookie(SCOPED_COOKIE, path="/")
+        else:
+            response.set_cookie(
+                SCOPED_COOKIE,
+                grant.token,
+                max_age=max(1, grant.claim.expires_at - int(time.time())),
+                httponly=True,
+                samesite="strict",
+                path="/",
+            )
+            response.delete_cookie(COOKIE, path="/")
+        return response
 
     @documented(
         Operation(
@@ -327,11 +331,19 @@ class Api:
         Operation(
             summary="The API's documentation for people (Swagger UI over /openapi.json)",
             tag="pages",
-            access="session",
-            answers={200: Body(schema={"type": "string"}, media=HTML)},
+            description="`?token=` trades a token for the page's cookie and redirects to "
+            "`/docs` (303).",
+            access="query",
+            answers={
+                200: Body(schema={"type": "string"}, media=HTML, description="the page"),
+                303: Body(description="the token was traded for a cookie"),
+            },
         )
     )
     async def docs_page(self, request: Request) -> Response:
+        grant = grant_of(request)
+        if grant.via == "query":
+            return self._cookie_for(grant, "/docs")
         return Response(
             self._docs_file("docs.html"),
             media_type="text/html; charset=utf-8",

@@ -9,8 +9,9 @@ the middleware lets it reach only that session's routes (``tokens.route_allowed`
 
 Credentials, in order: ``Authorization: Bearer <token>``; the page cookie (an HMAC
 of the token, so the cookie is not the token; HttpOnly, SameSite=Strict); and
-``?token=`` on the page (traded for the cookie) and on the event streams (for
-clients without cookies: a browser's ``EventSource`` cannot set a header). A
+``?token=`` on the page and the API docs page (traded for the cookie) and on the
+event streams (for clients without cookies: a browser's ``EventSource`` cannot set
+a header). A
 scoped token's page cookie is the token itself (``perdure_scoped``): it is already
 limited, signed and expiring.
 ``/healthz`` needs nothing.
@@ -69,7 +70,7 @@ def cookie_value(token: str) -> str:
 
 def _accepts_query_token(path: str) -> bool:
     # Only where a browser cannot send a header: the page load and EventSource.
-    return path == "/" or _STREAM_PATH.match(path) is not None
+    return path in ("/", "/docs") or _STREAM_PATH.match(path) is not None
 
 
 class Authenticator:

@@ -294,5 +294,6 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
                 say(f"perdure serve: metrics on {where}/metrics", "plain")
             if show_token:
                 say(f"perdure serve: web page: {url}/?token={opts.token}", "plain")
+                say(f"perdure serve: API docs: {url}/docs?token={opts.token}", "plain")
         say("perdure serve: HTTP stopped; waiting for running tools", "plain")
     say("perdure serve: stopped", "plain")

@@ -27,26 +27,19 @@ import inspect
 import json
 import math
 import typing
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
-import pydantic_core
+import attrs
 import trio
+import trio.lowlevel
 from attrs import field, frozen
 
 from perdure.backoff import Backoff
-from perdure.tools.params import (
-    JsonSchema,
-    Parameters,
-    ResultNotSerializable,
-    ToolDefinitionError,
-    check_name,
-    describe,
-    render,
-)
-
-__all__ = ["ResultNotSerializable", "ToolDefinitionError"]  # re-exported for users
+from perdure.tools.params import JsonSchema, Parameters, check_name, describe, render
+from perdure.tools.params import ResultNotSerializable as ResultNotSerializable
+from perdure.tools.params import ToolDefinitionError as ToolDefinitionError
 
 
 class ReplayPolicy(enum.Enum):
@@ -59,6 +52,35 @@ class ReplayPolicy(enum.Enum):
     @property
     def replayable(self) -> bool:
         return self is not ReplayPolicy.NEVER
+
+
+HostRunner = Callable[[Callable[[], Coroutine[Any, Any, Any]]], Awaitable[Any]]
+
+Loop = Literal["trio", "asyncio"]
+
+
+class NeedsAsyncio(RuntimeError):
+    """A tool awaited asyncio code while running on the runtime's trio loop.
+
+    Not the tool's own failure: the runtime it was given to cannot run it.
+    """
+
+    def __init__(self, tool_name: str, cause: BaseException) -> None:
+        super().__init__(
+            f"tool {tool_name!r} needs a running asyncio loop ({cause}), and this runtime "
+            "runs on trio: open it with perdure.embed.open_runtime inside your asyncio "
+            "application, which runs such a tool's coroutine on the application's loop"
+        )
+        self.tool_name = tool_name
+
+
+def _needs_asyncio(exc: BaseException) -> bool:
+    """Whether ``exc`` is how asyncio code fails on a trio loop (no loop to find, or a
+    Future yielded to trio)."""
+    text = str(exc)
+    return (isinstance(exc, RuntimeError) and "no running event loop" in text) or (
+        isinstance(exc, TypeError) and "unrecognized yield message" in text
+    )
 
 
 @frozen(kw_only=True)
@@ -83,6 +105,8 @@ class ToolContext:
     )
     # The runtime's bound on the worker threads of plain ``def`` tools (None: trio's default).
     _threads: trio.CapacityLimiter | None = field(default=None, alias="threads", repr=False)
+    # Under perdure.embed: awaits a coroutine function on the host's asyncio loop.
+    _host: HostRunner | None = field(default=None, alias="host", repr=False)
 
     async def run_agent(
         self, task: str, *, system: str | None = None, tools: Iterable[str] | None = None
@@ -316,6 +340,10 @@ class Tool:
     # The pydantic description of the parameters (None for a tool that brings its own
     # schema and check_args, e.g. an MCP tool: its arguments are passed as they are).
     parameters: Parameters | None = None
+    # Which loop an ``async def`` tool's coroutine needs: under perdure.embed an
+    # "asyncio" tool is awaited on the host application's loop; on a plain trio
+    # runtime every tool runs on trio (one that then needs asyncio fails clearly).
+    runs_on: Loop = "trio"
 
     def __attrs_post_init__(self) -> None:
         # Here rather than in @tool, so that attrs.evolve(a_tool, retry=...) is held to it too.
@@ -370,11 +398,22 @@ class Tool:
         a thread cannot be stopped, and it is never started again for the same attempt.
         """
         kwargs = self.structure_args(args)
+        if not inspect.iscoroutinefunction(self.fn):
+            in_thread = _for_the_host_loop(ctx) if self.takes_context else None
+            call = functools.partial(self.fn, in_thread, **kwargs) if in_thread else None
+            call = call or functools.partial(self.fn, **kwargs)
+            return await trio.to_thread.run_sync(call, limiter=ctx._threads, abandon_on_cancel=True)
+        if self.runs_on == "asyncio" and ctx._host is not None:
+            on_host = _for_the_host_loop(ctx) if self.takes_context else None
+            call = functools.partial(self.fn, on_host, **kwargs) if on_host else None
+            return await ctx._host(call or functools.partial(self.fn, **kwargs))
         call = functools.partial(self.fn, ctx, **kwargs) if self.takes_context else None
-        call = call or functools.partial(self.fn, **kwargs)
-        if inspect.iscoroutinefunction(self.fn):
-            return await call()
-        return await trio.to_thread.run_sync(call, limiter=ctx._threads, abandon_on_cancel=True)
+        try:
+            return await (call or functools.partial(self.fn, **kwargs))()
+        except (RuntimeError, TypeError) as exc:
+            if _needs_asyncio(exc):
+                raise NeedsAsyncio(self.name, exc) from exc
+            raise
 
     def render(self, value: Any) -> str:
         """What the model reads of a value this tool returned (``params.render``).
@@ -437,6 +476,7 @@ def _build(
     heartbeat_timeout: float | None,
     needs_human_on: tuple[type[Exception], ...],
     version: str,
+    runs_on: Loop | None = None,
 ) -> Tool:
     if not callable(fn) or isinstance(fn, Tool):
         raise TypeError(f"@tool needs a function, not {fn!r}")
@@ -491,7 +531,45 @@ def _build(
         param_types=param_types,
         definition_hash=digest,
         parameters=parameters,
+        runs_on=_loop_of(fn, runs_on) if inspect.iscoroutinefunction(fn) else "trio",
     )
+
+
+def _for_the_host_loop(ctx: ToolContext) -> ToolContext:
+    """``ctx`` for code outside trio's context (a coroutine on the host's asyncio loop,
+    a plain ``def`` in a worker thread): its heartbeats and progress events are handed
+    to the trio loop without waiting; sub-agents, trio code, are refused."""
+    token = trio.lowlevel.current_trio_token()
+    beat, emit = ctx._beat, ctx._emit
+
+    def beat_soon(details: Any) -> None:
+        token.run_sync_soon(beat, details)
+
+    def emit_soon(kind: str, data: dict[str, Any]) -> None:
+        token.run_sync_soon(emit, kind, data)
+
+    async def no_agents(task: str, system: str | None, tools: list[str] | None) -> str:
+        raise RuntimeError(
+            "ctx.run_agent is trio code: declare the tool runs_on='trio' to start sub-agents"
+        )
+
+    return attrs.evolve(ctx, beat=beat_soon, emit=emit_soon, agents=no_agents, host=None)
+
+
+def _loop_of(fn: Callable[..., Any], runs_on: Loop | None) -> Loop:
+    """Which loop a coroutine function needs: as declared, else trio if its module
+    imports trio (trio code), else asyncio (an asyncio application's code)."""
+    if runs_on is not None:
+        if runs_on not in ("trio", "asyncio"):
+            raise ValueError(f"runs_on must be 'trio' or 'asyncio', not {runs_on!r}")
+        return runs_on
+    for value in getattr(fn, "__globals__", {}).values():
+        module = getattr(value, "__name__", None) if inspect.ismodule(value) else None
+        owner = getattr(value, "__module__", None) if not inspect.ismodule(value) else None
+        for name in (module, owner):
+            if isinstance(name, str) and (name == "trio" or name.startswith("trio.")):
+                return "trio"
+    return "asyncio"
 
 
 def _hint_of(fn: Callable[..., Any], name: str) -> Any:
@@ -587,6 +665,7 @@ def tool(
     heartbeat_timeout: float | None = None,
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str = "1",
+    runs_on: Loop | None = None,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -609,6 +688,7 @@ def tool(
     heartbeat_timeout: float | None = None,
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str = "1",
+    runs_on: Loop | None = None,
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function as a tool.
 
@@ -630,6 +710,12 @@ def tool(
     ``ctx.heartbeat`` for that long, then treats it as a timeout (retried by the
     policy, or an unknown outcome for a NEVER tool); ``needs_human_on`` lists
     exceptions that, like ``perdure.NeedsHuman``, make the call wait for a person.
+
+    A plain ``def`` runs in a worker thread. An ``async def`` runs on the runtime's
+    trio loop, except under ``perdure.embed``, where a tool written for asyncio is
+    awaited on the application's asyncio loop: ``runs_on="asyncio"`` or ``"trio"``
+    says which, and by default a tool whose module imports trio is trio code, any
+    other asyncio code.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -650,6 +736,7 @@ def tool(
             heartbeat_timeout=heartbeat_timeout,
             needs_human_on=needs_human_on,
             version=version,
+            runs_on=runs_on,
         )
 
     return wrap(fn) if fn is not None else wrap
@@ -663,6 +750,8 @@ def render_result(value: Any) -> str:
     try:
         return render("", value)
     except ResultNotSerializable:
+        import pydantic_core  # imported with the first result, not with perdure
+
         return json.dumps(pydantic_core.to_jsonable_python(value, fallback=str), ensure_ascii=False)
 
 

@@ -122,6 +122,12 @@ def test_the_daemon_serves_the_document_and_its_docs_page_behind_the_token(
         assert refused.json()["error"]["code"] == "unauthorized"
         login = anonymous.get("/docs")
         assert login.status_code == 401 and "token" in login.text
+        # The printed link trades the token for the cookie, which then opens the
+        # page and the document it loads.
+        traded = anonymous.get(f"/docs?token={daemon.token}", follow_redirects=False)
+        assert traded.status_code == 303 and traded.headers["location"] == "/docs"
+        assert anonymous.get("/docs").status_code == 200
+        assert anonymous.get("/openapi.json").status_code == 200
     with daemon.client() as client:
         doc = client.get("/openapi.json")
         assert doc.status_code == 200

@@ -309,3 +309,83 @@ def test_nobody_to_deliver_to_is_one_line(held_log: tuple[Path, int], tmp_path: 
     )
     said(person("pause", "a", log=tmp_path / "none"), 2, "no perdure log here")
     said(person("resolve", "a", "c1", "retry", "--result", "x", log=log), 2, "--result")
+
+
+# -- the default request ids (pure) --------------------------------------------------------
+
+
+def _summary(**fields: Any) -> dict[str, Any]:
+    return {"current_run": "in1.r0", "last_seq": 10, "tasks": [], **fields}
+
+
+def test_default_request_ids_follow_what_the_command_acts_on() -> None:
+    from perdure._cli_control import Order
+
+    def rid(summary: dict[str, Any], **order: Any) -> str:
+        return Order(session_id="s", **order).with_request_id(summary)
+
+    here = _summary()
+    # The same command on the same thing: the same id (a second run is deduplicated).
+    assert rid(here, kind="cancel") == rid(_summary(last_seq=99), kind="cancel")
+    assert rid(here, kind="approve", call_id="c1") == rid(_summary(), kind="approve", call_id="c1")
+    # Something new: a new request.
+    assert rid(here, kind="cancel") != rid(_summary(current_run="in2.r0"), kind="cancel")
+    assert rid(here, kind="approve", call_id="c1") != rid(here, kind="approve", call_id="c2")
+    assert rid(here, kind="approve", call_id="c1") != rid(here, kind="deny", call_id="c1")
+    assert rid(here, kind="revise", text="a") != rid(here, kind="revise", text="b")
+    assert rid(here, kind="pause") != rid(_summary(last_seq=11), kind="pause")
+    # A call that needs a person again (a later attempt) is a new resolution.
+    first = _summary(tasks=[{"call_id": "c1", "attempt": 1}])
+    second = _summary(tasks=[{"call_id": "c1", "attempt": 2}])
+    assert rid(first, kind="resolve", call_id="c1") != rid(second, kind="resolve", call_id="c1")
+    assert rid(first, kind="resolve", call_id="c1", action="skip", result="x") != rid(
+        first, kind="resolve", call_id="c1", action="skip", result="y"
+    )
+    # Another session's identical command is another request; a given id is kept.
+    assert rid(here, kind="pause") != Order(session_id="t", kind="pause").with_request_id(here)
+    assert rid(here, kind="pause", request_id="mine") == "mine"
+    assert rid(here, kind="cancel").startswith("person-cancel-")
+
+
+# -- sub-agents, on a log no process owns ----------------------------------------------------
+
+
+async def test_pause_and_resume_on_an_unowned_log_reach_the_running_sub_agents(
+    tmp_path: Path,
+) -> None:
+    import trio
+
+    import perdure
+    from perdure._unowned import owning
+    from perdure.actors import protocol
+    from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+    from perdure.tools.contract import registry
+    from tests.runtime.test_agents import RESEARCHER, lookup, research
+
+    log_dir = tmp_path / "log"
+    script = ScriptedProvider(
+        [Reply(text="asking", tool_uses=[ToolUse("research", {"task": "slow"})])],
+        by_system={RESEARCHER: [Reply(text="thinking...", delay=30)]},
+    )
+    tools = [lookup, research]
+    # The process stops while the parent's call waits for its child (as after a crash:
+    # neither is finished).
+    async with perdure.open_runtime(
+        log_dir, provider=script, tools=tools, shutdown_grace=0.1
+    ) as rt:
+        await rt.create_session("p")
+        await rt.submit("p", "go", request_id="r1")
+        with trio.fail_after(20):
+            while not await rt.children("p"):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        (child,) = await rt.children("p")
+
+    async with owning(log_dir, registry(tools)) as log:
+        done = await log.apply(await log.state("p"), protocol.Pause("pz"))
+        assert done.seq and not done.duplicate
+        assert (await log.state("p")).paused
+        assert (await log.state(child)).paused, "the pause reached the child"
+        again = await log.apply(await log.state("p"), protocol.Pause("pz"))
+        assert again.duplicate and again.seq == done.seq
+        await log.apply(await log.state("p"), protocol.Resume("rz"))
+        assert not (await log.state(child)).paused

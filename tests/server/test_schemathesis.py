@@ -75,7 +75,7 @@ def test_the_daemon_keeps_its_documented_contract_under_schemathesis(
                 "--request-timeout",
                 "20",
             ],
-            cwd=ROOT,
+            cwd=tmp_path,  # where schemathesis keeps its cache, not the repository
             env=env,
             capture_output=True,
             text=True,

@@ -218,9 +218,9 @@ async def test_invoke_passes_the_context_only_to_a_tool_that_takes_one() -> None
     async def without(n: int) -> int:
         return n * 2
 
-    ctx = object()
-    assert await tool(with_ctx).invoke(ctx, {"n": 3}) == (ctx, 3)  # type: ignore[arg-type]
-    assert await tool(without).invoke(ctx, {"n": 3}) == 6  # type: ignore[arg-type]
+    ctx = _context()
+    assert await tool(with_ctx).invoke(ctx, {"n": 3}) == (ctx, 3)
+    assert await tool(without).invoke(ctx, {"n": 3}) == 6
     assert tool(without).takes_context is False
 
 

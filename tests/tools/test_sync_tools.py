@@ -127,3 +127,29 @@ def test_a_never_def_killed_mid_call_is_unknown_and_not_re_run(tmp_path: Path) -
     assert again.decisions() == ["report outcome unknown"]
     assert again.summary is not None and again.summary["outcome"] == "completed"
     assert again.result()["is_error"]  # the model is told, not shown a success
+
+
+class Handle:
+    """Something pydantic cannot serialize."""
+
+
+@tool(replay=ReplayPolicy.NEVER)
+def open_handle(ctx: ToolContext, name: str) -> Handle:
+    """Open something, and return what the model cannot read."""
+    ctx.progress(f"opening {name}")  # from the worker thread: handed to the loop
+    OPENED.append(name)
+    return Handle()
+
+
+OPENED: list[str] = []
+
+
+async def test_a_result_pydantic_cannot_serialize_is_an_error_that_says_the_tool_ran(
+    tmp_path: Path,
+) -> None:
+    OPENED.clear()
+    turn = await one_turn(tmp_path / "log", [open_handle], [ToolUse("open_handle", {"name": "a"})])
+    content, is_error = turn.results[call_id(1)]
+    assert is_error and OPENED == ["a"]
+    assert content.startswith("perdure: the tool ran, but tool 'open_handle' returned a Handle")
+    assert turn.kind(1) == "ok"  # it ran: not a failure to retry or to report unknown

@@ -26,6 +26,7 @@ export class Daemon {
   async start() {
     const python = process.env.PERDURE_PYTHON || "python3";
     const root = process.env.PERDURE_ROOT || process.cwd();
+    /** @type {Record<string, string | undefined>} */
     const env = { ...process.env, PYTHONPATH: root };
     delete env.PERDURE_TOKEN;
     delete env.PERDURE_FAULT;
