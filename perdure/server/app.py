@@ -7,13 +7,14 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
 
 =====  =====================================================================
 400    malformed JSON, a missing or invalid field (``field`` names it)
-401    no or wrong token; a scoped token that is forged or expired
+401    no or wrong token; a scoped token that is forged, expired or of the old format
 403    a scoped session token on a route it does not open (``perdure.server.tokens``)
 404    unknown session, tool call or route
 409    ``conflict`` (request id reused with another body), ``invalid_state``, or
        ``not_owner`` (another node leases the session; ``owner`` names it)
 413    body larger than ``max_body`` (1 MiB)
 423    the session is parked (its actor kept crashing; see ``GET`` the session)
+501    ``not_installed``: AG-UI input without its optional package
 500    a damaged record (``corrupt_record``, naming its seq) or a bug
 503    ``session_restarting`` (its actor crashed with the command pending: retry with
        the same request id) or ``log_unavailable`` (disk full, outage, ownership
@@ -23,8 +24,9 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
 The pieces: ``auth`` decides who may call (``tokens``: scoped session tokens),
 ``payloads`` parses bodies and shapes answers, ``errors`` turns exceptions into the
 error shape, ``streams`` pumps the event streams, ``frontends`` speaks the AI SDK's
-and AG-UI's protocols from the same streams. A route here only reads its input,
-calls the runtime, and answers.
+and AG-UI's protocols from the same streams, ``openapi`` builds the OpenAPI document
+(``/openapi.json``, ``/docs``) from the routes below and the ``Operation`` each one
+carries. A route here only reads its input, calls the runtime, and answers.
 """
 
 from __future__ import annotations
