@@ -74,11 +74,8 @@ from perdure.server.openapi import (
     SESSION_LIST,
     SESSION_SUMMARY,
     SSE,
-    TOKEN_ANSWER,
-    TOKEN_REQUEST,
     TRACEPARENT,
     TRANSCRIPT,
-    WHOAMI,
     Body,
     Operation,
     documented,
@@ -104,6 +101,9 @@ from perdure.server.payloads import (
     SessionDeletedAnswer,
     StatsAnswer,
     SubmitBody,
+    TokenAnswer,
+    TokenBody,
+    WhoamiAnswer,
     answer,
     message_json,
     parse,
@@ -252,52 +252,34 @@ class Api:
             summary="What the caller's credential opens",
             tag="tokens",
             access="session",
-            answers={200: Body(schema=WHOAMI)},
+            answers={200: Body(WhoamiAnswer)},
         )
     )
     async def whoami(self, request: Request) -> Response:
         """What the caller's credential opens (the page adapts to a scoped token)."""
         claim = grant_of(request).claim
         if claim is None:
-            return JSONResponse({"scope": "admin", "session_id": None, "expires_at": None})
-        return JSONResponse(
-            {"scope": claim.scope, "session_id": claim.session_id, "expires_at": claim.expires_at}
-        )
+            return _json(WhoamiAnswer("admin", None, None))
+        return _json(WhoamiAnswer(claim.scope, claim.session_id, claim.expires_at))
 
     @documented(
         Operation(
             summary="Mint a scoped token (a JWT) for this session only",
             tag="tokens",
-            body=Body(schema=TOKEN_REQUEST),
-            answers={201: Body(schema=TOKEN_ANSWER, description="the token")},
+            body=Body(TokenBody),
+            answers={201: Body(TokenAnswer, description="the token")},
             errors=(400, 404, 413),
         )
     )
     async def mint_token(self, request: Request) -> Response:
         """``POST /v1/sessions/{id}/tokens {scope, ttl_s}``: a token for that session only."""
         sid = path_session(request)
-        data = await read_json(request, self.max_body)
-        given = data.get("scope")
-        scope = tokens.SCOPES.get(given) if isinstance(given, str) else None
-        if scope is None:
-            raise ApiError(400, "invalid_field", "the field 'scope' must be read or write", "scope")
-        ttl = data.get("ttl_s", 3600)
-        if isinstance(ttl, float) and ttl.is_integer():
-            ttl = int(ttl)  # JSON has one number type: 60.0 is a whole number of seconds
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= tokens.MAX_TTL:
-            raise ApiError(
-                400,
-                "invalid_field",
-                f"the field 'ttl_s' must be a whole number of seconds from 1 to {tokens.MAX_TTL}",
-                "ttl_s",
-            )
+        body = await read_body(request, TokenBody, self.max_body)
         if await self.rt.session_info(sid) is None:
             raise ApiError(404, "not_found", f"no session {sid!r} in this log")
-        token, expires_at = self.auth.signer.mint(sid, scope, ttl, time.time())
-        return JSONResponse(
-            {"token": token, "expires_at": expires_at, "session_id": sid, "scope": scope},
-            status_code=201,
-        )
+        scope = tokens.SCOPES[body.scope]
+        token, expires_at = self.auth.signer.mint(sid, scope, body.ttl_s, time.time())
+        return _json(TokenAnswer(token, expires_at, sid, scope), 201)
 
     @documented(
         Operation(
