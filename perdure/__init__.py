@@ -33,6 +33,7 @@ from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import RunFinished
 from perdure.tools.contract import (
+    NeedsAsyncio,
     NeedsHuman,
     OutcomeUnknown,
     Reconciled,
@@ -41,6 +42,7 @@ from perdure.tools.contract import (
     RetryPolicy,
     Tool,
     ToolContext,
+    ToolDefinitionError,
     ToolResult,
     tool,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "Message",
     "ModelReply",
     "ModelRequest",
+    "NeedsAsyncio",
     "NeedsHuman",
     "NotOwnerRefused",
     "OutcomeUnknown",
@@ -83,6 +86,7 @@ __all__ = [
     "StreamStats",
     "Tool",
     "ToolContext",
+    "ToolDefinitionError",
     "ToolResult",
     "UnknownSession",
     "agent_tool",

@@ -32,22 +32,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
-import pydantic_core
 import trio
 import trio.lowlevel
 from attrs import field, frozen
 
-from perdure.tools.params import (
-    JsonSchema,
-    Parameters,
-    ResultNotSerializable,
-    ToolDefinitionError,
-    check_name,
-    describe,
-    render,
-)
-
-__all__ = ["ResultNotSerializable", "ToolDefinitionError"]  # re-exported for users
+from perdure.tools.params import JsonSchema, Parameters, check_name, describe, render
+from perdure.tools.params import ResultNotSerializable as ResultNotSerializable
+from perdure.tools.params import ToolDefinitionError as ToolDefinitionError
 
 
 class ReplayPolicy(enum.Enum):
@@ -763,6 +754,8 @@ def render_result(value: Any) -> str:
     try:
         return render("", value)
     except ResultNotSerializable:
+        import pydantic_core  # imported with the first result, not with perdure
+
         return json.dumps(pydantic_core.to_jsonable_python(value, fallback=str), ensure_ascii=False)
 
 

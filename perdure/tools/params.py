@@ -25,14 +25,16 @@ import re
 import typing
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import pydantic
-import pydantic_core
 from attrs import frozen
-from pydantic.fields import FieldInfo
-from pydantic.json_schema import PydanticJsonSchemaWarning
+
+if TYPE_CHECKING:
+    import pydantic
+
+# pydantic is imported when a tool is defined or its result rendered, not by
+# ``import perdure`` (which stays light for the command line and the daemon's clients).
 
 JsonSchema = dict[str, Any]
 
@@ -70,6 +72,8 @@ class Parameters:
 
     def problems(self, args: dict[str, Any]) -> list[str]:
         """Every way ``args`` fails the parameters, as ``path: message`` (empty: valid)."""
+        import pydantic
+
         try:
             self.model.model_validate(args)
         except pydantic.ValidationError as exc:
@@ -121,6 +125,8 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
         raise ToolDefinitionError(
             f"tool {tool_name!r}: cannot resolve the type hints of {fn.__qualname__}: {exc}"
         ) from None
+    import pydantic
+
     params = list(inspect.signature(fn).parameters.values())
     if skip_first:
         params = params[1:]
@@ -170,6 +176,8 @@ def _strip_annotated(hint: Any) -> Any:
 def _description(hint: Any, documented: Mapping[str, str], name: str) -> str | None:
     """The parameter's description: a plain string in its ``Annotated`` hint, else the
     docstring's (a ``Field(description=...)`` in the hint wins over both)."""
+    from pydantic.fields import FieldInfo
+
     if typing.get_origin(hint) is typing.Annotated:
         metadata = typing.get_args(hint)[1:]
         if any(isinstance(a, FieldInfo) and a.description is not None for a in metadata):
@@ -183,6 +191,8 @@ def _description(hint: Any, documented: Mapping[str, str], name: str) -> str | N
 def _model(
     tool_name: str, fields: dict[str, Any], hints: Mapping[str, Any], names: Mapping[str, str]
 ) -> type[pydantic.BaseModel]:
+    import pydantic
+
     config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=False)
     try:
         return pydantic.create_model(f"{tool_name}_arguments", __config__=config, **fields)
@@ -197,6 +207,8 @@ def _first_undescribable(
     tool_name: str, hints: Mapping[str, Any], names: Mapping[str, str]
 ) -> ToolDefinitionError | None:
     """The first parameter pydantic cannot handle, as an error that names it."""
+    import pydantic
+
     for name in names:
         try:
             pydantic.TypeAdapter(hints[name]).json_schema()
@@ -221,6 +233,8 @@ def _first_line(exc: BaseException) -> str:
 def _schema(
     tool_name: str, model: type[pydantic.BaseModel], names: Mapping[str, str]
 ) -> JsonSchema:
+    from pydantic.json_schema import PydanticJsonSchemaWarning
+
     try:
         with warnings.catch_warnings():
             # A default pydantic cannot put in JSON is left out of the schema; that
@@ -321,6 +335,8 @@ def render(tool_name: str, value: Any) -> str:
         return ""
     if attrs.has(type(value)):
         value = attrs.asdict(value)
+    import pydantic_core
+
     try:
         # pydantic says what the JSON is; json.dumps only lays it out (with spaces
         # after separators, and non-ASCII kept, as the model has always read it).

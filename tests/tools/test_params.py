@@ -488,3 +488,12 @@ def test_strict_mode_where_the_schema_allows_it() -> None:
     assert strict_compatible(_tool_of(int | None).input_schema) is True
     assert strict_compatible(_tool_of(uuid.UUID).input_schema) is True
     assert strict_compatible(_tool_of(Path).input_schema) is False  # format "path": unknown
+
+
+def test_import_perdure_loads_neither_pydantic_nor_griffe() -> None:
+    import subprocess
+    import sys
+
+    probe = "import sys, perdure; print(sorted({'pydantic', 'griffe'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"  # both come with the first tool defined
