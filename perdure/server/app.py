@@ -7,13 +7,14 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
 
 =====  =====================================================================
 400    malformed JSON, a missing or invalid field (``field`` names it)
-401    no or wrong token; a scoped token that is forged or expired
+401    no or wrong token; a scoped token that is forged, expired or of the old format
 403    a scoped session token on a route it does not open (``perdure.server.tokens``)
 404    unknown session, tool call or route
 409    ``conflict`` (request id reused with another body), ``invalid_state``, or
        ``not_owner`` (another node leases the session; ``owner`` names it)
 413    body larger than ``max_body`` (1 MiB)
 423    the session is parked (its actor kept crashing; see ``GET`` the session)
+501    ``not_installed``: AG-UI input without its optional package
 500    a damaged record (``corrupt_record``, naming its seq) or a bug
 503    ``session_restarting`` (its actor crashed with the command pending: retry with
        the same request id) or ``log_unavailable`` (disk full, outage, ownership
@@ -23,8 +24,9 @@ is a 409. Errors are ``{"error": {"code", "message"[, "field"]}}``:
 The pieces: ``auth`` decides who may call (``tokens``: scoped session tokens),
 ``payloads`` parses bodies and shapes answers, ``errors`` turns exceptions into the
 error shape, ``streams`` pumps the event streams, ``frontends`` speaks the AI SDK's
-and AG-UI's protocols from the same streams. A route here only reads its input,
-calls the runtime, and answers.
+and AG-UI's protocols from the same streams, ``openapi`` builds the OpenAPI document
+(``/openapi.json``, ``/docs``) from the routes below and the ``Operation`` each one
+carries. A route here only reads its input, calls the runtime, and answers.
 """
 
 from __future__ import annotations
@@ -72,11 +74,8 @@ from perdure.server.openapi import (
     SESSION_LIST,
     SESSION_SUMMARY,
     SSE,
-    TOKEN_ANSWER,
-    TOKEN_REQUEST,
     TRACEPARENT,
     TRANSCRIPT,
-    WHOAMI,
     Body,
     Operation,
     documented,
@@ -102,6 +101,9 @@ from perdure.server.payloads import (
     SessionDeletedAnswer,
     StatsAnswer,
     SubmitBody,
+    TokenAnswer,
+    TokenBody,
+    WhoamiAnswer,
     answer,
     message_json,
     parse,
@@ -250,52 +252,34 @@ class Api:
             summary="What the caller's credential opens",
             tag="tokens",
             access="session",
-            answers={200: Body(schema=WHOAMI)},
+            answers={200: Body(WhoamiAnswer)},
         )
     )
     async def whoami(self, request: Request) -> Response:
         """What the caller's credential opens (the page adapts to a scoped token)."""
         claim = grant_of(request).claim
         if claim is None:
-            return JSONResponse({"scope": "admin", "session_id": None, "expires_at": None})
-        return JSONResponse(
-            {"scope": claim.scope, "session_id": claim.session_id, "expires_at": claim.expires_at}
-        )
+            return _json(WhoamiAnswer("admin", None, None))
+        return _json(WhoamiAnswer(claim.scope, claim.session_id, claim.expires_at))
 
     @documented(
         Operation(
             summary="Mint a scoped token (a JWT) for this session only",
             tag="tokens",
-            body=Body(schema=TOKEN_REQUEST),
-            answers={201: Body(schema=TOKEN_ANSWER, description="the token")},
+            body=Body(TokenBody),
+            answers={201: Body(TokenAnswer, description="the token")},
             errors=(400, 404, 413),
         )
     )
     async def mint_token(self, request: Request) -> Response:
         """``POST /v1/sessions/{id}/tokens {scope, ttl_s}``: a token for that session only."""
         sid = path_session(request)
-        data = await read_json(request, self.max_body)
-        given = data.get("scope")
-        scope = tokens.SCOPES.get(given) if isinstance(given, str) else None
-        if scope is None:
-            raise ApiError(400, "invalid_field", "the field 'scope' must be read or write", "scope")
-        ttl = data.get("ttl_s", 3600)
-        if isinstance(ttl, float) and ttl.is_integer():
-            ttl = int(ttl)  # JSON has one number type: 60.0 is a whole number of seconds
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= tokens.MAX_TTL:
-            raise ApiError(
-                400,
-                "invalid_field",
-                f"the field 'ttl_s' must be a whole number of seconds from 1 to {tokens.MAX_TTL}",
-                "ttl_s",
-            )
+        body = await read_body(request, TokenBody, self.max_body)
         if await self.rt.session_info(sid) is None:
             raise ApiError(404, "not_found", f"no session {sid!r} in this log")
-        token, expires_at = self.auth.signer.mint(sid, scope, ttl, time.time())
-        return JSONResponse(
-            {"token": token, "expires_at": expires_at, "session_id": sid, "scope": scope},
-            status_code=201,
-        )
+        scope = tokens.SCOPES[body.scope]
+        token, expires_at = self.auth.signer.mint(sid, scope, body.ttl_s, time.time())
+        return _json(TokenAnswer(token, expires_at, sid, scope), 201)
 
     @documented(
         Operation(

@@ -27,7 +27,6 @@ from starlette.routing import Route
 
 from perdure import __version__
 from perdure.server.payloads import ForkBody
-from perdure.server.tokens import MAX_TTL
 from perdure.storage import SessionInfo
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -197,8 +196,12 @@ class Schemas:
             schema.update(f.metadata.get("schema", {}))
             if f.default is attrs.NOTHING:
                 required.append(f.name)
-            elif f.default is not None and _plain(f.default):
-                schema["default"] = f.default
+            else:
+                # A body's null counts as absent (payloads.parse): the default applies.
+                if isinstance(schema.get("type"), str):
+                    schema["type"] = [schema["type"], "null"]
+                if f.default is not None and _plain(f.default):
+                    schema["default"] = f.default
             properties[f.name] = schema
         out: dict[str, Any] = {"type": "object", "properties": properties}
         if required:
@@ -507,42 +510,6 @@ HEALTH: Final = {
     "properties": {
         "status": {"enum": ["ok", "shutting_down"]},
         "version": {"type": "string"},
-    },
-}
-
-WHOAMI: Final = {
-    "type": "object",
-    "required": ["scope", "session_id", "expires_at"],
-    "properties": {
-        "scope": {"enum": ["admin", "read", "write"]},
-        "session_id": {"type": ["string", "null"]},
-        "expires_at": {"type": ["integer", "null"], "description": "seconds since the epoch"},
-    },
-}
-
-TOKEN_REQUEST: Final = {
-    "type": "object",
-    "required": ["scope"],
-    "properties": {
-        "scope": {"enum": ["read", "write"]},
-        "ttl_s": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": MAX_TTL,
-            "default": 3600,
-            "description": "the token's lifetime in seconds",
-        },
-    },
-}
-
-TOKEN_ANSWER: Final = {
-    "type": "object",
-    "required": ["token", "expires_at", "session_id", "scope"],
-    "properties": {
-        "token": {"type": "string", "description": "a JWT (HS256)"},
-        "expires_at": {"type": "integer"},
-        "session_id": {"type": "string"},
-        "scope": {"enum": ["read", "write"]},
     },
 }
 

@@ -27,6 +27,7 @@ from perdure.providers.base import (
     ToolUseBlock,
 )
 from perdure.server.errors import ApiError
+from perdure.server.tokens import MAX_TTL, SCOPES
 from perdure.storage import SessionInfo, check_session_id
 from perdure.storage.common import _MAX_SESSION_ID as MAX_SESSION_ID
 from perdure.storage.records import ResolutionAction
@@ -80,6 +81,19 @@ def _if_busy(instance: object, attribute: Attribute[str | None], value: str | No
         check_if_busy(value)
     except ValueError as exc:
         raise FieldError(attribute.name, str(exc)) from None
+
+
+def _scope(instance: object, attribute: Attribute[str], value: str) -> None:
+    if value not in SCOPES:
+        raise FieldError(attribute.name, "the field 'scope' must be read or write")
+
+
+def _ttl(instance: object, attribute: Attribute[int], value: int) -> None:
+    if not 1 <= value <= MAX_TTL:
+        raise FieldError(
+            attribute.name,
+            f"the field 'ttl_s' must be a whole number of seconds from 1 to {MAX_TTL}",
+        )
 
 
 def _action(instance: object, attribute: Attribute[str], value: str) -> None:
@@ -164,6 +178,16 @@ class ResolutionBody:
         return ACTIONS[self.action]
 
 
+@frozen(kw_only=True)
+class TokenBody:
+    """A scoped token's request: its scope and lifetime (an hour unless given)."""
+
+    scope: str = field(validator=_scope, metadata={"schema": {"enum": list(SCOPES)}})
+    ttl_s: int = field(
+        default=3600, validator=_ttl, metadata={"schema": {"minimum": 1, "maximum": MAX_TTL}}
+    )
+
+
 # -- answers -------------------------------------------------------------------------------
 
 
@@ -239,6 +263,25 @@ class ResolutionAnswer(Recorded):
 
 
 @frozen
+class TokenAnswer:
+    """A scoped token (a JWT) for one session, and when it expires (epoch seconds)."""
+
+    token: str
+    expires_at: int
+    session_id: str
+    scope: str = field(metadata={"schema": {"enum": list(SCOPES)}})
+
+
+@frozen
+class WhoamiAnswer:
+    """What the caller's credential opens: everything (admin) or one session."""
+
+    scope: str = field(metadata={"schema": {"enum": ["admin", *SCOPES]}})
+    session_id: str | None
+    expires_at: int | None
+
+
+@frozen
 class StatsAnswer:
     appends: int
     transactions: int
@@ -264,6 +307,18 @@ def _strict(kind: type[T], what: str) -> Any:
 converter: Final = cattrs.Converter(omit_if_default=False)
 converter.register_structure_hook(str, _strict(str, "must be a string"))
 converter.register_structure_hook(bool, _strict(bool, "must be true or false"))
+
+
+def _whole(value: Any, _: type) -> int:
+    # JSON has one number type: 60.0 is the whole number 60; true is not a number.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if type(value) is not int:
+        raise TypeError("must be a whole number")
+    return value
+
+
+converter.register_structure_hook(int, _whole)
 
 
 def parse(data: dict[str, Any], kind: type[T]) -> T:

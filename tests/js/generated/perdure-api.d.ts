@@ -473,6 +473,13 @@ export interface components {
             resident_sessions: number;
             evictions: number;
         };
+        /** @description What the caller's credential opens: everything (admin) or one session. */
+        WhoamiAnswer: {
+            /** @enum {string} */
+            scope: "admin" | "read" | "write";
+            session_id: string | null;
+            expires_at: number | null;
+        };
         /** @description A session's summary, kept by every backend in the transaction that writes its records. ``open_submissions`` is the *active* index: a session with unfinished submissions is started again by recovery without reading any other session's history. */
         SessionInfo: {
             session_id: string;
@@ -535,7 +542,7 @@ export interface components {
             approved: boolean;
             request_id: string;
             /** @default  */
-            note?: string;
+            note?: string | null;
         };
         ApprovalAnswer: {
             seq: number | null;
@@ -579,6 +586,21 @@ export interface components {
             duplicate: boolean;
             call_id: string;
             action: string;
+        };
+        /** @description A scoped token's request: its scope and lifetime (an hour unless given). */
+        TokenBody: {
+            /** @enum {string} */
+            scope: "read" | "write";
+            /** @default 3600 */
+            ttl_s?: number | null;
+        };
+        /** @description A scoped token (a JWT) for one session, and when it expires (epoch seconds). */
+        TokenAnswer: {
+            token: string;
+            expires_at: number;
+            session_id: string;
+            /** @enum {string} */
+            scope: "read" | "write";
         };
         /**
          * ActivityMessage
@@ -1536,13 +1558,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": {
-                        /** @enum {unknown} */
-                        scope: "admin" | "read" | "write";
-                        session_id: string | null;
-                        /** @description seconds since the epoch */
-                        expires_at: number | null;
-                    };
+                    "application/json": components["schemas"]["WhoamiAnswer"];
                 };
             };
             401: components["responses"]["E401"];
@@ -2132,15 +2148,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": {
-                    /** @enum {unknown} */
-                    scope: "read" | "write";
-                    /**
-                     * @description the token's lifetime in seconds
-                     * @default 3600
-                     */
-                    ttl_s?: number;
-                };
+                "application/json": components["schemas"]["TokenBody"];
             };
         };
         responses: {
@@ -2150,14 +2158,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": {
-                        /** @description a JWT (HS256) */
-                        token: string;
-                        expires_at: number;
-                        session_id: string;
-                        /** @enum {unknown} */
-                        scope: "read" | "write";
-                    };
+                    "application/json": components["schemas"]["TokenAnswer"];
                 };
             };
             400: components["responses"]["E400"];
