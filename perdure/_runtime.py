@@ -21,7 +21,15 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
@@ -35,6 +43,7 @@ from perdure import errors as perdure_errors
 from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
+from perdure.actors.decide.sessions import orphaned
 from perdure.actors.session import CommandMsg, Query, WaitIdle
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
@@ -60,12 +69,13 @@ from perdure.storage import (
 from perdure.storage.bus import Event, Subscription
 from perdure.storage.journal import WAKE, Journal, JournalStats, open_journal
 from perdure.storage.records import (
+    AgentStarted,
     Budget,
     Committed,
     LogOpened,
+    Record,
     ResolutionAction,
     RunFinished,
-    SessionCreated,
     ToolExecuting,
     ToolHeartbeat,
 )
@@ -404,7 +414,7 @@ class Runtime:
         system: str | None,
         tools: list[str] | None,
         stopping: Callable[[], bool],
-        beat: Callable[[Any], None],
+        link: Callable[[str], Awaitable[None]],
     ) -> str:
         """``ctx.run_agent``: the ``n``-th sub-agent of a tool call, as a child session.
 
@@ -429,8 +439,9 @@ class Runtime:
             created = await self._sup.create_session(
                 child, system, None, None, parent=parent, tools=tools, task=submit
             )
-        # The parent's stream references its children (once they exist).
-        beat({"agents": list(call_agents(call, n))})
+        # The parent records its child (once it exists): its stream and its pause,
+        # resume and cancel reach the child through that link.
+        await link(child)
         try:
             if not created:  # found again by a re-run of the call: submitted once, by its id
                 await self.submit(child, task, request_id=submit.request_id)
@@ -448,22 +459,16 @@ class Runtime:
         return outcome.final_text
 
     async def _stop_orphans(self, sessions: Iterable[str]) -> list[str]:
-        """Cancel the recovered sub-agents whose parent call is over without them.
-
-        A crash between the parent's cancel (or revision) and the child's leaves a child
-        whose answer nobody waits for: recovery settled the parent's call, so the child
-        is cancelled now (idempotent by a derived request id).
-        """
+        """Cancel the recovered sub-agents whose parent call is over without them: the
+        core decides (``decide.sessions.orphaned``), this reads what it needs and tells them."""
         stopped: list[str] = []
         # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
         for sid in (s for s in sessions if AGENT_MARK in s):
             try:
                 first = await self._journal.read_session(sid, 0, 1)
-                created = first[0].record if first else None
-                if not isinstance(created, SessionCreated) or not created.parent:
-                    continue
-                if await retention.dependency(self._journal, sid) is None:
-                    await self.cancel(sid, request_id=f"orphan:{created.parent}")
+                stop = orphaned(first, await retention.parent_of(self._journal, first))
+                if stop is not None:
+                    await self.cancel(sid, request_id=stop.request_id)
                     stopped.append(sid)
             except (LogError, perdure_errors.Refused) as exc:
                 # The log cannot be read now, or the child cannot be told: it runs on,
@@ -645,9 +650,9 @@ class Runtime:
         self, session_id: str, *, after: int = 0, agents: bool = True
     ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
         """The session's events (as ``events``) with, if ``agents``, those of its sub-agents
-        nested in: each child's stream (and its children's) joins as soon as a call's
-        heartbeat names it. Tell them apart by ``Event.session_id``. Events of one session
-        keep their order; the streams interleave as they happen.
+        nested in: each child's stream (and its children's) joins as soon as the parent
+        records it (``AgentStarted``). Tell them apart by ``Event.session_id``. Events of
+        one session keep their order; the streams interleave as they happen.
         """
         send, receive = trio.open_memory_channel[Event](1024)
         joined: set[str] = {session_id}
@@ -657,12 +662,10 @@ class Runtime:
                 async with aclosing(self.events(sid, after=start)) as stream:
                     async for event in stream:
                         await send.send(event)
-                        beat = event.record
-                        named = beat.details if isinstance(beat, ToolHeartbeat) else None
-                        if not (agents and isinstance(named, dict)):
+                        if not agents:
                             continue
-                        for child in named.get("agents", []):
-                            if isinstance(child, str) and child not in joined:
+                        for child in children_named(event.record):
+                            if child not in joined:
                                 joined.add(child)
                                 nursery.start_soon(pump, child, 0)
 
@@ -739,8 +742,15 @@ def child_session_id(call: ToolExecuting, n: int) -> str:
     return f"{call.session_id[:96]}{AGENT_MARK}{digest}"
 
 
-def call_agents(call: ToolExecuting, upto: int) -> Iterable[str]:
-    return (child_session_id(call, i) for i in range(1, upto + 1))
+def children_named(record: Record | None) -> list[str]:
+    """The sub-agent sessions a parent's record links: an ``AgentStarted``'s child, or
+    (in logs written before that record) the ``agents`` a heartbeat listed."""
+    if isinstance(record, AgentStarted):
+        return [record.child]
+    if not isinstance(record, ToolHeartbeat) or not isinstance(record.details, dict):
+        return []
+    named = record.details.get("agents")
+    return [child for child in named if isinstance(child, str)] if isinstance(named, list) else []
 
 
 def _rid() -> str:
@@ -766,15 +776,9 @@ def resolution(
 
 
 def running_children(state: SessionState) -> list[str]:
-    """The sub-agent sessions started by ``state``'s unfinished tool calls (the calls
-    name them in their heartbeats); pause and resume reach them too."""
-    found: list[str] = []
-    for task in state.tasks.values():
-        beat = task.last_heartbeat
-        if task.terminal or beat is None or not isinstance(beat.details, dict):
-            continue
-        found += [a for a in beat.details.get("agents", []) if isinstance(a, str)]
-    return found
+    """The sub-agent sessions started by ``state``'s unfinished tool calls (each linked
+    by an ``AgentStarted`` of the call); pause and resume reach them too."""
+    return [child for t in state.tasks.values() if not t.terminal for child in t.children]
 
 
 @asynccontextmanager

@@ -25,8 +25,9 @@ from typing import Any
 
 import attrs
 
+from perdure.actors.decide import sessions
 from perdure.actors.state import SessionState
-from perdure.errors import Refused, UnknownSession
+from perdure.errors import Refused
 from perdure.storage import SessionBusy, SessionInfo
 from perdure.storage.codec import converter
 from perdure.storage.journal import Journal
@@ -42,23 +43,21 @@ class Pruned:
     records: int  # how many records went (or would go, in a dry run)
 
 
-async def dependency(journal: Journal, session_id: str) -> str | None:
-    """Why the session must be kept for another one, or None.
+async def parent_of(journal: Journal, first: list[Committed]) -> SessionState | None:
+    """The folded state of the session whose call started this sub-agent (``first``: the
+    sub-agent's first record); None for another session, or a parent with no records."""
+    link = sessions.parent_call(first)
+    if link is None:
+        return None
+    history = await journal.read_session(link[0])
+    return SessionState.fold(link[0], history) if history else None
 
-    A sub-agent's session is kept while the parent call that runs it is unfinished.
-    """
+
+async def dependency(journal: Journal, session_id: str) -> str | None:
+    """Why the session must be kept for another one, or None (``sessions.dependency``:
+    a sub-agent's session is kept while the parent call that runs it is unfinished)."""
     first = await journal.read_session(session_id, 0, 1)
-    created = first[0].record if first else None
-    if not isinstance(created, SessionCreated) or not created.parent:
-        return None
-    parent, _, call_id = created.parent.rpartition("/")
-    history = await journal.read_session(parent)
-    if not history:
-        return None
-    task = SessionState.fold(parent, history).tasks.get(call_id)
-    if task is not None and not task.terminal:
-        return f"its parent call {created.parent} still waits for it"
-    return None
+    return sessions.dependency(first, await parent_of(journal, first))
 
 
 async def delete_session(journal: Journal, session_id: str, at: float, reason: str = "") -> int:
@@ -68,13 +67,9 @@ async def delete_session(journal: Journal, session_id: str, at: float, reason: s
     still waits for it; ``UnknownSession`` if there is no such session.
     """
     info = await journal.session_info(session_id)
-    if info is None:
-        raise UnknownSession(session_id)
-    why = await dependency(journal, session_id)
-    if why is not None:
-        raise Refused("busy", f"session {session_id} is not deleted: {why}")
+    why = await dependency(journal, session_id) if info is not None else None
+    marker = sessions.deletion(session_id, info, why, reason, at)
     await journal.acquire(session_id)  # PostgreSQL: the deletion needs its lease
-    marker = SessionDeleted(deleted=session_id, reason=reason, at=at)
     try:
         (committed,) = await journal.append([marker])
     except SessionBusy as exc:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 
 from perdure.storage.records import (
+    AgentStarted,
     ApprovalDecided,
     CancelRequested,
     Committed,
@@ -149,6 +150,8 @@ class Timeline:
                 f"{r.tool_name} [{r.call_id}] executing ({r.replay}{again}, "
                 f"key {r.idempotency_key[:12]}…)",
             )
+        elif isinstance(r, AgentStarted):
+            add("plain", f"{tools.get(r.call_id, '?')} [{r.call_id}] started sub-agent {r.child}")
         elif isinstance(r, ToolHeartbeat):
             # One line per call for a stretch of heartbeats: how many, and the latest.
             index, count = self._beats.get(r.call_id, (len(lines), 0))

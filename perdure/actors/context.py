@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import trio
 from attrs import define, field
@@ -26,7 +25,7 @@ AgentRunner = Callable[
         str | None,
         list[str] | None,
         Callable[[], bool],
-        Callable[[Any], None],
+        Callable[[str], Awaitable[None]],  # link: tell the session a child started
     ],
     Awaitable[str],
 ]

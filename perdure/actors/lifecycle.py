@@ -72,9 +72,10 @@ TASK_TRANSITIONS: Final[dict[tuple[TaskPhase | None, str], TaskPhase]] = {
     ("denied", "ToolCompleted"): "completed",
     ("denied", "ToolCancelled"): "cancelled",
     # A re-run (recovery, a reconcile that found nothing applied) is a new attempt
-    # of the same executing call; its heartbeats leave it executing.
+    # of the same executing call; its heartbeats and sub-agents leave it executing.
     ("executing", "ToolExecuting"): "executing",
     ("executing", "ToolHeartbeat"): "executing",
+    ("executing", "AgentStarted"): "executing",  # it started a sub-agent
     ("executing", "ToolRetryPending"): "retry_pending",
     ("executing", "ToolAwaitingHuman"): "awaiting_human",
     ("executing", "ToolCompleted"): "completed",

@@ -271,6 +271,15 @@ class HeartbeatReported:
 
 
 @frozen(kw_only=True)
+class AgentLinked:
+    """A running attempt started the sub-agent session ``child`` (``ctx.run_agent``)."""
+
+    call_id: str
+    attempt: int
+    child: str
+
+
+@frozen(kw_only=True)
 class BackOffOver:
     """The shell waited out a call's back-off (``BackOff``); ``advance`` decides the rest."""
 
@@ -289,7 +298,13 @@ class ReconcileFinished:
 
 
 Result = (
-    ModelReplied | ModelFailed | ToolFinished | ReconcileFinished | HeartbeatReported | BackOffOver
+    ModelReplied
+    | ModelFailed
+    | ToolFinished
+    | ReconcileFinished
+    | HeartbeatReported
+    | AgentLinked
+    | BackOffOver
 )
 
 # -- effects: what the shell performs once the step is durable ----------------------------------

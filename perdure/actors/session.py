@@ -33,6 +33,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_tool
+from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
@@ -42,6 +43,7 @@ from perdure.tools.contract import Tool
 log = logging.getLogger("perdure.session")
 
 RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
+RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdure.backoff)
 
 T = TypeVar("T")
 A = TypeVar("A", protocol.Accepted, protocol.Done)
@@ -351,6 +353,8 @@ class SessionActor:
             await self._result(message)
         elif isinstance(message, protocol.HeartbeatReported):
             await self._heartbeat(message)
+        elif isinstance(message, protocol.AgentLinked):
+            await self._link(message)
         elif isinstance(message, _FlushHeartbeat):
             throttle = self._beats.get(message.call_id)
             if throttle is not None and throttle.held is not None:
@@ -513,6 +517,22 @@ class SessionActor:
         except LogError as exc:  # progress only: the next heartbeat will carry newer details
             log.warning("session %s: heartbeat of %s not saved (%s)", self.session_id, beat, exc)
 
+    async def _link(self, link: protocol.AgentLinked) -> None:
+        """A running call started a sub-agent: commit the link (``AgentStarted``).
+
+        Not held for a later commit if the log cannot take it now (the call's attempt
+        still holds its place): like a heartbeat, the link is what the parent knows of
+        its child, and the child's own ``SessionCreated.parent`` keeps the other end.
+        """
+        env = self._env()
+        step = decide.on_result(self.state, env, link)
+        try:
+            await self._commit(step, env)
+        except (LogFenced, CommitUnknown):
+            raise
+        except LogError as exc:
+            log.warning("session %s: sub-agent %s not linked (%s)", self.session_id, link, exc)
+
     async def _last_heartbeat(self, call_id: str) -> None:
         """The attempt is over: commit the heartbeat still held, before its result."""
         throttle = self._beats.pop(call_id, None)
@@ -613,14 +633,12 @@ class SessionActor:
         Tools keep running meanwhile. If the log stays unreachable, the state may hold
         records the log does not: the actor must stop, to restart from the log later.
         """
-        delay = 0.05
-        for _ in range(RELOAD_TRIES):
+        for attempt in range(1, RELOAD_TRIES + 1):
             try:
                 return await self._load()
             except LogUnavailable as exc:
                 reread: LogError = exc
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await trio.sleep(RELOAD_BACKOFF.delay(attempt))
         raise CommitUnknown(
             f"session {self.session_id}: a commit failed ({failed}) and the log could not "
             f"be re-read ({reread})"

@@ -32,6 +32,7 @@ from perdure.actors.protocol import (
     with_budget_hash,
 )
 from perdure.storage.records import (
+    AgentStarted,
     ApprovalDecided,
     Budget,
     CancelRequested,
@@ -93,6 +94,7 @@ class Task:
     not_before: float | None = None
     retry_by_human: bool = False  # the pending retry was a person's choice
     last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
+    children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
 
     @property
     def terminal(self) -> bool:
@@ -458,7 +460,19 @@ class SessionState:
         task.retry_by_human = False
 
     def _tool_heartbeat(self, r: ToolHeartbeat) -> None:
-        self._move_task(r.call_id, "ToolHeartbeat").last_heartbeat = r
+        task = self._move_task(r.call_id, "ToolHeartbeat")
+        task.last_heartbeat = r
+        # Before AgentStarted, a call named its sub-agents in a heartbeat: old logs do.
+        named = r.details.get("agents") if isinstance(r.details, dict) else None
+        if isinstance(named, list):
+            for child in named:
+                if isinstance(child, str) and child not in task.children:
+                    task.children = (*task.children, child)
+
+    def _agent_started(self, r: AgentStarted) -> None:
+        task = self._move_task(r.call_id, "AgentStarted")
+        if r.child not in task.children:
+            task.children = (*task.children, r.child)
 
     def _tool_retry_pending(self, r: ToolRetryPending) -> None:
         task = self._move_task(r.call_id, "ToolRetryPending")
@@ -557,6 +571,7 @@ _HANDLERS: dict[type, Any] = {
     ApprovalDecided: SessionState._approval_decided,
     ToolExecuting: SessionState._tool_executing,
     ToolHeartbeat: SessionState._tool_heartbeat,
+    AgentStarted: SessionState._agent_started,
     ToolRetryPending: SessionState._tool_retry_pending,
     ToolAwaitingHuman: SessionState._tool_awaiting_human,
     ResolutionDecided: SessionState._resolution_decided,

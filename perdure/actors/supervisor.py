@@ -60,8 +60,10 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from perdure import _libc, _threads, retention
-from perdure.actors import balance, decide, dormant
+from perdure.actors import balance, dormant
 from perdure.actors.context import ActorContext
+from perdure.actors.decide import sessions
+from perdure.actors.decide.sessions import NewSession
 from perdure.actors.protocol import Forked, Submit
 from perdure.actors.session import (
     Drain,
@@ -73,6 +75,7 @@ from perdure.actors.session import (
     allowed_tools,
 )
 from perdure.actors.state import SessionState
+from perdure.backoff import Backoff
 from perdure.errors import (
     NotOwnerRefused,
     PerdureError,
@@ -95,9 +98,6 @@ from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import (
     Budget,
     Committed,
-    Record,
-    SessionCreated,
-    SessionForked,
     SessionParked,
 )
 
@@ -114,6 +114,10 @@ class Asking(Protocol[T]):
 
 
 MAX_OUTAGE_BACKOFF = 5.0  # seconds between restarts of a session while the log is down
+# The waits before restarting an actor (``perdure.backoff``): while the log is down
+# (0.1 s, doubling, at most MAX_OUTAGE_BACKOFF), and after a crash (at most 2 s).
+OUTAGE_BACKOFF = Backoff(initial=0.1, cap=MAX_OUTAGE_BACKOFF)
+RESTART_BACKOFF = Backoff(initial=0.1, cap=2.0)
 BOOT_READ_BATCH = 100  # sessions whose records one worker-thread call reads at start-up
 BOOT_READ_PARALLEL = 8  # such calls at once, for a multi-node (database) log
 
@@ -309,16 +313,17 @@ class Supervisor:
                 found = read.pop(session_id, None)
                 if isinstance(found, LogUnavailable | StorageFull):
                     log.warning("session %s cannot start yet (%s); retrying", session_id, found)
-                    self._nursery_start(self._boot_when_reachable, session_id, 0.1)
+                    self._nursery_start(self._boot_when_reachable, session_id)
                     continue
                 records = found if isinstance(found, list) else None
                 boot.start_soon(self._boot_one, session_id, records)
 
-    async def _boot_when_reachable(self, session_id: str, delay: float) -> None:
+    async def _boot_when_reachable(self, session_id: str) -> None:
         """Start a session with unfinished work once the log can be read again."""
+        tries = 0
         while session_id not in self.mailboxes and session_id not in self.parked:
-            await trio.sleep(delay)
-            delay = min(delay * 2, MAX_OUTAGE_BACKOFF)
+            tries += 1
+            await trio.sleep(OUTAGE_BACKOFF.delay(tries))
             try:
                 await self.mailbox(session_id)
                 return  # started (it may be evicted later: that is not ours to undo)
@@ -520,7 +525,7 @@ class Supervisor:
             # Its work must go on by itself: keep trying in the background, without
             # holding up the start of the others (or of the runtime).
             log.warning("session %s cannot start yet (%s); retrying", session_id, exc)
-            self._nursery_start(self._boot_when_reachable, session_id, 0.1)
+            self._nursery_start(self._boot_when_reachable, session_id)
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -543,34 +548,27 @@ class Supervisor:
         its task); a caller told False submits it as usual (idempotent).
         """
         check_session_id(session_id)
+        new = NewSession(
+            session_id=session_id,
+            system=system,
+            budget=budget,
+            if_busy=if_busy,
+            parent=parent,
+            tools=tools,
+            task=task,
+        )
+        env = self.ctx.env(allowed_tools(self.ctx.tools, tools))
         async with self._create_lock:
+            existing = None
             if session_id in self.mailboxes or await self.journal.session_info(session_id):
-                if system is not None:
-                    first = await self.journal.read_session(session_id, 0, 1)
-                    created = first[0].record if first else None
-                    if isinstance(created, SessionCreated) and created.system != system:
-                        raise Refused(
-                            "conflict",
-                            f"session {session_id!r} already exists with a different system prompt",
-                        )
+                # Its first record, to compare the prompt (none read if none was given).
+                existing = (
+                    await self.journal.read_session(session_id, 0, 1) if system is not None else []
+                )
+            records = sessions.create(new, existing, env, self.ctx.clock())
+            if not records:
                 return False
             await self._acquire(session_id)
-            record = SessionCreated(
-                session_id=session_id,
-                system=system,
-                budget=budget,
-                if_busy=if_busy,
-                parent=parent,
-                tools=tools,
-                at=self.ctx.clock(),
-            )
-            records: list[Record] = [record]
-            if task is not None:
-                fresh = SessionState.fold(session_id, [Committed(0, record)])
-                step, _ = decide.command(
-                    fresh, self.ctx.env(allowed_tools(self.ctx.tools, tools)), task
-                )
-                records += step.records
             await self.journal.append(records)
             return True
 
@@ -584,32 +582,24 @@ class Supervisor:
         """
         check_session_id(session_id)
         async with self._create_lock:
+            existing = history = None
             if session_id in self.mailboxes or await self.journal.session_info(session_id):
-                first = await self.journal.read_session(session_id, 0, 2)
-                lineage = first[-1].record if len(first) == 2 else None
-                same = (
-                    isinstance(lineage, SessionForked)
-                    and lineage.request_id == request_id
-                    and lineage.source == source
-                )
-                if not same:
-                    raise Refused(
-                        "conflict",
-                        f"session {session_id!r} already exists and is not this fork "
-                        f"(request id {request_id!r} of {source!r})",
-                    )
-                assert isinstance(lineage, SessionForked)
-                return Forked(session_id, source, lineage.position, duplicate=True)
-            history = await self.journal.read_session(source)
-            if not history:
-                raise UnknownSession(source)
-            position = decide.fork_position(history, at)
-            await self._acquire(session_id)
-            records = decide.fork_records(
-                history, session_id, position, request_id, self.ctx.clock()
+                existing = await self.journal.read_session(session_id, 0, 2)
+            else:
+                history = await self.journal.read_session(source)
+            decided = sessions.fork(
+                source,
+                session_id,
+                at,
+                request_id,
+                existing=existing,
+                history=history or [],
+                now=self.ctx.clock(),
             )
-            await self.journal.append(records)
-            return Forked(session_id, source, position)
+            if decided.records:
+                await self._acquire(session_id)
+                await self.journal.append(decided.records)
+            return decided.forked
 
     async def delete_session(self, session_id: str, reason: str) -> int:
         """Remove a finished session from the log (``perdure.retention``); its resident
@@ -619,9 +609,7 @@ class Supervisor:
         gate = self._starting[session_id] = trio.Event()
         stopped = False
         try:
-            info = await self.journal.session_info(session_id)
-            if info is not None and info.open_submissions:
-                raise Refused("busy", f"session {session_id} has unfinished work; not deleted")
+            sessions.refuse_unfinished(session_id, await self.journal.session_info(session_id))
             actor = self.actors.get(session_id)
             scope = self._scopes.get(session_id)
             if actor is not None and scope is not None:
@@ -773,7 +761,7 @@ class Supervisor:
                         session_id,
                         unavailable,
                     )
-                    await trio.sleep(min(0.05 * 2 ** min(outages, 7), MAX_OUTAGE_BACKOFF))
+                    await trio.sleep(OUTAGE_BACKOFF.delay(outages))
                     continue
                 outages = 0
                 now = self.ctx.clock()
@@ -807,7 +795,7 @@ class Supervisor:
                         status.started(reason)
                     await self._refuse_forever(session_id, box, reason)
                     return
-                await trio.sleep(min(0.05 * 2 ** len(failures), 2.0))
+                await trio.sleep(RESTART_BACKOFF.delay(len(failures)))
 
     def _drop(self, session_id: str, actor: SessionActor, scope: trio.CancelScope) -> None:
         """Forget this actor (not a newer one of the same session)."""

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -31,6 +31,7 @@ import trio
 from perdure import _faults
 from perdure.actors.context import ActorContext, report_last
 from perdure.actors.protocol import (
+    AgentLinked,
     HeartbeatReported,
     ReconcileFinished,
     Result,
@@ -62,6 +63,7 @@ def make_context(
     *,
     last_heartbeat: Any = None,
     beat: Callable[[Any], None] | None = None,
+    link: Callable[[str], Awaitable[None]] | None = None,
     stopping: Callable[[], bool] = lambda: False,
 ) -> ToolContext:
     """What the tool knows about the attempt its ``executing`` record describes.
@@ -75,6 +77,11 @@ def make_context(
     beat_fn = beat if beat is not None else (lambda details: None)
     spawned = 0  # sub-agents started by this attempt, in order: part of each child's id
 
+    async def no_link(child: str) -> None:
+        pass
+
+    link_fn = link if link is not None else no_link
+
     def emit(kind: str, data: dict[str, Any]) -> None:
         bus.publish(Event(session_id, kind, data=data))
 
@@ -83,7 +90,7 @@ def make_context(
         if ctx.agents is None:
             raise RuntimeError("this runtime does not run sub-agents")
         spawned += 1
-        return await ctx.agents(executing, spawned, task, system, tools, stopping, beat_fn)
+        return await ctx.agents(executing, spawned, task, system, tools, stopping, link_fn)
 
     return ToolContext(
         idempotency_key=executing.idempotency_key,
@@ -216,11 +223,21 @@ async def run_tool(
         # the new owner recovers the call from its executing record. Never run it here.
         raise SessionFenced(executing.session_id, "its lease was lost before the tool started")
     beats = Heartbeats(executing, tool.heartbeat_timeout)
+
+    async def link(child: str) -> None:
+        """A sub-agent started: the session records the link (``AgentStarted``); like a
+        heartbeat, it says the tool is alive."""
+        beats.arm()
+        await outbox.send(
+            AgentLinked(call_id=executing.call_id, attempt=executing.attempt, child=child)
+        )
+
     tctx = make_context(
         ctx,
         executing,
         last_heartbeat=last_heartbeat,
         beat=beats.beat,
+        link=link,
         stopping=lambda: scope.cancel_called,
     )
     started = time.monotonic()

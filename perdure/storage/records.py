@@ -8,7 +8,7 @@ follow the lifecycles of docs/DESIGN.md:
 * run:        InputAccepted -> RunStarted -> ... -> RunFinished
 * generation: GenerationStarted -> (RetryPending ...) -> GenerationCompleted
 * tool task:  ToolTaskCreated -> (ToolAwaitingApproval -> ApprovalDecided)
-              -> ToolExecuting (ToolHeartbeat ...)
+              -> ToolExecuting (ToolHeartbeat ..., AgentStarted ...)
               -> ToolCompleted | ToolOutcomeUnknown | ToolCancelled
               or, when an attempt fails: ToolRetryPending -> ToolExecuting (attempt + 1)
               or ToolAwaitingHuman -> ResolutionDecided -> (a retry, or a result)
@@ -342,6 +342,24 @@ class ToolHeartbeat:
 
 
 @frozen(kw_only=True)
+class AgentStarted:
+    """A running call started a sub-agent: the parent's end of the parent -> child link.
+
+    The child session ``child`` was created (with its task) for this call's attempt
+    ``attempt``; its ``SessionCreated.parent`` names this call, the other end. The
+    runtime pauses, resumes and watches a call's children through these. (Logs written
+    before this record named a call's children in a heartbeat, ``{"agents": [...]}``,
+    which the fold still reads.)
+    """
+
+    session_id: str
+    call_id: str
+    attempt: int
+    child: str
+    at: float
+
+
+@frozen(kw_only=True)
 class ToolRetryPending:
     """A SAFE or KEYED call failed transiently; persisted BEFORE the back-off starts.
 
@@ -546,6 +564,7 @@ Record = (
     | ApprovalDecided
     | ToolExecuting
     | ToolHeartbeat
+    | AgentStarted
     | ToolRetryPending
     | ToolAwaitingHuman
     | ResolutionDecided
@@ -578,6 +597,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     ApprovalDecided,
     ToolExecuting,
     ToolHeartbeat,
+    AgentStarted,
     ToolRetryPending,
     ToolAwaitingHuman,
     ResolutionDecided,

@@ -36,6 +36,7 @@ import trio
 import trio.lowlevel
 from attrs import field, frozen
 
+from perdure.backoff import Backoff
 from perdure.tools.params import JsonSchema, Parameters, check_name, describe, render
 from perdure.tools.params import ResultNotSerializable as ResultNotSerializable
 from perdure.tools.params import ToolDefinitionError as ToolDefinitionError
@@ -118,8 +119,8 @@ class ToolContext:
         of the call (after a crash, a retry) finds the same child, never a second one,
         and waits for its result. Declare the calling tool KEYED (``agent_tool`` does)
         so that recovery re-runs it. Cancelling the call (a cancel, a revision) cancels
-        the child; pausing the parent pauses it. The child's id is announced as this
-        call's heartbeat (``{"agents": [...]}``), so the parent's stream references it.
+        the child; pausing the parent pauses it. The parent's log links this call to
+        the child (``AgentStarted``), so the parent's stream references it.
         A child that does not complete raises ``RuntimeError`` (the tool's error).
         """
         if self._agents is None:
@@ -281,15 +282,10 @@ class RetryPolicy:
             raise ValueError(f"RetryPolicy.multiplier must be finite, not {value!r}")
 
     def delay(self, attempt: int, jitter: float, retry_after: float | None = None) -> float:
-        """Seconds to wait after failed attempt ``attempt``; ``jitter`` is a sample of U(0, 1)."""
-        exponent = min(attempt - 1, 1000)  # past this the cap applies anyway
-        try:
-            grown = self.initial * self.multiplier**exponent
-        except OverflowError:  # multiplier ** 1000 is past a float for a multiplier > ~2.03
-            grown = math.inf
-        ceiling = min(self.max_interval, grown)
-        wait = ceiling * (0.5 + jitter / 2)
-        return wait if retry_after is None else max(wait, retry_after)
+        """Seconds to wait after failed attempt ``attempt``; ``jitter`` is a sample of U(0, 1)
+        (the one back-off formula, ``perdure.backoff``)."""
+        policy = Backoff(initial=self.initial, multiplier=self.multiplier, cap=self.max_interval)
+        return policy.delay(attempt, jitter, retry_after)
 
     def retries(self, failure: type[BaseException]) -> bool:
         """Whether an exception of this type is a transient failure under this policy."""

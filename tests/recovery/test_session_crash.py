@@ -239,7 +239,7 @@ def test_a_sub_agent_whose_parent_was_cancelled_around_a_crash_is_stopped(
         extra_tools=["tests.recovery.session_tools:AGENT_TOOLS"],
         by_system={"researcher": [{"text": "thought long", "delay": 2.0}]},
         actions=[
-            {"kind": "wait_for", "session": "s1", "record": "ToolHeartbeat"},
+            {"kind": "wait_for", "session": "s1", "record": "AgentStarted"},  # the child is linked
             {"kind": "cancel", "session": "s1", "request_id": "c1"},
         ],
         linger=True,  # until every session of the log is idle, the child's too

@@ -17,7 +17,7 @@ import perdure
 from perdure import ReplayPolicy, ToolContext
 from perdure.check import check_log
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
-from perdure.storage.records import InputAccepted, SessionCreated, ToolCompleted, ToolHeartbeat
+from perdure.storage.records import AgentStarted, InputAccepted, SessionCreated, ToolCompleted
 
 RESEARCHER = "You research one question and answer in one line."
 
@@ -66,8 +66,10 @@ async def test_a_sub_agent_answers_the_parent_call(log_dir: Path) -> None:
         parent = await rt._journal.read_session("p")
         (result,) = [c.record for c in parent if isinstance(c.record, ToolCompleted)]
         assert result.output == "Lisbon"
-        (beat,) = [c.record for c in parent if isinstance(c.record, ToolHeartbeat)]
-        (child,) = beat.details["agents"]
+        # The parent's log links its call to the child (a typed record, not a heartbeat).
+        (link,) = [c.record for c in parent if isinstance(c.record, AgentStarted)]
+        assert link.call_id == result.call_id
+        child = link.child
         assert child.startswith("p.agent-")
         first, task = (await rt._journal.read_session(child))[:2]
         created = first.record
@@ -132,12 +134,12 @@ async def test_watch_nests_the_sub_agents_events(log_dir: Path) -> None:
                         seqs.setdefault((event.session_id, event.kind), event.seq)
                     if event.session_id == "p" and event.kind == "RunFinished":
                         break
-        beats = [c.record for c in await rt._journal.read_session("p")]
-        (beat,) = [r for r in beats if isinstance(r, ToolHeartbeat)]
-        (child,) = beat.details["agents"]
+        records = [c.record for c in await rt._journal.read_session("p")]
+        (link,) = [r for r in records if isinstance(r, AgentStarted)]
+        child = link.child
         assert (child, "SessionCreated") in seen and (child, "RunFinished") in seen
         parent_kinds = [k for s, k in seen if s == "p"]
-        assert parent_kinds.index("ToolHeartbeat") < parent_kinds.index("ToolCompleted")
+        assert parent_kinds.index("AgentStarted") < parent_kinds.index("ToolCompleted")
         # Committed first (the two sessions' streams interleave in arrival order, which a
         # loaded machine may swap: compare their sequence numbers).
         child_end = seqs[(child, "RunFinished")]

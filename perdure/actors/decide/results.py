@@ -26,6 +26,7 @@ from perdure.actors.decide.verbs import (
 )
 from perdure.actors.protocol import (
     NOTHING,
+    AgentLinked,
     BackOffOver,
     Env,
     HeartbeatReported,
@@ -38,6 +39,7 @@ from perdure.actors.protocol import (
 )
 from perdure.actors.state import Generation, SessionState, Task
 from perdure.storage.records import (
+    AgentStarted,
     GenerationCompleted,
     Record,
     RecoveryDecision,
@@ -264,6 +266,23 @@ def _heartbeat(s: SessionState, env: Env, msg: HeartbeatReported) -> Step:
     return Step((beat,))
 
 
+def _agent_linked(s: SessionState, env: Env, msg: AgentLinked) -> Step:
+    """A running attempt started a sub-agent: the parent's record of the link."""
+    task = s.tasks.get(msg.call_id)
+    if task is None or task.phase != "executing" or task.attempt != msg.attempt:
+        return NOTHING  # the attempt is over: its child answers nobody here
+    if msg.child in task.children:
+        return NOTHING  # a re-run found the child it had started: linked already
+    started = AgentStarted(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        attempt=msg.attempt,
+        child=msg.child,
+        at=env.now,
+    )
+    return Step((started,))
+
+
 def _back_off_over(s: SessionState, env: Env, msg: BackOffOver) -> Step:
     """Nothing to record: ``advance`` (through ``_retry``) dispatches the next attempt,
     now that the shell no longer waits for it, unless the session is paused or draining."""
@@ -339,5 +358,6 @@ RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
     ToolFinished: _tool_finished,
     ReconcileFinished: _reconciled,
     HeartbeatReported: _heartbeat,
+    AgentLinked: _agent_linked,
     BackOffOver: _back_off_over,
 }

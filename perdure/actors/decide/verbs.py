@@ -33,6 +33,7 @@ from perdure.actors.protocol import (
     View,
 )
 from perdure.actors.state import SessionState, Task
+from perdure.backoff import Backoff
 from perdure.budget import over_budget
 from perdure.storage.records import (
     GenerationStarted,
@@ -84,12 +85,11 @@ _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensu
 
 
 def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
-    """Exponential back-off with jitter, never shorter than the server's retry-after."""
-    ceiling: float = min(env.retry_cap, env.retry_base * 2.0 ** (attempt - 1))
-    delay = ceiling * (0.5 + jitter / 2)
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, env.retry_cap * 10))
-    return delay
+    """A model retry's wait (``perdure.backoff``), never shorter than the server's
+    retry-after, which is believed up to ten times the cap."""
+    policy = Backoff(initial=env.retry_base, cap=env.retry_cap)
+    told = None if retry_after is None else min(retry_after, env.retry_cap * 10)
+    return policy.delay(attempt, jitter, told)
 
 
 def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:

@@ -1,0 +1,197 @@
+"""Sessions as a whole: create, fork, delete, and whether one must be kept for another.
+
+These decisions span a session's first records, or two sessions (a sub-agent and
+the session whose call waits for it), so they are not a session actor's: the
+supervisor and ``perdure.retention`` read what they need from the log, ask these
+functions, and persist what they return. Each is pure: the records to commit, or
+``Refused`` / ``UnknownSession`` naming why nothing is recorded.
+
+* ``create`` — creation is idempotent by session id: a session that exists answers
+  "already there", unless it was created with another system prompt (a conflict). A
+  sub-agent's task is accepted in the creation's own commit, so a child never exists
+  without its task.
+* ``fork`` — a fork is idempotent by its request id; it is taken at a settled point of
+  the source (``forks.fork_position``) and copies the prefix in one commit.
+* ``orphaned`` — a sub-agent found with work at start-up whose parent call is over is
+  cancelled (the supervisor asks once every session has recovered, so the parent's
+  own recovery has settled its calls first).
+* ``dependency`` / ``deletion`` — a sub-agent's session is kept while the parent call
+  that waits for it is unfinished (deleting it early would let a re-run of that call
+  after a crash start a second child); a session with unfinished work is not deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attrs import frozen
+
+from perdure.actors.decide.commands import command
+from perdure.actors.decide.forks import fork_position, fork_records
+from perdure.actors.protocol import Cancel, Env, Forked, Submit
+from perdure.actors.state import SessionState
+from perdure.errors import Refused, UnknownSession
+from perdure.storage.backend import SessionInfo
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    Record,
+    SessionCreated,
+    SessionDeleted,
+    SessionForked,
+)
+
+
+@frozen(kw_only=True)
+class NewSession:
+    """A request to create a session: what its ``SessionCreated`` will hold, and for a
+    sub-agent its ``parent`` call ("session/call_id"), allowed ``tools`` and ``task``."""
+
+    session_id: str
+    system: str | None = None
+    budget: Budget | None = None
+    if_busy: str | None = None
+    parent: str | None = None
+    tools: list[str] | None = None
+    task: Submit | None = None
+
+
+def create(
+    new: NewSession, existing: Sequence[Committed] | None, env: Env, now: float
+) -> tuple[Record, ...]:
+    """The records that create ``new``; none if it exists already (``existing``: its
+    first record, as read; None if there is no such session).
+
+    ``env`` is the runtime's, narrowed to the session's allowed tools: the task is
+    decided as that session would decide it.
+    """
+    if existing is not None:
+        created = existing[0].record if existing else None
+        if (
+            new.system is not None
+            and isinstance(created, SessionCreated)
+            and created.system != new.system
+        ):
+            raise Refused(
+                "conflict",
+                f"session {new.session_id!r} already exists with a different system prompt",
+            )
+        return ()
+    record = SessionCreated(
+        session_id=new.session_id,
+        system=new.system,
+        budget=new.budget,
+        if_busy=new.if_busy,
+        parent=new.parent,
+        tools=new.tools,
+        at=now,
+    )
+    if new.task is None:
+        return (record,)
+    fresh = SessionState.fold(new.session_id, [Committed(0, record)])
+    step, _ = command(fresh, env, new.task)
+    return (record, *step.records)
+
+
+@frozen
+class ForkDecision:
+    """What a fork request comes to: the answer, and the records to commit (none for a
+    fork that exists already, asked again by its request id)."""
+
+    forked: Forked
+    records: tuple[Record, ...]
+
+
+def fork(
+    source: str,
+    session_id: str,
+    at: int | str | None,
+    request_id: str,
+    *,
+    existing: Sequence[Committed] | None,
+    history: Sequence[Committed],
+    now: float,
+) -> ForkDecision:
+    """Fork ``source`` into ``session_id`` at ``at`` (None: its latest settled point; a
+    run id: that run's end; a seq).
+
+    ``existing``: the first two records of ``session_id`` if it exists (None if not);
+    ``history``: the source's whole history (read only if ``session_id`` is new).
+    """
+    if existing is not None:
+        lineage = existing[-1].record if len(existing) == 2 else None
+        if not (
+            isinstance(lineage, SessionForked)
+            and lineage.request_id == request_id
+            and lineage.source == source
+        ):
+            raise Refused(
+                "conflict",
+                f"session {session_id!r} already exists and is not this fork "
+                f"(request id {request_id!r} of {source!r})",
+            )
+        return ForkDecision(Forked(session_id, source, lineage.position, duplicate=True), ())
+    if not history:
+        raise UnknownSession(source)
+    position = fork_position(history, at)
+    records = fork_records(history, session_id, position, request_id, now)
+    return ForkDecision(Forked(session_id, source, position), records)
+
+
+def parent_call(first: Sequence[Committed]) -> tuple[str, str] | None:
+    """The (session, call id) a sub-agent's session was started by, from its first
+    record; None for any other session."""
+    created = first[0].record if first else None
+    if not isinstance(created, SessionCreated) or not created.parent:
+        return None
+    parent, _, call_id = created.parent.rpartition("/")
+    return parent, call_id
+
+
+def dependency(first: Sequence[Committed], parent: SessionState | None) -> str | None:
+    """Why the session must be kept for another one, or None.
+
+    ``first``: the session's first record; ``parent``: the folded state of the session
+    named by ``parent_call(first)`` (None if it has no records). A sub-agent's session
+    is kept while the parent call that runs it is unfinished.
+    """
+    link = parent_call(first)
+    if link is None or parent is None:
+        return None
+    task = parent.tasks.get(link[1])
+    if task is not None and not task.terminal:
+        return f"its parent call {link[0]}/{link[1]} still waits for it"
+    return None
+
+
+def orphaned(first: Sequence[Committed], parent: SessionState | None) -> Cancel | None:
+    """The cancel of a recovered sub-agent whose parent call is over without it, or None.
+
+    A crash between the parent's cancel (or revision) and the child's leaves a child
+    whose answer nobody waits for: the parent's recovery settled its call. The cancel
+    is idempotent by a request id derived from the parent call, so a second start
+    decides the same and records nothing more. ``first`` and ``parent`` as for
+    ``dependency``; a sub-agent whose parent call still waits is not an orphan.
+    """
+    link = parent_call(first)
+    if link is None or dependency(first, parent) is not None:
+        return None
+    return Cancel(request_id=f"orphan:{link[0]}/{link[1]}")
+
+
+def refuse_unfinished(session_id: str, info: SessionInfo | None) -> None:
+    """A session with unfinished work (an input or a compensation open) is not deleted."""
+    if info is not None and info.open_submissions:
+        raise Refused("busy", f"session {session_id} has unfinished work; not deleted")
+
+
+def deletion(
+    session_id: str, info: SessionInfo | None, kept_for: str | None, reason: str, now: float
+) -> SessionDeleted:
+    """The marker whose commit removes the session's records (the log itself refuses it
+    while the session has unfinished work), or why it may not be deleted."""
+    if info is None:
+        raise UnknownSession(session_id)
+    if kept_for is not None:
+        raise Refused("busy", f"session {session_id} is not deleted: {kept_for}")
+    return SessionDeleted(deleted=session_id, reason=reason, at=now)

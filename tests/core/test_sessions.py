@@ -1,0 +1,117 @@
+"""Sessions as a whole, decided in the core: create, fork, delete, keep, orphan.
+
+The supervisor and ``perdure.retention`` read the log and persist; what to record,
+and what to refuse, is ``perdure.actors.decide.sessions``. These tests ask it
+directly, on records made by the same core (``tests.core.sim``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perdure.actors import protocol
+from perdure.actors.decide import sessions
+from perdure.actors.decide.sessions import NewSession
+from perdure.actors.protocol import Env
+from perdure.actors.state import SessionState
+from perdure.errors import Refused, UnknownSession
+from perdure.storage.backend import SessionInfo
+from perdure.storage.records import (
+    Committed,
+    InputAccepted,
+    SessionCreated,
+    SessionDeleted,
+    SessionForked,
+)
+from tests.core.sim import TOOLS, Session, decide_committed
+
+
+def committed(records: list) -> list[Committed]:  # type: ignore[type-arg]
+    return [decide_committed(i, r) for i, r in enumerate(records, 1)]
+
+
+def test_a_new_session_is_created_with_its_task_in_one_commit() -> None:
+    task = protocol.Submit("agent:k:1", "find it")
+    new = NewSession(session_id="p.agent-1", system="child", parent="p/c1", task=task)
+    records = sessions.create(new, None, Env(tools=TOOLS, now=5.0), 5.0)
+    created, accepted = records
+    assert isinstance(created, SessionCreated) and created.parent == "p/c1"
+    assert created.system == "child" and created.at == 5.0
+    assert isinstance(accepted, InputAccepted)
+    assert (accepted.request_id, accepted.text) == ("agent:k:1", "find it")
+
+
+def test_creating_an_existing_session_records_nothing_unless_the_prompt_differs() -> None:
+    first = committed([SessionCreated(session_id="s1", system="be brief", at=1.0)])
+    env = Env(tools=TOOLS, now=2.0)
+    assert sessions.create(NewSession(session_id="s1", system="be brief"), first, env, 2.0) == ()
+    assert sessions.create(NewSession(session_id="s1"), [], env, 2.0) == ()
+    with pytest.raises(Refused, match="different system prompt") as refused:
+        sessions.create(NewSession(session_id="s1", system="be long"), first, env, 2.0)
+    assert refused.value.code == "conflict"
+
+
+def _finished_session() -> list[Committed]:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("done")
+    return committed(s.log)
+
+
+def test_a_fork_copies_the_prefix_and_is_idempotent_by_its_request_id() -> None:
+    history = _finished_session()
+    decided = sessions.fork("s1", "f1", None, "fk1", existing=None, history=history, now=9.0)
+    assert decided.forked.position == history[-1].seq and not decided.forked.duplicate
+    created, forked, *copies = decided.records
+    assert isinstance(forked, SessionForked) and forked.request_id == "fk1"
+    assert len(copies) == len(history) - 1 and all(r.session_id == "f1" for r in copies)
+    again = sessions.fork(
+        "s1", "f1", None, "fk1", existing=committed([created, forked]), history=[], now=10.0
+    )
+    assert again.forked.duplicate and again.records == ()
+    assert again.forked.position == decided.forked.position
+    with pytest.raises(Refused, match="is not this fork"):
+        sessions.fork(
+            "s1", "f1", None, "other", existing=committed([created, forked]), history=[], now=10.0
+        )
+    with pytest.raises(UnknownSession):
+        sessions.fork("nope", "f2", None, "fk2", existing=None, history=[], now=10.0)
+
+
+def _parent(call_phase_done: bool) -> SessionState:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    if call_phase_done:
+        s.finish_tool("c1", output="the child's answer")
+    return s.state
+
+
+def test_a_sub_agent_is_kept_while_its_parent_call_waits_and_is_an_orphan_after() -> None:
+    first = committed([SessionCreated(session_id="s1.agent-x", parent="s1/c1", at=1.0)])
+    waiting = _parent(call_phase_done=False)
+    assert sessions.dependency(first, waiting) == "its parent call s1/c1 still waits for it"
+    assert sessions.orphaned(first, waiting) is None
+    done = _parent(call_phase_done=True)
+    assert sessions.dependency(first, done) is None
+    stop = sessions.orphaned(first, done)
+    assert stop == protocol.Cancel(request_id="orphan:s1/c1")
+    assert sessions.orphaned(first, None) == stop  # its parent is gone
+    plain = committed([SessionCreated(session_id="s2", at=1.0)])
+    assert sessions.parent_call(plain) is None
+    assert sessions.dependency(plain, done) is None and sessions.orphaned(plain, done) is None
+
+
+def test_a_deletion_names_why_it_is_refused() -> None:
+    info = SessionInfo("s1", 1, 4, 4, 0, 0)
+    marker = sessions.deletion("s1", info, None, "pruned", 7.0)
+    assert marker == SessionDeleted(deleted="s1", reason="pruned", at=7.0)
+    with pytest.raises(UnknownSession):
+        sessions.deletion("s1", None, None, "", 7.0)
+    with pytest.raises(Refused, match="not deleted: its parent call s1/c1 still waits"):
+        sessions.deletion("s1", info, "its parent call s1/c1 still waits for it", "", 7.0)
+    sessions.refuse_unfinished("s1", info)
+    sessions.refuse_unfinished("s1", None)
+    with pytest.raises(Refused, match="unfinished work") as busy:
+        sessions.refuse_unfinished("s1", SessionInfo("s1", 1, 4, 4, 0, 1))
+    assert busy.value.code == "busy"
