@@ -46,6 +46,14 @@ from perdure.tools.contract import (
     ToolResult,
     tool,
 )
+from perdure.view import (
+    GenerationView,
+    RunView,
+    SessionLookup,
+    SessionView,
+    SubmissionView,
+    TaskView,
+)
 
 __version__ = "0.1.0"
 
@@ -58,6 +66,7 @@ __all__ = [
     "Event",
     "EventStreamLagged",
     "Forked",
+    "GenerationView",
     "LogBusy",
     "LogError",
     "LogFenced",
@@ -78,12 +87,17 @@ __all__ = [
     "RetryPolicy",
     "RetryableError",
     "RunFinished",
+    "RunView",
     "Runtime",
     "SessionFenced",
+    "SessionLookup",
     "SessionParkedError",
     "SessionRestarting",
+    "SessionView",
     "StorageFull",
     "StreamStats",
+    "SubmissionView",
+    "TaskView",
     "Tool",
     "ToolContext",
     "ToolDefinitionError",

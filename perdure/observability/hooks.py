@@ -5,9 +5,11 @@ An observer sees what a session actor commits, never what it merely decides:
 ``RunStarted`` with the trace context of the span it opens for the run, so the log
 keeps it for a process that resumes the run after a crash); ``after_commit`` gets
 them back with their sequence numbers once they are durable, with the session's
-state already folded over them (``SessionState`` is part of the public face:
-``Runtime.load_state``). Observers must be quick and must not raise; the shell
-logs and ignores an observer's error, since telemetry never stops a run.
+state already folded over them. Observers read that state through the read model
+(``perdure.SessionLookup``: one frozen submission, run, model turn or tool call by its
+id, made when asked), never the fold's own dicts, whose shape is the core's to change.
+Observers must be quick and must not raise; the shell logs and ignores an observer's
+error, since telemetry never stops a run.
 
 This module imports nothing optional: the tracing observer (OpenTelemetry) and the
 Prometheus one live in their own modules and are imported only when used.
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from perdure.storage.records import Committed, Record
 
 if TYPE_CHECKING:
-    from perdure.actors.state import SessionState
+    from perdure.view import SessionLookup
 
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
@@ -45,15 +47,15 @@ def check_traceparent(value: str) -> str:
 
 
 class CommitObserver(Protocol):
-    def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+    def before_commit(self, state: SessionLookup, records: Sequence[Record]) -> Sequence[Record]:
         """Return ``records`` unchanged, or with ``RunStarted.traceparent`` stamped."""
         ...
 
-    def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+    def after_commit(self, state: SessionLookup, committed: Sequence[Committed]) -> None:
         """The records are durable; ``state`` includes them."""
         ...
 
-    def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+    def commit_failed(self, state: SessionLookup, records: Sequence[Record]) -> None:
         """The append of ``records`` failed: nothing of it is in the log."""
         ...
 

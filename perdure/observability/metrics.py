@@ -47,8 +47,8 @@ from perdure.storage.records import (
 )
 
 if TYPE_CHECKING:
-    from perdure._runtime import Runtime
-    from perdure.actors.state import SessionState
+    from perdure import Runtime
+    from perdure.view import SessionLookup
 
 __all__ = ["CONTENT_TYPE_LATEST", "RuntimeMetrics"]
 
@@ -184,13 +184,13 @@ class RuntimeMetrics:
 
     # -- the commit observer: what needs the session's state ----------------------------
 
-    def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+    def before_commit(self, state: SessionLookup, records: Sequence[Record]) -> Sequence[Record]:
         return records
 
-    def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+    def commit_failed(self, state: SessionLookup, records: Sequence[Record]) -> None:
         pass
 
-    def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+    def after_commit(self, state: SessionLookup, committed: Sequence[Committed]) -> None:
         for c in committed:
             record = c.record
             if isinstance(record, ToolCompleted):
@@ -201,8 +201,7 @@ class RuntimeMetrics:
                 outcome = "cancelled"
             else:
                 continue
-            task = state.tasks.get(record.call_id)
-            executing = task.executing if task is not None else None
+            executing = state.tool_attempt(record.call_id)
             # A call that never ran (invalid arguments, denied, unknown tool) has no policy.
             policy = executing.replay if executing is not None else "none"
             self.tool_calls.labels(policy, outcome).inc()

@@ -71,7 +71,6 @@ from perdure.storage.records import (
     ToolAwaitingHuman,
     ToolCancelled,
     ToolCompleted,
-    ToolExecuting,
     ToolOutcomeUnknown,
     ToolRetryPending,
     Usage,
@@ -81,7 +80,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import SpanContext, TracerProvider
 
-    from perdure.actors.state import SessionState
+    from perdure.view import SessionLookup
 
 __all__ = ["Tracing", "current_traceparent"]
 
@@ -238,7 +237,7 @@ class Tracing:
         )
         return self._recording
 
-    def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+    def before_commit(self, state: SessionLookup, records: Sequence[Record]) -> Sequence[Record]:
         if not (self._recording or self.recording()):
             return records
         for record in records:  # a loop, not any(): this runs before every commit
@@ -253,7 +252,7 @@ class Tracing:
             out.append(record)
         return out
 
-    def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+    def after_commit(self, state: SessionLookup, committed: Sequence[Committed]) -> None:
         if not (self._recording or self.recording()):
             return
         for c in committed:
@@ -262,7 +261,7 @@ class Tracing:
             if handler is not None:
                 handler(self, state, record)
 
-    def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+    def commit_failed(self, state: SessionLookup, records: Sequence[Record]) -> None:
         for record in records:
             if isinstance(record, RunStarted):
                 span = self._runs.pop((record.session_id, record.run_id), None)
@@ -318,8 +317,8 @@ class Tracing:
 
     # -- runs -----------------------------------------------------------------------
 
-    def _open_run(self, state: SessionState, r: RunStarted) -> RunStarted:
-        sub = state.submissions.get(r.submission_id)
+    def _open_run(self, state: SessionLookup, r: RunStarted) -> RunStarted:
+        sub = state.submission_view(r.submission_id)
         caller = _context_of(sub.traceparent) if sub is not None else None
         links: list[Link] = []
         parent = caller
@@ -365,14 +364,16 @@ class Tracing:
             return r
         return attrs.evolve(r, traceparent=_traceparent(own))
 
-    def _run_context(self, state: SessionState, session_id: str, run_id: str) -> SpanContext | None:
+    def _run_context(
+        self, state: SessionLookup, session_id: str, run_id: str
+    ) -> SpanContext | None:
         live = self._runs.get((session_id, run_id))
         if live is not None:
             return live.get_span_context()
-        run = state.runs.get(run_id)
+        run = state.run_view(run_id)
         return _context_of(run.traceparent) if run is not None else None
 
-    def _parent(self, state: SessionState, session_id: str, run_id: str) -> otel_context.Context:
+    def _parent(self, state: SessionLookup, session_id: str, run_id: str) -> otel_context.Context:
         """The context to open a child of ``run_id``'s span in (live or from the log)."""
         live = self._runs.get((session_id, run_id))
         if live is not None:  # the common case: built once per run
@@ -386,14 +387,14 @@ class Tracing:
             return otel_context.Context()
         return trace.set_span_in_context(NonRecordingSpan(span_context), otel_context.Context())
 
-    def _run_finished(self, state: SessionState, r: RunFinished) -> None:
+    def _run_finished(self, state: SessionLookup, r: RunFinished) -> None:
         self.flush()  # the run's attempts go out before its own span ends
         span = self._runs.pop((r.session_id, r.run_id), None)
         self._contexts.pop((r.session_id, r.run_id), None)
         # Turns the run left unanswered (cancelled, failed). Looked up through its
         # submission's generations, not by a scan: this tracer holds the live attempts
         # of every session, and a scan per finished run grew with the sessions.
-        sub = state.submissions.get(r.submission_id)
+        sub = state.submission_view(r.submission_id)
         for generation_id in sub.generations if sub is not None else ():
             key = (r.session_id, generation_id)
             found = self._attempts.get(key)
@@ -403,7 +404,7 @@ class Tracing:
             return  # started by a process that died; its span went with it
         if self._current.get(r.session_id) is span:
             del self._current[r.session_id]
-        run = state.runs.get(r.run_id)
+        run = state.run_view(r.run_id)
         usage = run.usage if run is not None else _NO_USAGE
         span.set_attributes(_add_usage({"perdure.run.status": r.status}, usage))
         if r.status == "failed":
@@ -423,7 +424,7 @@ class Tracing:
         if span is not None:
             span.add_event(name, attributes, timestamp=_ns(at))
 
-    def _recovery(self, state: SessionState, r: RecoveryDecision) -> None:
+    def _recovery(self, state: SessionLookup, r: RecoveryDecision) -> None:
         self._event(
             r.session_id,
             "perdure.recovery",
@@ -436,29 +437,29 @@ class Tracing:
             r.at,
         )
 
-    def _parked(self, state: SessionState, r: SessionParked) -> None:
+    def _parked(self, state: SessionLookup, r: SessionParked) -> None:
         self._event(r.session_id, "perdure.session_parked", {"perdure.reason": r.reason}, r.at)
 
     # -- model attempts -------------------------------------------------------------
 
-    def _generation_started(self, state: SessionState, r: GenerationStarted) -> None:
+    def _generation_started(self, state: SessionLookup, r: GenerationStarted) -> None:
         self._attempts[(r.session_id, r.generation_id)] = _Attempt(r.at, r.run_id)
 
-    def _attempt(self, state: SessionState, session_id: str, generation_id: str) -> _Attempt:
+    def _attempt(self, state: SessionLookup, session_id: str, generation_id: str) -> _Attempt:
         found = self._attempts.get((session_id, generation_id))
         if found is not None:
             return found
-        gen = state.generations.get(generation_id)
+        gen = state.generation_view(generation_id)
         run_id = gen.run_id if gen is not None else ""
         if gen is not None and gen.failures:  # begun by a dead process: after its back-off
             last = gen.failures[-1]
             return _Attempt(max(last.not_before, last.at), run_id)
-        run = state.runs.get(run_id)
+        run = state.run_view(run_id)
         return _Attempt(run.started_at if run is not None else 0.0, run_id)
 
     def _chat(
         self,
-        state: SessionState,
+        state: SessionLookup,
         session_id: str,
         generation_id: str,
         attributes: dict[str, Any],
@@ -468,8 +469,8 @@ class Tracing:
     ) -> None:
         """An attempt's ``chat`` span and its metric records; ``attributes``: the span's."""
         attempt = self._attempt(state, session_id, generation_id)
-        gen = state.generations.get(generation_id)
-        run_id = gen.run_id if gen is not None else attempt.run_id
+        # The attempt's run is the turn's: both come from its GenerationStarted record.
+        run_id = attempt.run_id
         provider = attributes.get("gen_ai.provider.name", "")
         model = attributes.get("gen_ai.request.model", "")
         start = min(attempt.started, at)
@@ -537,7 +538,7 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=_ns(end))
 
-    def _retry_pending(self, state: SessionState, r: RetryPending) -> None:
+    def _retry_pending(self, state: SessionLookup, r: RetryPending) -> None:
         error_type = _error_type(r.error)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -568,9 +569,9 @@ class Tracing:
         run_id = self._attempt(state, r.session_id, r.generation_id).run_id
         self._attempts[(r.session_id, r.generation_id)] = _Attempt(max(r.not_before, r.at), run_id)
 
-    def _generation_completed(self, state: SessionState, r: GenerationCompleted) -> None:
-        gen = state.generations.get(r.generation_id)
-        asked = gen.failures[-1].model if gen is not None and gen.failures else ""
+    def _generation_completed(self, state: SessionLookup, r: GenerationCompleted) -> None:
+        failures = state.model_failures(r.generation_id)
+        asked = failures[-1].model if failures else ""
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.conversation.id": r.session_id,
@@ -602,7 +603,7 @@ class Tracing:
 
     def _tool(
         self,
-        state: SessionState,
+        state: SessionLookup,
         session_id: str,
         call_id: str,
         outcome: str,
@@ -610,8 +611,7 @@ class Tracing:
         error: str | None = None,
         output: str | None = None,
     ) -> None:
-        task = state.tasks.get(call_id)
-        executing: ToolExecuting | None = task.executing if task is not None else None
+        executing = state.tool_attempt(call_id)
         if executing is None:
             return  # never executed (invalid arguments, denied, cancelled before dispatch)
         attributes: dict[str, Any] = {
@@ -641,19 +641,19 @@ class Tracing:
             error,
         )
 
-    def _tool_completed(self, state: SessionState, r: ToolCompleted) -> None:
+    def _tool_completed(self, state: SessionLookup, r: ToolCompleted) -> None:
         outcome = "ok" if not r.is_error else r.kind if r.kind != "ok" else "error"
         error = None if not r.is_error else r.kind if r.kind != "ok" else "error"
         self._tool(state, r.session_id, r.call_id, outcome, r.at, error, r.output)
 
-    def _tool_unknown(self, state: SessionState, r: ToolOutcomeUnknown) -> None:
+    def _tool_unknown(self, state: SessionLookup, r: ToolOutcomeUnknown) -> None:
         self._tool(state, r.session_id, r.call_id, "unknown", r.at, None, r.output)
 
-    def _tool_cancelled(self, state: SessionState, r: ToolCancelled) -> None:
+    def _tool_cancelled(self, state: SessionLookup, r: ToolCancelled) -> None:
         if r.while_executing:
             self._tool(state, r.session_id, r.call_id, "cancelled", r.at, None, r.output)
 
-    def _tool_retry(self, state: SessionState, r: ToolRetryPending) -> None:
+    def _tool_retry(self, state: SessionLookup, r: ToolRetryPending) -> None:
         self._tool(state, r.session_id, r.call_id, "retry", r.at, _error_type(r.error) or "error")
         self._event(
             r.session_id,
@@ -666,7 +666,7 @@ class Tracing:
             r.at,
         )
 
-    def _tool_awaiting_human(self, state: SessionState, r: ToolAwaitingHuman) -> None:
+    def _tool_awaiting_human(self, state: SessionLookup, r: ToolAwaitingHuman) -> None:
         self._tool(state, r.session_id, r.call_id, "awaiting_human", r.at)
 
 

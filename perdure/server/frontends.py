@@ -42,8 +42,8 @@ from perdure.server.streams import serve_sse
 from perdure.storage.bus import EventStreamLagged
 
 if TYPE_CHECKING:
-    from perdure.actors.state import SessionState
     from perdure.server.app import Api
+    from perdure.view import SessionLookup
 
 FORMATS: Final = ("ai-sdk", "ag-ui")
 
@@ -180,9 +180,9 @@ def _end_if_still_blocked(
     (a replay passes points where a run waited and was answered long ago)."""
 
     async def check(part: Part) -> list[Chunk] | None:
-        def still_waiting(state: SessionState) -> bool:
+        def still_waiting(state: SessionLookup) -> bool:
             return any(
-                c in state.tasks and state.tasks[c].phase == "awaiting_approval"
+                (task := state.task_view(c)) is not None and task.phase == "awaiting_approval"
                 for c in part.data["call_ids"]
             )
 
@@ -406,28 +406,25 @@ class ChatRoutes:
 # -- what the routes read of a session's state (run inside its actor: read-only) -------
 
 
-def _seq_of(submission_id: str, state: SessionState) -> int | None:
+def _seq_of(submission_id: str, state: SessionLookup) -> int | None:
     """The seq of a submission's first record (None: no such submission)."""
-    sub = state.submissions.get(submission_id)
+    sub = state.submission_view(submission_id)
     return sub.seq if sub is not None else None
 
 
-def _open_submission(state: SessionState) -> tuple[str, int] | None:
+def _open_submission(state: SessionLookup) -> tuple[str, int] | None:
     """The unanswered input that runs (or runs next), with its seq."""
-    open_subs = [s for s in state.submissions.values() if s.outcome is None]
-    if not open_subs:
-        return None
-    sub = min(open_subs, key=lambda s: s.seq)
-    return sub.submission_id, sub.seq
+    sub = state.open_submission()
+    return (sub.submission_id, sub.seq) if sub is not None else None
 
 
-def _reply_of(call_id: str, state: SessionState) -> tuple[str, int, dict[str, Any]] | None:
+def _reply_of(call_id: str, state: SessionLookup) -> tuple[str, int, dict[str, Any]] | None:
     """The submission whose reply made ``call_id``, its seq, and the AG-UI snapshot."""
-    task = state.tasks.get(call_id)
-    gen = state.generations.get(task.generation_id) if task is not None else None
-    if gen is None:
+    task = state.task_view(call_id)
+    gen = state.generation_view(task.generation_id) if task is not None else None
+    sub = state.submission_view(gen.submission_id) if gen is not None else None
+    if sub is None:
         return None
-    sub = state.submissions[gen.submission_id]
     return sub.submission_id, sub.seq, _snapshot(state)
 
 

@@ -1,9 +1,9 @@
 // @ts-check
 // The TypeScript client a frontend would generate from the daemon's /openapi.json:
-// types from openapi-typescript (generated/perdure-api.d.ts, kept current by
-// tests/server/test_js_clients.py) and openapi-fetch as the HTTP client. `tsc`
-// type-checks this file against those types before it runs, so a route or a field
-// that the document does not have fails the suite. Against a live daemon: create a
+// types from openapi-typescript (generated/perdure-api.d.ts, which
+// tests/server/test_js_clients.py writes from the current code before the suite
+// runs) and openapi-fetch as the HTTP client. `tsc` type-checks this file against
+// those types first, so a route or a field the document does not have fails it. Against a live daemon: create a
 // session, submit, read the native event stream until the approval is asked, approve,
 // and follow the stream until the run finishes.
 import { test } from "node:test";

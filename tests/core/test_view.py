@@ -1,0 +1,161 @@
+"""The read model (``perdure.view``): what the edges read of a session, made by the fold.
+
+Each answer must say what the fold holds (a wrong field here is a wrong span, metric
+label or stream position at an edge), be frozen, and not move when later records are
+folded: a snapshot taken before a commit still says what was true then.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import perdure
+from perdure.actors import protocol
+from perdure.actors.state import SessionState
+from perdure.storage.records import (
+    AgentStarted,
+    GenerationCompleted,
+    InputAccepted,
+    RunStarted,
+    SessionCreated,
+    SessionForked,
+    SessionParked,
+    Usage,
+)
+from tests.core.sim import Session, decide_committed
+
+
+def refold(s: Session) -> SessionState:
+    return SessionState.fold("s1", [decide_committed(i, r) for i, r in enumerate(s.log, 1)])
+
+
+def seq_of(s: Session, kind: type) -> int:
+    return next(i for i, r in enumerate(s.log, 1) if isinstance(r, kind))
+
+
+def test_each_item_of_a_running_turn_is_answered_as_the_fold_holds_it() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.fail_model(model="m-asked")
+    s.reply("looking", ("c1", "lookup", {"query": "q"}))
+    state = refold(s)
+    run = state.run
+    assert run is not None
+    gen = state.current_generation()
+    assert gen is not None
+
+    sub = state.submission_view(run.submission_id)
+    assert sub is not None
+    assert (sub.request_id, sub.text, sub.outcome) == ("r1", "go", None)
+    assert sub.seq == seq_of(s, InputAccepted) > 0
+    assert sub.runs == (run.run_id,)
+    assert sub.generations == (gen.generation_id,)
+    assert state.open_submission() == sub
+
+    run_view = state.run_view(run.run_id)
+    assert run_view is not None
+    assert run_view.submission_id == run.submission_id
+    assert run_view.finished is None and not run_view.cancel_requested
+    assert run_view.started_at == next(r for r in s.log if isinstance(r, RunStarted)).at
+
+    gen_view = state.generation_view(gen.generation_id)
+    assert gen_view is not None
+    assert (gen_view.run_id, gen_view.phase, gen_view.attempt) == (run.run_id, "completed", 2)
+    assert [f.model for f in gen_view.failures] == ["m-asked"]
+    assert state.model_failures(gen.generation_id) == gen_view.failures
+    assert isinstance(gen_view.reply, GenerationCompleted) and gen_view.reply.text == "looking"
+    assert gen_view.call_ids == ("c1",)
+
+    task = state.task_view("c1")
+    assert task is not None
+    assert (task.tool_name, task.phase, task.terminal, task.attempt) == (
+        "lookup",
+        "executing",
+        False,
+        1,
+    )
+    assert task.generation_id == gen.generation_id
+    assert task.executing is not None and task.executing.replay == "safe"
+    assert state.tool_attempt("c1") is task.executing
+    assert task.result is None and task.children == ()
+    state.apply(AgentStarted(session_id="s1", call_id="c1", attempt=1, child="s1.agent-a", at=2.0))
+    after = state.task_view("c1")
+    assert after is not None and after.children == ("s1.agent-a",)
+    assert task.children == ()  # the answer given before did not move
+
+    view = state.view()
+    assert view.current_run == run.run_id
+    assert not view.idle and view.created and view.queued == ()
+    assert view.last_seq == len(s.log)
+
+
+def test_unknown_ids_are_none_and_a_finished_request_is_no_longer_open() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    s.finish_tool("c1", output="found")
+    s.reply("done")
+    state = refold(s)
+    for ask in (state.submission_view, state.run_view, state.generation_view, state.task_view):
+        assert ask("nope") is None
+    assert state.tool_attempt("nope") is None and state.model_failures("nope") == ()
+    assert state.open_submission() is None
+    task = state.task_view("c1")
+    assert task is not None and task.terminal and task.phase == "completed"
+    view = state.view()
+    assert view.idle and view.current_run is None
+    assert view.last_outcome is not None and view.last_outcome.status == "completed"
+    assert view.usage == state.usage
+
+
+def test_a_snapshot_is_frozen_and_keeps_what_was_true_when_it_was_taken() -> None:
+    s = Session(tools=None)
+    s.command(protocol.Submit("r1", "ship it"))
+    s.reply("deploying", ("c1", "deploy", {"target": "prod"}))
+    before = s.state.view()
+    assert before.awaiting_approval == ("c1",) and before.queued == ()
+    assert not before.paused
+
+    s.command(protocol.Submit("r2", "then this"))
+    s.command(protocol.Pause("p1"))
+    after = s.state.view()
+    assert len(after.queued) == 1 and after.paused
+    assert before.queued == () and not before.paused  # the old snapshot did not move
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        before.paused = True  # type: ignore[misc]
+
+
+def test_the_lineage_and_parking_of_a_session_are_in_its_snapshot() -> None:
+    records = [
+        SessionCreated(session_id="s2", parent="s1/c7", at=1.0),
+        SessionForked(session_id="s2", source="s0", position=4, request_id="f1", at=1.0),
+        SessionParked(session_id="s2", reason="crashed 5 times", at=2.0),
+    ]
+    view = SessionState.fold(
+        "s2", [decide_committed(i, r) for i, r in enumerate(records, 1)]
+    ).view()
+    assert (view.parent, view.forked_from, view.parked) == ("s1/c7", "s0", "crashed 5 times")
+    assert view.last_seq == 3
+
+
+def test_a_new_state_is_a_lookup_and_the_read_model_is_exported() -> None:
+    state: perdure.SessionLookup = SessionState("s1")
+    assert state.view() == perdure.SessionView(
+        session_id="s1",
+        created=False,
+        parent=None,
+        forked_from=None,
+        goal_rev=0,
+        paused=False,
+        parked=None,
+        idle=True,
+        current_run=None,
+        queued=(),
+        awaiting_approval=(),
+        awaiting_human=(),
+        usage=Usage(),
+        last_outcome=None,
+        last_seq=0,
+    )
+    assert {"RunView", "GenerationView", "SubmissionView", "TaskView"} <= set(perdure.__all__)
