@@ -80,6 +80,7 @@ from perdure.storage.records import (
     ToolHeartbeat,
 )
 from perdure.tools.contract import Tool, registry
+from perdure.view import SessionView
 
 if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configured
     from perdure.tools.mcp import McpHub, McpServer
@@ -562,6 +563,11 @@ class Runtime:
             await trio.lowlevel.checkpoint()
             return answer
         return await self._sup.ask(session_id, lambda: Query(fn))
+
+    async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
+        """A frozen snapshot of a session's headline facts (``perdure.SessionView``):
+        safe to keep, never changed by later commits. ``wake`` as for ``state``."""
+        return await self.state(session_id, SessionState.view, wake=wake)
 
     async def load_state(self, session_id: str) -> SessionState:
         """The state folded from the log (works for any session; no actor is started)."""

@@ -59,6 +59,7 @@ from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
 from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+from perdure.view import SessionView
 
 if TYPE_CHECKING:
     from perdure.actors.state import SessionState
@@ -533,6 +534,10 @@ class AsyncioRuntime:
         """``fn`` on the live state, inside the session's actor (on the trio thread);
         ``wake=False`` reads a session no actor runs from the log (``Runtime.state``)."""
         return await self.run(partial(self.trio_runtime.state, wake=wake), session_id, fn)
+
+    async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
+        """A frozen snapshot of a session's headline facts (``Runtime.view``)."""
+        return await self.run(partial(self.trio_runtime.view, wake=wake), session_id)
 
     async def load_state(self, session_id: str) -> SessionState:
         return await self.run(self.trio_runtime.load_state, session_id)

@@ -107,6 +107,7 @@ class TaskView:
     not_before: float | None  # a pending retry's earliest start
     last_heartbeat: ToolHeartbeat | None
     compensates: str | None  # for a compensation: the call it undoes
+    children: tuple[str, ...]  # the sub-agent sessions it started, in order
 
 
 class SessionLookup(Protocol):

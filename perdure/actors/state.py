@@ -347,6 +347,7 @@ class SessionState:
             not_before=task.not_before,
             last_heartbeat=task.last_heartbeat,
             compensates=task.compensates,
+            children=task.children,
         )
 
     def tool_attempt(self, call_id: str) -> ToolExecuting | None:

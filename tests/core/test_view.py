@@ -14,6 +14,7 @@ import perdure
 from perdure.actors import protocol
 from perdure.actors.state import SessionState
 from perdure.storage.records import (
+    AgentStarted,
     GenerationCompleted,
     InputAccepted,
     RunStarted,
@@ -77,7 +78,11 @@ def test_each_item_of_a_running_turn_is_answered_as_the_fold_holds_it() -> None:
     assert task.generation_id == gen.generation_id
     assert task.executing is not None and task.executing.replay == "safe"
     assert state.tool_attempt("c1") is task.executing
-    assert task.result is None
+    assert task.result is None and task.children == ()
+    state.apply(AgentStarted(session_id="s1", call_id="c1", attempt=1, child="s1.agent-a", at=2.0))
+    after = state.task_view("c1")
+    assert after is not None and after.children == ("s1.agent-a",)
+    assert task.children == ()  # the answer given before did not move
 
     view = state.view()
     assert view.current_run == run.run_id

@@ -98,6 +98,7 @@ def test_the_whole_api_from_asyncio(mode: str, tmp_path: Path, workspace: Path) 
 
             assert (await rt.pause(sid)).seq > 0
             assert await rt.state(sid, lambda s: s.paused)
+            assert (await rt.view(sid)).paused and (await rt.view(sid, wake=False)).paused
             assert (await rt.resume(sid)).seq > 0
             assert (await rt.cancel(sid)).seq == 0  # no run: nothing to record
             with pytest.raises(perdure.Refused) as refused:

@@ -72,6 +72,24 @@ async def test_an_evicted_session_is_read_from_the_log_and_stays_asleep(
         assert rt.resident_sessions == [SID] and _actor_tasks(SID) == 1
 
 
+async def test_a_view_is_a_frozen_snapshot_read_in_place_or_from_the_log(
+    where: Where, clock: MockClock
+) -> None:
+    async with sleepy_runtime(where, script(), hibernate_after=None, idle_timeout=0.2) as rt:
+        await run_once_and_sleep_awake(rt)
+        live = await rt.view(SID, wake=False)
+        assert isinstance(live, perdure.SessionView)
+        assert live.idle and live.created and live.current_run is None
+        assert live.last_outcome is not None and live.last_outcome.final_text == "first done"
+        assert live == (await rt.load_state(SID)).view()
+        await evicted(rt)
+        reads = count_reads(rt)
+        assert await rt.view(SID, wake=False) == live  # the same facts, from the log
+        assert reads == [SID] and rt.resident_sessions == []
+        with pytest.raises(UnknownSession):
+            await rt.view("nobody", wake=False)
+
+
 async def test_an_unknown_session_is_a_clear_error(where: Where, clock: MockClock) -> None:
     async with sleepy_runtime(where, script(), hibernate_after=None, idle_timeout=None) as rt:
         with pytest.raises(UnknownSession):
