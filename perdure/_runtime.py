@@ -80,6 +80,7 @@ from perdure.storage.records import (
     ToolExecuting,
     ToolHeartbeat,
 )
+from perdure.stuck import DEFAULT_STUCK_AFTER, StuckRun, last_progress_at, stuck_run
 from perdure.tools.contract import Tool, registry
 from perdure.view import SessionView
 
@@ -115,7 +116,9 @@ class Runtime:
         ctx: ActorContext,
         mcp: McpHub | None = None,
         caller_trace: Callable[[], str] | None = None,
+        stuck_after: float = DEFAULT_STUCK_AFTER,
     ) -> None:
+        self._stuck_after = stuck_after
         self._sup = supervisor
         self._journal = journal
         self._ctx = ctx
@@ -294,6 +297,41 @@ class Runtime:
     async def session_info(self, session_id: str) -> SessionInfo | None:
         """The log's summary of one session, or None if there is no such session."""
         return await self._journal.session_info(session_id)
+
+    @property
+    def stuck_after(self) -> float:
+        """Seconds without a committed record after which unfinished work is stuck."""
+        return self._stuck_after
+
+    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+        """The sessions with unfinished work and no record committed for ``after``
+        seconds (default: ``open_runtime(stuck_after=)``), each with what it waits for.
+
+        Computed now, from the log's index of active sessions, each one's latest record
+        and its state (read where it lives; no actor is woken): nothing is kept per turn.
+        """
+        threshold = self._stuck_after if after is None else after
+        if threshold < 0:
+            raise ValueError(f"after must be 0 seconds or more, not {threshold!r}")
+        found: list[StuckRun] = []
+        for info in await self._journal.sessions():
+            if not info.open_submissions:
+                continue
+            latest = await self._journal.read_session(info.session_id, after=info.last_seq - 1)
+            last = last_progress_at(latest)
+            if last is None:
+                continue
+            now = self._ctx.clock()
+            if now - last < threshold:
+                continue  # moved recently: no need to read its state
+            run = await self.state(
+                info.session_id,
+                partial(stuck_run, last_progress=last, now=now, after=threshold),
+                wake=False,
+            )
+            if run is not None:
+                found.append(run)
+        return found
 
     async def restarts(self) -> list[Committed]:
         """Every ``LogOpened`` record of the log (each start of a runtime or node), in order.
@@ -842,6 +880,7 @@ async def open_runtime(
     mcp_servers: Sequence[McpServer] = (),
     telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
     commit_on_loop: bool | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -880,7 +919,14 @@ async def open_runtime(
     sparing two thread hand-offs per commit, while commits stay under ~2 ms (a slow
     disk goes back to the writer thread); ``None``: on for LMDB, ``False``: always
     through the writer thread (I/O never waits for a commit).
+    ``stuck_after`` (seconds, default 600) is how long a session with unfinished work
+    may go without a committed record before ``Runtime.stuck_runs``, the metrics and
+    the page report it as stuck (``perdure.stuck``).
     """
+    if not stuck_after >= 0:
+        raise ValueError(
+            f"stuck_after must be a number of seconds (0 or more), not {stuck_after!r}"
+        )
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
             f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
@@ -937,7 +983,7 @@ async def open_runtime(
                 observers=observers,
             )
             supervisor = Supervisor(ctx)
-            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers))
+            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers), stuck_after)
             ctx.agents = runtime._run_child
             body_error: BaseException | None = None
             try:
