@@ -32,6 +32,7 @@ from perdure.storage import (
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import RunFinished
+from perdure.stuck import StuckRun, Waiting
 from perdure.tools.contract import (
     NeedsAsyncio,
     NeedsHuman,
@@ -96,6 +97,7 @@ __all__ = [
     "SessionView",
     "StorageFull",
     "StreamStats",
+    "StuckRun",
     "SubmissionView",
     "TaskView",
     "Tool",
@@ -103,6 +105,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolResult",
     "UnknownSession",
+    "Waiting",
     "agent_tool",
     "open_runtime",
     "tool",

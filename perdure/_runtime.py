@@ -44,7 +44,7 @@ from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.sessions import orphaned
-from perdure.actors.session import CommandMsg, Query, WaitIdle
+from perdure.actors.session import CommandMsg, Query, WaitIdle, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.budget import DEFAULT_PRICES, Price
@@ -76,9 +76,11 @@ from perdure.storage.records import (
     Record,
     ResolutionAction,
     RunFinished,
+    SessionCreated,
     ToolExecuting,
     ToolHeartbeat,
 )
+from perdure.stuck import DEFAULT_STUCK_AFTER, StuckRun, last_progress_at, stuck_run
 from perdure.tools.contract import Tool, registry
 from perdure.view import SessionView
 
@@ -114,7 +116,9 @@ class Runtime:
         ctx: ActorContext,
         mcp: McpHub | None = None,
         caller_trace: Callable[[], str] | None = None,
+        stuck_after: float = DEFAULT_STUCK_AFTER,
     ) -> None:
+        self._stuck_after = stuck_after
         self._sup = supervisor
         self._journal = journal
         self._ctx = ctx
@@ -223,15 +227,21 @@ class Runtime:
         system: str | None = None,
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
+        tools: Iterable[str] | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
         ``budget`` replaces the runtime's default budget for this session; ``if_busy``
         is the session's default for input sent while a run is busy (see ``submit``).
-        Raises ``Refused("conflict")`` if the session exists with another system prompt.
+        ``tools`` grants the session only these of the runtime's tools (None: all of
+        them): the model is offered only those, and a call to any other is refused
+        without running. The grant is recorded with the session, so it holds after a
+        restart, in its forks and (at most) in its sub-agents. A name the runtime does
+        not register raises ``ValueError``. Raises ``Refused("conflict")`` if the
+        session exists with another system prompt or another grant.
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self._sup.create_session(sid, system, budget, protocol.check_if_busy(if_busy))
+        await self.ensure_session(sid, system=system, budget=budget, if_busy=if_busy, tools=tools)
         return sid
 
     async def ensure_session(
@@ -241,10 +251,12 @@ class Runtime:
         system: str | None = None,
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
+        tools: Iterable[str] | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
         policy = protocol.check_if_busy(if_busy)
-        return await self._sup.create_session(session_id, system, budget, policy)
+        grant = check_grant(tools, self._ctx.tools)
+        return await self._sup.create_session(session_id, system, budget, policy, tools=grant)
 
     async def fork(
         self,
@@ -285,6 +297,41 @@ class Runtime:
     async def session_info(self, session_id: str) -> SessionInfo | None:
         """The log's summary of one session, or None if there is no such session."""
         return await self._journal.session_info(session_id)
+
+    @property
+    def stuck_after(self) -> float:
+        """Seconds without a committed record after which unfinished work is stuck."""
+        return self._stuck_after
+
+    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+        """The sessions with unfinished work and no record committed for ``after``
+        seconds (default: ``open_runtime(stuck_after=)``), each with what it waits for.
+
+        Computed now, from the log's index of active sessions, each one's latest record
+        and its state (read where it lives; no actor is woken): nothing is kept per turn.
+        """
+        threshold = self._stuck_after if after is None else after
+        if threshold < 0:
+            raise ValueError(f"after must be 0 seconds or more, not {threshold!r}")
+        found: list[StuckRun] = []
+        for info in await self._journal.sessions():
+            if not info.open_submissions:
+                continue
+            latest = await self._journal.read_session(info.session_id, after=info.last_seq - 1)
+            last = last_progress_at(latest)
+            if last is None:
+                continue
+            now = self._ctx.clock()
+            if now - last < threshold:
+                continue  # moved recently: no need to read its state
+            run = await self.state(
+                info.session_id,
+                partial(stuck_run, last_progress=last, now=now, after=threshold),
+                wake=False,
+            )
+            if run is not None:
+                found.append(run)
+        return found
 
     async def restarts(self) -> list[Committed]:
         """Every ``LogOpened`` record of the log (each start of a runtime or node), in order.
@@ -407,6 +454,23 @@ class Runtime:
         """
         return await self._done(session_id, resolution(call_id, action, result, request_id))
 
+    async def _child_grant(self, parent: str, asked: list[str] | None) -> list[str] | None:
+        """A sub-agent's grant: what it asked for, never more than its parent's grant
+        (a child of a limited session asking for nothing gets the parent's grant)."""
+        first = await self._journal.read_session(parent, 0, 1)
+        created = first[0].record if first else None
+        if not isinstance(created, SessionCreated) or created.tools is None:
+            return asked
+        if asked is None:
+            return list(created.tools)
+        beyond = [n for n in asked if n not in created.tools]
+        if beyond:
+            raise ValueError(
+                f"run_agent: {', '.join(beyond)} not granted to session {parent} "
+                "(a sub-agent gets at most its parent's tools)"
+            )
+        return asked
+
     async def _run_child(
         self,
         call: ToolExecuting,
@@ -427,6 +491,7 @@ class Runtime:
             unknown = sorted(set(tools) - set(self._ctx.tools))
             if unknown:
                 raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
+        tools = await self._child_grant(call.session_id, tools)
         child = child_session_id(call, n)
         parent = f"{call.session_id}/{call.call_id}"
         # The child is created with its task in one commit: it never exists without it,
@@ -815,6 +880,7 @@ async def open_runtime(
     mcp_servers: Sequence[McpServer] = (),
     telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
     commit_on_loop: bool | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on ``log``, recover it, and yield a ``Runtime``.
 
@@ -853,7 +919,14 @@ async def open_runtime(
     sparing two thread hand-offs per commit, while commits stay under ~2 ms (a slow
     disk goes back to the writer thread); ``None``: on for LMDB, ``False``: always
     through the writer thread (I/O never waits for a commit).
+    ``stuck_after`` (seconds, default 600) is how long a session with unfinished work
+    may go without a committed record before ``Runtime.stuck_runs``, the metrics and
+    the page report it as stuck (``perdure.stuck``).
     """
+    if not stuck_after >= 0:
+        raise ValueError(
+            f"stuck_after must be a number of seconds (0 or more), not {stuck_after!r}"
+        )
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(
             f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
@@ -910,7 +983,7 @@ async def open_runtime(
                 observers=observers,
             )
             supervisor = Supervisor(ctx)
-            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers))
+            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers), stuck_after)
             ctx.agents = runtime._run_child
             body_error: BaseException | None = None
             try:

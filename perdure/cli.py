@@ -15,15 +15,20 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from perdure import _cli_control
 from perdure._cli_errors import EXIT_STATUSES
+from perdure.stuck import DEFAULT_STUCK_AFTER
+
+if TYPE_CHECKING:
+    from perdure.storage.backend import LogBackend, SessionInfo
 
 STYLES: dict[str, dict[str, object]] = {
     "title": {"bold": True},
@@ -272,6 +277,15 @@ def demo(keep: bool) -> None:
     type=click.FloatRange(min=0),
     help="Seconds before an idle session's actor stops, its state kept in memory.",
 )
+@click.option(
+    "--stuck-after",
+    default=DEFAULT_STUCK_AFTER,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Seconds without a committed record after which a session with unfinished "
+    "work is reported stuck (the perdure_stuck_runs metric, the page's mark).",
+)
 @mcp_config_option
 @click.option(
     "--metrics-port",
@@ -303,6 +317,7 @@ def serve(
     durability: str,
     idle_timeout: float,
     hibernate_after: float,
+    stuck_after: float,
     mcp_config: Path | None,
     metrics_port: int | None,
     log_format: str,
@@ -373,6 +388,7 @@ def serve(
         durability="fast" if durability == "fast" else "full",
         idle_timeout=idle_timeout or None,
         hibernate_after=hibernate_after,
+        stuck_after=stuck_after,
         mcp_servers=servers,
         metrics_port=metrics_port,
     )
@@ -967,11 +983,28 @@ def _where(log_dir: str) -> str:
 
 @main.command()
 @log_option
-def sessions(log_dir: str) -> None:
+@click.option(
+    "--stuck",
+    is_flag=True,
+    help="List only the sessions with unfinished work and no record committed for "
+    "--stuck-after seconds, with what each waits for.",
+)
+@click.option(
+    "--stuck-after",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_STUCK_AFTER,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --stuck: how long without a committed record makes a session stuck.",
+)
+def sessions(log_dir: str, stuck: bool, stuck_after: float) -> None:
     """List the sessions of a log (read-only)."""
     log = _open_readonly(log_dir)
     try:
         infos = sorted(log.sessions(), key=lambda i: i.first_seq)
+        if stuck:
+            _stuck_sessions(log, infos, stuck_after, log_dir)
+            return
     finally:
         log.close()
     if not infos:
@@ -985,6 +1018,42 @@ def sessions(log_dir: str) -> None:
             f"{i.session_id:<{width}}  {i.records:>7}  {i.first_seq:>7}  {i.last_seq:>7}  "
             f"{i.goal_rev:>3}  {i.open_submissions:>4}",
             style,
+        )
+
+
+def _stuck_sessions(log: LogBackend, infos: list[SessionInfo], after: float, log_dir: str) -> None:
+    """Print the stuck runs among ``infos`` (those with unfinished work only are read)."""
+    from perdure.actors.state import SessionState
+    from perdure.storage.codec import CorruptRecord
+    from perdure.stuck import last_progress_at, stuck_run
+
+    now = time.time()
+    found = []
+    for info in infos:
+        if not info.open_submissions:
+            continue
+        try:
+            records = log.read_session(info.session_id)
+        except CorruptRecord as exc:
+            _fail(f"{exc} (run: perdure check --log {_where(log_dir)})")
+        last = last_progress_at(records)
+        if last is None:
+            continue
+        state = SessionState.fold(info.session_id, records)
+        run = stuck_run(state, last, now=now, after=after)
+        if run is not None:
+            found.append(run)
+    if not found:
+        echo(f"no stuck sessions in {_where(log_dir)} (threshold {after:g}s)")
+        return
+    width = max(7, *(len(r.session_id) for r in found))
+    run_width = max(3, *(len(r.run_id or "-") for r in found))
+    echo(f"{'SESSION':<{width}}  {'RUN':<{run_width}}  {'IDLE':>8}  WAITING FOR", "title")
+    for r in found:
+        echo(
+            f"{r.session_id:<{width}}  {r.run_id or '-':<{run_width}}  "
+            f"{r.idle_for:>7.0f}s  {r.waiting.describe()}",
+            "warning",
         )
 
 

@@ -6,7 +6,8 @@ commits: the Journal tells it about every durable transaction (how long the
 backend's commit took, which records it held), and as a commit observer
 (``perdure.observability.hooks``) it sees each tool call's replay policy in the
 session's state. Gauges (resident sessions, event-stream subscribers and their
-backlog) are read when scraped.
+backlog) are read when scraped, and so are the stuck runs (``perdure.stuck``:
+computed from the log's active sessions on each scrape, never per turn).
 
 Names use base units and the usual suffixes (``_total``, ``_seconds``); no label
 takes a session, run or call id, so the number of series stays bounded.
@@ -131,6 +132,25 @@ class RuntimeMetrics:
             registry=r,
         )
 
+        self.stuck = Gauge(
+            "perdure_stuck_runs",
+            "Sessions with unfinished work and no record committed for the runtime's "
+            "stuck_after seconds, by what they wait for",
+            ["waiting"],
+            registry=r,
+        )
+        self._runtime: Runtime | None = None
+
+    async def refresh_stuck(self, rt: Runtime) -> None:
+        """Count ``rt``'s stuck runs now, by what they wait for (done on each scrape)."""
+        from perdure.stuck import WAITING_KINDS
+
+        counts = dict.fromkeys(WAITING_KINDS, 0)
+        for run in await rt.stuck_runs():
+            counts[run.waiting.kind] += 1
+        for kind, n in counts.items():
+            self.stuck.labels(kind).set(n)
+
     def attach(self, rt: Runtime) -> None:
         """Read ``rt``'s gauges when scraped (pass this object to ``open_runtime(telemetry=)``
         too, so that its commits, recovery's included, are counted)."""
@@ -140,6 +160,7 @@ class RuntimeMetrics:
         self.subscribers.set_function(lambda: rt.stream_stats().open)
         self.backlog.set_function(lambda: rt.stream_stats().backlog)
         self.lagged.set_function(lambda: rt.stream_stats().lagged)
+        self._runtime = rt  # its stuck runs are counted when scraped (they need the log)
 
     def render(self) -> bytes:
         """The exposition text (``CONTENT_TYPE_LATEST``)."""
@@ -147,6 +168,8 @@ class RuntimeMetrics:
 
     async def scrape(self, request: Request) -> Response:
         """A Starlette endpoint answering with the exposition."""
+        if self._runtime is not None:
+            await self.refresh_stuck(self._runtime)
         return Response(self.render(), media_type=CONTENT_TYPE_LATEST)
 
     def asgi_app(self) -> ASGIApp:

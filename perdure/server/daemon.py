@@ -43,6 +43,7 @@ from perdure.providers.base import Provider
 from perdure.server.address import forget_address, write_address
 from perdure.server.app import create_app
 from perdure.storage import Durability, LogError, is_postgres
+from perdure.stuck import DEFAULT_STUCK_AFTER
 from perdure.tools.contract import Tool
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class ServeOptions:
     shutdown_grace: float = 10.0
     idle_timeout: float | None = 300.0
     hibernate_after: float | None = 1.0
+    stuck_after: float = DEFAULT_STUCK_AFTER  # no committed record for this long: stuck
     mcp_servers: Sequence[Any] = ()  # perdure.tools.mcp.McpServer (the mcp extra)
     # Prometheus /metrics: on the API port behind the token, or (also) without the
     # token on this separate port, bound to loopback only. Needs perdure[metrics].
@@ -233,6 +235,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         shutdown_grace=opts.shutdown_grace,
         idle_timeout=opts.idle_timeout,
         hibernate_after=opts.hibernate_after,
+        stuck_after=opts.stuck_after,
         mcp_servers=opts.mcp_servers,
         telemetry=auto_observers() + ((metrics,) if metrics is not None else ()),
     ) as rt:

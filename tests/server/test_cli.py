@@ -196,6 +196,35 @@ def recovered_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return root / "log", seq
 
 
+def test_sessions_stuck_lists_a_run_killed_in_a_tool_call(tmp_path: Path) -> None:
+    """A process SIGKILLed inside a NEVER call leaves a run that nothing moves: stuck,
+    waiting for that tool call, once the threshold has passed (and not before)."""
+    (tmp_path / "ws").mkdir()
+    plan = {
+        "log": str(tmp_path / "log"),
+        "workspace": str(tmp_path / "ws"),
+        "script": [
+            {"text": "Sending.", "tool_uses": [{"name": "send_note", "input": {"text": "hi"}}]},
+            {"text": "Sent."},
+        ],
+        "sessions": {"s1": [{"text": "send a note", "request_id": "r1"}]},
+    }
+    assert run_child(plan, fault="tool.after:send_note").killed
+    log = str(tmp_path / "log")
+    proc = perdure("sessions", "--log", log, "--stuck", "--stuck-after", "0")
+    assert proc.returncode == 0, proc.stderr
+    header, row = proc.stdout.splitlines()
+    assert header.split() == ["SESSION", "RUN", "IDLE", "WAITING", "FOR"]
+    session, run, _idle, *waiting = row.split()
+    assert session == "s1" and run != "-"
+    assert waiting[:2] == ["tool_call", "send_note"] and waiting[2] == "(call"
+    later = perdure("sessions", "--log", log, "--stuck", "--stuck-after", "3600")
+    assert later.returncode == 0, later.stderr
+    assert later.stdout.strip() == f"no stuck sessions in {log} (threshold 3600s)"
+    bad = perdure("sessions", "--log", log, "--stuck", "--stuck-after", "-1")
+    assert bad.returncode == 2 and "--stuck-after" in bad.stderr
+
+
 def test_sessions_lists_the_log(recovered_log: tuple[Path, int]) -> None:
     log, _ = recovered_log
     proc = perdure("sessions", "--log", str(log))
