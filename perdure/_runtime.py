@@ -44,7 +44,7 @@ from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.sessions import orphaned
-from perdure.actors.session import CommandMsg, Query, WaitIdle
+from perdure.actors.session import CommandMsg, Query, WaitIdle, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.budget import DEFAULT_PRICES, Price
@@ -76,6 +76,7 @@ from perdure.storage.records import (
     Record,
     ResolutionAction,
     RunFinished,
+    SessionCreated,
     ToolExecuting,
     ToolHeartbeat,
 )
@@ -226,15 +227,21 @@ class Runtime:
         system: str | None = None,
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
+        tools: Iterable[str] | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
         ``budget`` replaces the runtime's default budget for this session; ``if_busy``
         is the session's default for input sent while a run is busy (see ``submit``).
-        Raises ``Refused("conflict")`` if the session exists with another system prompt.
+        ``tools`` grants the session only these of the runtime's tools (None: all of
+        them): the model is offered only those, and a call to any other is refused
+        without running. The grant is recorded with the session, so it holds after a
+        restart, in its forks and (at most) in its sub-agents. A name the runtime does
+        not register raises ``ValueError``. Raises ``Refused("conflict")`` if the
+        session exists with another system prompt or another grant.
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self._sup.create_session(sid, system, budget, protocol.check_if_busy(if_busy))
+        await self.ensure_session(sid, system=system, budget=budget, if_busy=if_busy, tools=tools)
         return sid
 
     async def ensure_session(
@@ -244,10 +251,12 @@ class Runtime:
         system: str | None = None,
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
+        tools: Iterable[str] | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
         policy = protocol.check_if_busy(if_busy)
-        return await self._sup.create_session(session_id, system, budget, policy)
+        grant = check_grant(tools, self._ctx.tools)
+        return await self._sup.create_session(session_id, system, budget, policy, tools=grant)
 
     async def fork(
         self,
@@ -445,6 +454,23 @@ class Runtime:
         """
         return await self._done(session_id, resolution(call_id, action, result, request_id))
 
+    async def _child_grant(self, parent: str, asked: list[str] | None) -> list[str] | None:
+        """A sub-agent's grant: what it asked for, never more than its parent's grant
+        (a child of a limited session asking for nothing gets the parent's grant)."""
+        first = await self._journal.read_session(parent, 0, 1)
+        created = first[0].record if first else None
+        if not isinstance(created, SessionCreated) or created.tools is None:
+            return asked
+        if asked is None:
+            return list(created.tools)
+        beyond = [n for n in asked if n not in created.tools]
+        if beyond:
+            raise ValueError(
+                f"run_agent: {', '.join(beyond)} not granted to session {parent} "
+                "(a sub-agent gets at most its parent's tools)"
+            )
+        return asked
+
     async def _run_child(
         self,
         call: ToolExecuting,
@@ -465,6 +491,7 @@ class Runtime:
             unknown = sorted(set(tools) - set(self._ctx.tools))
             if unknown:
                 raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
+        tools = await self._child_grant(call.session_id, tools)
         child = child_session_id(call, n)
         parent = f"{call.session_id}/{call.call_id}"
         # The child is created with its task in one commit: it never exists without it,

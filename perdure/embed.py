@@ -374,10 +374,11 @@ class AsyncioRuntime:
         system: str | None = None,
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
+        tools: Iterable[str] | None = None,
     ) -> str:
         create = self.trio_runtime.create_session
         return await self.run(
-            partial(create, session_id, system=system, budget=budget, if_busy=if_busy)
+            partial(create, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
         )
 
     async def ensure_session(
@@ -387,10 +388,11 @@ class AsyncioRuntime:
         system: str | None = None,
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
+        tools: Iterable[str] | None = None,
     ) -> bool:
         ensure = self.trio_runtime.ensure_session
         return await self.run(
-            partial(ensure, session_id, system=system, budget=budget, if_busy=if_busy)
+            partial(ensure, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
         )
 
     async def fork(

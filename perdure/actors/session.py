@@ -57,6 +57,27 @@ def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> M
     return {n: t for n, t in tools.items() if n in names}
 
 
+def check_grant(grant: Iterable[str] | None, tools: Mapping[str, Tool]) -> list[str] | None:
+    """A session's grant of tools as it is recorded (names in order, each once), or
+    ``ValueError`` naming what is wrong with it; None grants every tool."""
+    if grant is None:
+        return None
+    if isinstance(grant, str):
+        raise ValueError(f"tools must be a list of tool names, not the string {grant!r}")
+    names = list(dict.fromkeys(grant))
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise ValueError(f"tools must be tool names (strings), not {bad!r}")
+    unknown = [n for n in names if n not in tools]
+    if unknown:
+        registered = ", ".join(sorted(tools)) or "none"
+        raise ValueError(
+            f"tools: no tool named {', '.join(map(repr, unknown))} is registered "
+            f"(registered: {registered})"
+        )
+    return names
+
+
 class Reply(Generic[T]):
     """A one-shot answer slot for a caller waiting on the session."""
 

@@ -6,7 +6,7 @@ make it run on either event loop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -117,10 +117,12 @@ class AsyncPerdureClient:
         *,
         system: str | None = None,
         if_busy: IfBusy | None = None,
+        tools: Sequence[str] | None = None,
     ) -> m.SessionCreated:
         """Create a session (idempotent for an explicit id). ``if_busy`` is its default
-        for input sent while a run is busy (see ``submit``)."""
-        return await self._send(m.create_session(session_id, system, if_busy))
+        for input sent while a run is busy (see ``submit``). ``tools`` grants it only
+        these of the daemon's tools (None: all); an unknown name is refused (400)."""
+        return await self._send(m.create_session(session_id, system, if_busy, tools))
 
     async def submit(
         self,

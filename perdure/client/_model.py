@@ -24,7 +24,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -295,7 +295,10 @@ def sessions() -> Call[list[SessionInfo]]:
 
 
 def create_session(
-    session_id: str | None, system: str | None, if_busy: IfBusy | None = None
+    session_id: str | None,
+    system: str | None,
+    if_busy: IfBusy | None = None,
+    tools: Sequence[str] | None = None,
 ) -> Call[SessionCreated]:
     # An id chosen here (as the daemon would) makes a retried create idempotent.
     body: dict[str, Any] = {"session_id": session_id or "s-" + uuid.uuid4().hex[:16]}
@@ -303,6 +306,10 @@ def create_session(
         body["system"] = system
     if if_busy is not None:
         body["if_busy"] = if_busy
+    if tools is not None:
+        if isinstance(tools, str):
+            raise ValueError(f"tools must be a list of tool names, not the string {tools!r}")
+        body["tools"] = list(tools)
     return Call(
         "POST",
         "/v1/sessions",

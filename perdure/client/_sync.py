@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -112,10 +112,12 @@ class PerdureClient:
         *,
         system: str | None = None,
         if_busy: IfBusy | None = None,
+        tools: Sequence[str] | None = None,
     ) -> m.SessionCreated:
         """Create a session (idempotent for an explicit id). ``if_busy`` is its default
-        for input sent while a run is busy (see ``submit``)."""
-        return self._send(m.create_session(session_id, system, if_busy))
+        for input sent while a run is busy (see ``submit``). ``tools`` grants it only
+        these of the daemon's tools (None: all); an unknown name is refused (400)."""
+        return self._send(m.create_session(session_id, system, if_busy, tools))
 
     def submit(
         self,

@@ -390,12 +390,20 @@ class Api:
     async def create_session(self, request: Request) -> Response:
         body = await read_body(request, CreateSessionBody, self.max_body)
         if_busy = check_if_busy(body.if_busy)
-        if body.session_id is None:
-            sid = await self.rt.create_session(None, system=body.system, if_busy=if_busy)
-            return _json(SessionCreatedAnswer(sid, True), 201)
-        # The supervisor decides: created, already there alike, or a conflict (409).
-        created = await self.rt.ensure_session(body.session_id, system=body.system, if_busy=if_busy)
-        return _json(SessionCreatedAnswer(body.session_id, created), 201 if created else 200)
+        sid = body.session_id
+        try:
+            if sid is None:
+                sid = await self.rt.create_session(
+                    None, system=body.system, if_busy=if_busy, tools=body.tools
+                )
+                return _json(SessionCreatedAnswer(sid, True), 201)
+            # The supervisor decides: created, already there alike, or a conflict (409).
+            created = await self.rt.ensure_session(
+                sid, system=body.system, if_busy=if_busy, tools=body.tools
+            )
+        except ValueError as exc:  # the grant names a tool the daemon does not have
+            raise ApiError(400, "invalid_field", str(exc), "tools") from None
+        return _json(SessionCreatedAnswer(sid, created), 201 if created else 200)
 
     @documented(
         Operation(

@@ -120,6 +120,8 @@ class CreateSessionBody:
     session_id: str | None = field(default=None, validator=_session_id, metadata=_SESSION_ID)
     system: str | None = None
     if_busy: str | None = field(default=None, validator=_if_busy, metadata=_IF_BUSY)
+    # The session's grant: only these of the daemon's tools (absent: all of them).
+    tools: list[str] | None = None
 
 
 @frozen(kw_only=True)

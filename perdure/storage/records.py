@@ -43,6 +43,7 @@ ToolResultKind = Literal[
     "error",  # the tool raised
     "invalid_args",  # arguments failed the tool's schema; the tool never ran
     "unknown_tool",  # no tool of that name is registered; nothing ran
+    "not_granted",  # the tool is outside the session's grant; nothing ran
     "timeout",  # the tool exceeded its timeout and was cancelled
     "denied",  # a human refused the approval; nothing ran
     "reconciled",  # recovery asked the tool's reconcile(): the effect was applied

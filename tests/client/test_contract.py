@@ -50,7 +50,7 @@ def _calls() -> list[m.Call[Any]]:
         m.stats(),
         m.whoami(),
         m.sessions(),
-        m.create_session(None, "be brief", if_busy="queue"),
+        m.create_session(None, "be brief", if_busy="queue", tools=["lookup"]),
         m.state(SID),
         m.delete_session(SID),
         m.transcript(SID),

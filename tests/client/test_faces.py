@@ -225,6 +225,7 @@ SAMPLES: dict[str, Any] = {
     "result": {"ok": True},
     "scope": "write",
     "ttl_s": 60,
+    "tools": ["lookup"],
 }
 # Sent in a header, not in the body.
 HEADERS = {"traceparent": "traceparent"}

@@ -126,6 +126,19 @@ def test_unknown_tool_and_invalid_arguments_become_error_results_not_crashes() -
     assert "GenerationStarted" in kinds(step), "the run continues"
 
 
+def test_a_call_outside_the_sessions_grant_is_refused_at_dispatch_and_named() -> None:
+    s = Session(tools={"lookup": TOOLS["lookup"]})  # the shell narrows env to the grant
+    s.state.allowed_tools = frozenset({"lookup"})
+    s.command(protocol.Submit("r1", "go"))
+    step = s.reply("x", ("c1", "send", {"text": "hi"}), ("c2", "lookup", {"query": "q"}))
+    (refused,) = only(step.records, ToolCompleted)
+    assert refused.call_id == "c1" and refused.kind == "not_granted" and refused.is_error
+    assert refused.output == (
+        "perdure: tool 'send' is not granted to this session (granted: lookup). Nothing was run."
+    )
+    assert [e.call_id for e in only(step.records, ToolExecuting)] == ["c2"], "granted runs"
+
+
 def test_approval_gate_then_approve_or_deny() -> None:
     s = Session()
     s.command(protocol.Submit("r1", "go"))

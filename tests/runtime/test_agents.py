@@ -171,5 +171,5 @@ async def test_a_sub_agent_cannot_use_a_tool_it_was_not_given(log_dir: Path) -> 
             for c in await rt._journal.read_session(child)
             if isinstance(c.record, ToolCompleted)
         ]
-        assert refused.kind == "unknown_tool" and "available: lookup" in refused.output
+        assert refused.kind == "not_granted" and "(granted: lookup)" in refused.output
     sound(log_dir)

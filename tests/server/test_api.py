@@ -118,6 +118,15 @@ def test_create_list_and_get_sessions(api_daemon: Daemon) -> None:
             "session_id",
         )
         assert_error(c.post("/v1/sessions", json={"system": 5}), 400, "invalid_field", "system")
+        # A grant of tools: recorded once; another is a conflict; unknown names are 400.
+        grant = {"session_id": "granted-1", "tools": ["send_note"]}
+        assert c.post("/v1/sessions", json=grant).status_code == 201
+        assert c.post("/v1/sessions", json=grant).status_code == 200
+        other = {"session_id": "granted-1", "tools": ["send_note", "slow_lookup"]}
+        assert_error(c.post("/v1/sessions", json=other), 409, "conflict")
+        for bad in (["send_note", "nope"], "send_note", [5]):
+            unknown = {"session_id": "granted-2", "tools": bad}
+            assert_error(c.post("/v1/sessions", json=unknown), 400, "invalid_field", "tools")
         listed = {s["session_id"]: s for s in c.get("/v1/sessions").json()["sessions"]}
         assert {generated, "named-1"} <= set(listed)
         assert listed["named-1"]["active"] is False

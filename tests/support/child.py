@@ -82,7 +82,8 @@ async def main(plan: dict[str, Any]) -> None:
         print(json.dumps(started), flush=True)
         sessions: dict[str, list[dict[str, str]]] = plan["sessions"]
         for sid, inputs in sessions.items():
-            await rt.create_session(sid, system=plan.get("system"))
+            grant = plan.get("grants", {}).get(sid)  # the session's tools (None: all)
+            await rt.create_session(sid, system=plan.get("system"), tools=grant)
             for item in inputs:
                 await rt.submit(
                     sid,

@@ -26,6 +26,7 @@ from perdure.actors.decide.verbs import (
     _run_id,
     _unknown,
     every_phase_has_a_row,
+    not_granted,
     tool_for,
 )
 from perdure.actors.lifecycle import (
@@ -260,6 +261,13 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
 
     if task.phase == "denied":
         return done("perdure: the user denied this call; it was not run.", "denied")
+    if not_granted(s, task.tool_name):
+        granted = ", ".join(sorted(env.tools)) or "none"
+        return done(
+            f"perdure: tool '{task.tool_name}' is not granted to this session (granted: "
+            f"{granted}). Nothing was run.",
+            "not_granted",
+        )
     if tool is None:
         known = ", ".join(sorted(env.tools)) or "none"
         return done(

@@ -60,7 +60,8 @@ def create(
     new: NewSession, existing: Sequence[Committed] | None, env: Env, now: float
 ) -> tuple[Record, ...]:
     """The records that create ``new``; none if it exists already (``existing``: its
-    first record, as read; None if there is no such session).
+    first record, as read; None if there is no such session). Asking again with
+    another system prompt or another grant of tools is a conflict.
 
     ``env`` is the runtime's, narrowed to the session's allowed tools: the task is
     decided as that session would decide it.
@@ -75,6 +76,16 @@ def create(
             raise Refused(
                 "conflict",
                 f"session {new.session_id!r} already exists with a different system prompt",
+            )
+        if (
+            new.tools is not None
+            and new.parent is None  # a sub-agent found again by a re-run keeps its own
+            and isinstance(created, SessionCreated)
+            and (created.tools is None or set(created.tools) != set(new.tools))
+        ):
+            raise Refused(
+                "conflict",
+                f"session {new.session_id!r} already exists with a different grant of tools",
             )
         return ()
     record = SessionCreated(

@@ -100,6 +100,12 @@ def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
     return tool
 
 
+def not_granted(s: SessionState, tool_name: str) -> bool:
+    """True if the session was created with a grant of tools that leaves ``tool_name``
+    out: a call to it is refused at dispatch, whatever the runtime registers."""
+    return s.allowed_tools is not None and tool_name not in s.allowed_tools
+
+
 def _run_id(s: SessionState) -> str:
     """The run that owns work started now ("" for a compensation outside any run)."""
     return s.run.run_id if s.run is not None else ""

@@ -317,9 +317,11 @@ class Supervisor(Ownership):
         async with self._create_lock:
             existing = None
             if session_id in self.mailboxes or await self.journal.session_info(session_id):
-                # Its first record, to compare the prompt (none read if none was given).
+                # Its first record, to compare the prompt and grant (none read if not given).
                 existing = (
-                    await self.journal.read_session(session_id, 0, 1) if system is not None else []
+                    await self.journal.read_session(session_id, 0, 1)
+                    if system is not None or tools is not None
+                    else []
                 )
             records = sessions.create(new, existing, env, self.ctx.clock())
             if not records:
