@@ -95,7 +95,12 @@ async function loadSessions() {
       const li = el("li");
       li.dataset.sid = s.session_id;
       li.append(el("span", "", s.session_id));
-      if (s.active) li.append(el("span", "active", "active"));
+      if (s.stuck) {
+        // Unfinished work and nothing committed for the daemon's --stuck-after seconds.
+        const mark = el("span", "stuck", `stuck: ${s.stuck.describe}`);
+        mark.title = `no progress for ${Math.round(s.stuck.idle_for)} s`;
+        li.append(mark);
+      } else if (s.active) li.append(el("span", "active", "active"));
       if (s.session_id === view.sid) li.classList.add("selected");
       li.addEventListener("click", () => openSession(s.session_id));
       list.append(li);
