@@ -372,7 +372,7 @@ class Api:
     )
     async def list_sessions(self, request: Request) -> Response:
         infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
-        return JSONResponse(session_list(infos))
+        return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
 
     @documented(
         Operation(

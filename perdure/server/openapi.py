@@ -28,6 +28,7 @@ from starlette.routing import Route
 from perdure import __version__
 from perdure.server.payloads import ForkBody
 from perdure.storage import SessionInfo
+from perdure.stuck import WAITING_KINDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -513,6 +514,28 @@ HEALTH: Final = {
     },
 }
 
+STUCK: Final = {
+    "type": "object",
+    "required": [
+        "waiting",
+        "detail",
+        "call_id",
+        "run_id",
+        "last_progress_at",
+        "idle_for",
+        "describe",
+    ],
+    "properties": {
+        "waiting": {"enum": list(WAITING_KINDS)},
+        "detail": {"type": "string", "description": "the tool's name, the model, ..."},
+        "call_id": {"type": ["string", "null"]},
+        "run_id": {"type": ["string", "null"]},
+        "last_progress_at": {"type": "number", "description": "the latest record's time"},
+        "idle_for": {"type": "number", "description": "seconds since then"},
+        "describe": {"type": "string", "description": "one line for a person"},
+    },
+}
+
 SESSION_LIST: Final = {
     "type": "object",
     "required": ["sessions"],
@@ -524,8 +547,16 @@ SESSION_LIST: Final = {
                     {"$attrs": SessionInfo},
                     {
                         "type": "object",
-                        "required": ["active"],
-                        "properties": {"active": {"type": "boolean"}},
+                        "required": ["active", "stuck"],
+                        "properties": {
+                            "active": {"type": "boolean"},
+                            "stuck": {
+                                "description": "unfinished work and no record committed "
+                                "for the daemon's --stuck-after seconds: what it waits for "
+                                "(null: not stuck)",
+                                "anyOf": [{"type": "null"}, STUCK],
+                            },
+                        },
                     },
                 ]
             },

@@ -10,6 +10,7 @@ route says *what* it answers and this module says *how* it looks on the wire.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 import cattrs
@@ -31,6 +32,7 @@ from perdure.server.tokens import MAX_TTL, SCOPES
 from perdure.storage import SessionInfo, check_session_id
 from perdure.storage.common import _MAX_SESSION_ID as MAX_SESSION_ID
 from perdure.storage.records import ResolutionAction
+from perdure.stuck import StuckRun
 
 MAX_BODY: Final = 1 << 20
 DRAIN_FACTOR: Final = 16
@@ -352,9 +354,34 @@ def answer(value: Any) -> dict[str, Any]:
     return data
 
 
-def session_list(infos: list[SessionInfo]) -> dict[str, Any]:
-    """``GET /v1/sessions``: each session's summary as the log keeps it, plus ``active``."""
-    return {"sessions": [{**answer(i), "active": i.open_submissions > 0} for i in infos]}
+def session_list(infos: list[SessionInfo], stuck: Sequence[StuckRun] = ()) -> dict[str, Any]:
+    """``GET /v1/sessions``: each session's summary as the log keeps it, plus ``active``
+    and ``stuck`` (what a stuck session waits for, or null)."""
+    by_session = {run.session_id: run for run in stuck}
+    return {
+        "sessions": [
+            {
+                **answer(i),
+                "active": i.open_submissions > 0,
+                "stuck": _stuck(by_session.get(i.session_id)),
+            }
+            for i in infos
+        ]
+    }
+
+
+def _stuck(run: StuckRun | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {
+        "waiting": run.waiting.kind,
+        "detail": run.waiting.detail,
+        "call_id": run.waiting.call_id,
+        "run_id": run.run_id,
+        "last_progress_at": run.last_progress_at,
+        "idle_for": run.idle_for,
+        "describe": run.waiting.describe(),
+    }
 
 
 # -- reading a request ---------------------------------------------------------------------

@@ -122,6 +122,21 @@ async def test_a_run_held_at_each_waiting_point_is_listed_after_the_threshold(
         assert sum(gauge.values()) == 1
 
 
+async def test_a_paused_session_with_an_input_waiting_is_stuck_as_paused(
+    where: Where, clock: MockClock
+) -> None:
+    async with open_rt(where, [Reply(text="done")], stuck_after=STUCK) as rt:
+        await rt.create_session(SID)
+        await rt.pause(SID)
+        await rt.submit(SID, "go", request_id="r1")
+        found = await held(rt, "paused")
+        assert found.run_id is None and found.waiting.call_id is None
+        await rt.resume(SID)
+        with trio.fail_after(10):
+            await rt.wait_idle(SID)
+        assert await rt.stuck_runs(after=0) == []
+
+
 async def test_a_finished_run_is_never_stuck(where: Where, clock: MockClock) -> None:
     async with open_rt(where, [Reply(text="done")], stuck_after=0) as rt:
         await rt.create_session(SID)

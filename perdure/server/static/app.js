@@ -17,8 +17,8 @@
 const RECORD_TYPES = [
   "SessionCreated", "InputAccepted", "RunStarted", "RunFinished", "GenerationStarted",
   "RetryPending", "GenerationCompleted", "ToolTaskCreated", "ToolAwaitingApproval",
-  "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "ToolRetryPending", "ToolAwaitingHuman",
-  "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
+  "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "AgentStarted", "ToolRetryPending",
+  "ToolAwaitingHuman", "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
   "CancelRequested", "GoalRevised", "SessionPaused", "SessionResumed", "RecoveryDecision",
   "SessionParked", "LogOpened", "CompensationRequested", "CompensationFinished", "SessionForked",
 ];
@@ -95,7 +95,12 @@ async function loadSessions() {
       const li = el("li");
       li.dataset.sid = s.session_id;
       li.append(el("span", "", s.session_id));
-      if (s.active) li.append(el("span", "active", "active"));
+      if (s.stuck) {
+        // Unfinished work and nothing committed for the daemon's --stuck-after seconds.
+        const mark = el("span", "stuck", `stuck: ${s.stuck.describe}`);
+        mark.title = `no progress for ${Math.round(s.stuck.idle_for)} s`;
+        li.append(mark);
+      } else if (s.active) li.append(el("span", "active", "active"));
       if (s.session_id === view.sid) li.classList.add("selected");
       li.addEventListener("click", () => openSession(s.session_id));
       list.append(li);
@@ -349,6 +354,12 @@ function onRecord(type, r, seq) {
       if (view.calls.has(r.call_id)) {
         view.calls.get(r.call_id).querySelector(".note").textContent =
           `heartbeat (attempt ${r.attempt}): ${JSON.stringify(r.details)}`;
+      }
+      break;
+    case "AgentStarted":
+      if (view.calls.has(r.call_id)) {
+        view.calls.get(r.call_id).querySelector(".note").textContent =
+          `started the sub-agent ${r.child}`;
       }
       break;
     case "ToolRetryPending": {
