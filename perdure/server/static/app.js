@@ -17,8 +17,8 @@
 const RECORD_TYPES = [
   "SessionCreated", "InputAccepted", "RunStarted", "RunFinished", "GenerationStarted",
   "RetryPending", "GenerationCompleted", "ToolTaskCreated", "ToolAwaitingApproval",
-  "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "ToolRetryPending", "ToolAwaitingHuman",
-  "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
+  "ApprovalDecided", "ToolExecuting", "ToolHeartbeat", "AgentStarted", "ToolRetryPending",
+  "ToolAwaitingHuman", "ResolutionDecided", "ToolCompleted", "ToolOutcomeUnknown", "ToolCancelled",
   "CancelRequested", "GoalRevised", "SessionPaused", "SessionResumed", "RecoveryDecision",
   "SessionParked", "LogOpened", "CompensationRequested", "CompensationFinished", "SessionForked",
 ];
@@ -354,6 +354,12 @@ function onRecord(type, r, seq) {
       if (view.calls.has(r.call_id)) {
         view.calls.get(r.call_id).querySelector(".note").textContent =
           `heartbeat (attempt ${r.attempt}): ${JSON.stringify(r.details)}`;
+      }
+      break;
+    case "AgentStarted":
+      if (view.calls.has(r.call_id)) {
+        view.calls.get(r.call_id).querySelector(".note").textContent =
+          `started the sub-agent ${r.child}`;
       }
       break;
     case "ToolRetryPending": {
