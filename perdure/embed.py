@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import outcome
 import trio
 
-from perdure import Runtime, StreamStats
+from perdure import Runtime, StreamStats, StuckRun
 from perdure import open_runtime as open_trio_runtime
 from perdure.answers import Accepted, Done, Forked, IfBusy
 from perdure.providers.base import Message
@@ -431,6 +431,10 @@ class AsyncioRuntime:
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)
+
+    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+        """The sessions stuck for ``after`` seconds (``Runtime.stuck_runs``)."""
+        return await self.run(partial(self.trio_runtime.stuck_runs, after))
 
     async def restarts(self) -> list[Committed]:
         return await self.run(self.trio_runtime.restarts)

@@ -68,6 +68,10 @@ def test_the_whole_api_from_asyncio(mode: str, tmp_path: Path, workspace: Path) 
             assert again.duplicate and again.submission_id == first.submission_id
 
             call_id = await awaiting_approval(rt, sid)
+            [stuck] = await rt.stuck_runs(after=0)  # held at the approval
+            assert stuck.session_id == sid and stuck.waiting.kind == "approval"
+            assert stuck.waiting.call_id == call_id
+            assert await rt.stuck_runs(after=3600) == []
             # A wait that is cancelled on the asyncio side cancels its trio task, and
             # leaves the runtime as it was.
             with pytest.raises(TimeoutError):
