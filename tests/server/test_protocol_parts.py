@@ -249,3 +249,14 @@ def test_ai_sdk_encoding_of_a_failed_run() -> None:
     assert chunks[0]["type"] == "start" and chunks[0]["messageId"] == "msg_in1"
     assert [c["type"] for c in chunks[-2:]] == ["error", "finish"]
     assert chunks[-1]["finishReason"] == "error"
+
+
+def test_a_secret_argument_is_masked_in_the_frontends_tool_parts() -> None:
+    call = ToolCall(
+        call_id="c1", name="login", input={"user": "ann", "token": "t0p"}, secret=["token"]
+    )
+    parts = feed([*head(), completed(4, "", calls=(call,))])
+    shown = [p for p in parts if p.kind in ("tool_args", "tool_input")]
+    assert [p.kind for p in shown] == ["tool_args", "tool_input"]
+    assert shown[1].data["input"] == {"user": "ann", "token": "[secret]"}
+    assert "t0p" not in repr(parts) and '"token":"[secret]"' in shown[0].data["delta"]

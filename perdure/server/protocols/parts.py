@@ -64,6 +64,7 @@ from perdure.storage.records import (
     ToolTaskCreated,
     Usage,
 )
+from perdure.storage.redact import masked
 
 
 @frozen
@@ -431,8 +432,9 @@ class Follower:
                         {"call_id": call.call_id, "name": call.name, "parent": gen},
                     )
                 )
-            if not streamed or not _same_json(streamed, call.input):
-                args = json.dumps(call.input, ensure_ascii=False, separators=(",", ":"))
+            shown = masked(call.input, call.secret)  # secret parameters never leave the log
+            if not streamed or not _same_json(streamed, shown):
+                args = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
                 if streamed:
                     # The live argument text is incomplete or differs: the committed
                     # input is authoritative (a client should take tool_input's).
@@ -447,7 +449,7 @@ class Follower:
                     {
                         "call_id": call.call_id,
                         "name": call.name,
-                        "input": call.input,
+                        "input": shown,
                         "parent": gen,
                     },
                 )
