@@ -47,6 +47,7 @@ from perdure.tools.contract import (
     ToolResult,
     tool,
 )
+from perdure.tools.params import Secret
 from perdure.view import (
     GenerationView,
     RunView,
@@ -90,6 +91,7 @@ __all__ = [
     "RunFinished",
     "RunView",
     "Runtime",
+    "Secret",
     "SessionFenced",
     "SessionLookup",
     "SessionParkedError",

@@ -36,6 +36,7 @@ from perdure.storage.records import (
     ToolOutcomeUnknown,
     Usage,
 )
+from perdure.storage.redact import masked
 
 Summary = dict[str, Any]
 
@@ -122,7 +123,7 @@ def _task(task: Task) -> dict[str, Any]:
         "generation_id": task.generation_id,
         "goal_rev": task.goal_rev,
         "stale": task.stale,
-        "input": task.input,
+        "input": masked(task.input, task.secret),
         "replay": ex.replay if ex else None,
         "attempt": task.attempt,
         "idempotency_key": ex.idempotency_key if ex else None,
@@ -312,12 +313,17 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
         },
         "tasks": [_task(t) for t in s.tasks.values()],
         "pending_approvals": [
-            {"call_id": t.call_id, "tool": t.tool_name, "input": t.input}
+            {"call_id": t.call_id, "tool": t.tool_name, "input": masked(t.input, t.secret)}
             for t in s.tasks.values()
             if t.phase == "awaiting_approval"
         ],
         "awaiting_resolution": [
-            {"call_id": t.call_id, "tool": t.tool_name, "input": t.input, "reason": t.last_error}
+            {
+                "call_id": t.call_id,
+                "tool": t.tool_name,
+                "input": masked(t.input, t.secret),
+                "reason": t.last_error,
+            }
             for t in s.tasks.values()
             if t.phase == "awaiting_human"
         ],

@@ -32,6 +32,7 @@ from perdure.storage import SessionBusy, SessionInfo
 from perdure.storage.codec import converter
 from perdure.storage.journal import Journal
 from perdure.storage.records import Committed, Record, SessionCreated, SessionDeleted
+from perdure.storage.redact import redacted
 
 EXPORT_FORMAT = "perdure-session/1"
 
@@ -127,7 +128,9 @@ def export_lines(session_id: str, committed: Iterable[Committed]) -> Iterator[st
     """A session as JSON lines: a header, then each record with the seq it had."""
     yield json.dumps({"format": EXPORT_FORMAT, "session_id": session_id})
     for c in committed:
-        data = converter.unstructure(c.record, unstructure_as=Record)
+        # Secret tool parameters are masked: an export leaves the log (it is not a
+        # backup; a call re-imported from it is history, never run again).
+        data = converter.unstructure(redacted(c.record), unstructure_as=Record)
         yield json.dumps({"seq": c.seq, "record": data}, ensure_ascii=False)
 
 

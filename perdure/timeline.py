@@ -46,6 +46,7 @@ from perdure.storage.records import (
     ToolRetryPending,
     ToolTaskCreated,
 )
+from perdure.storage.redact import redacted
 
 Line = tuple[int, str, str]
 
@@ -83,7 +84,7 @@ class Timeline:
 
     def add(self, c: Committed) -> list[Line]:
         lines, tools, started = self.lines, self._tools, self._started
-        r = c.record
+        r = redacted(c.record)  # a timeline is shown to people: secrets masked
         seq = c.seq
         stamp = _clock(r.at)
         before = len(lines)

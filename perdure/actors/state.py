@@ -95,6 +95,7 @@ class Task:
     lineage: str = ""  # the submission whose run created it ("compensation" otherwise)
     compensates: str | None = None  # for a compensation: the call it undoes
     compensated_by: str | None = None  # the compensation requested for this call
+    secret: list[str] = field(factory=list)  # the input's secret parameters (masked in views)
     # When an attempt failed (retry_pending, awaiting_human): what went wrong, and when
     # the next attempt may start (a person's retry may start at once).
     last_error: str = ""
@@ -557,6 +558,7 @@ class SessionState:
             r.goal_rev,
             lineage=gen.submission_id if gen is not None else "compensation",
             compensates=r.compensates,
+            secret=r.secret,
         )
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:

@@ -75,6 +75,7 @@ from perdure.storage.records import (
     ToolRetryPending,
     Usage,
 )
+from perdure.storage.redact import masked
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -590,7 +591,12 @@ class Tracing:
             if r.text:
                 parts.append({"type": "text", "content": r.text})
             parts.extend(
-                {"type": "tool_call", "id": c.call_id, "name": c.name, "arguments": c.input}
+                {
+                    "type": "tool_call",
+                    "id": c.call_id,
+                    "name": c.name,
+                    "arguments": masked(c.input, c.secret),
+                }
                 for c in r.tool_calls
             )
             attributes["gen_ai.output.messages"] = json.dumps(
@@ -627,7 +633,8 @@ class Tracing:
         if error is not None:
             attributes["error.type"] = error
         if self.capture_content:
-            attributes["gen_ai.tool.call.arguments"] = json.dumps(executing.args)
+            args = masked(executing.args, executing.secret)
+            attributes["gen_ai.tool.call.arguments"] = json.dumps(args)
             if output is not None:
                 attributes["gen_ai.tool.call.result"] = output
         self._later(

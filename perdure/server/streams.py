@@ -30,10 +30,12 @@ from perdure import Runtime
 from perdure.storage.bus import Event, EventStreamLagged
 from perdure.storage.codec import converter
 from perdure.storage.records import Record
+from perdure.storage.redact import redacted
 
 
 def record_json(record: Record) -> dict[str, Any]:
-    data: dict[str, Any] = converter.unstructure(record, unstructure_as=Record)
+    """A record as the daemon sends it (secret tool parameters masked)."""
+    data: dict[str, Any] = converter.unstructure(redacted(record), unstructure_as=Record)
     return data
 
 

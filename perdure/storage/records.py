@@ -62,6 +62,8 @@ class ToolCall:
     call_id: str
     name: str
     input: dict[str, Any]
+    # The input's parameters declared secret by the tool: redacted in every view.
+    secret: list[str] = field(factory=list)
 
 
 @frozen(kw_only=True)
@@ -288,6 +290,7 @@ class ToolTaskCreated:
     input: dict[str, Any]
     goal_rev: int
     compensates: str | None = None  # the call id this task undoes (a compensation)
+    secret: list[str] = field(factory=list)  # the input's secret parameters (redacted)
     at: float
 
 
@@ -325,6 +328,7 @@ class ToolExecuting:
     attempt: int = 1
     at: float
     policy_reason: str = ""  # why the tool has this policy (e.g. an MCP tool's annotations)
+    secret: list[str] = field(factory=list)  # the args' secret parameters (redacted)
 
 
 @frozen(kw_only=True)

@@ -345,6 +345,11 @@ class Tool:
     # runtime every tool runs on trio (one that then needs asyncio fails clearly).
     runs_on: Loop = "trio"
 
+    @property
+    def secret_params(self) -> frozenset[str]:
+        """The parameters declared secret (``Annotated[..., perdure.Secret]``)."""
+        return self.parameters.secret if self.parameters is not None else frozenset()
+
     def __attrs_post_init__(self) -> None:
         # Here rather than in @tool, so that attrs.evolve(a_tool, retry=...) is held to it too.
         _check_failure_options(

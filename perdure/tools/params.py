@@ -59,6 +59,21 @@ def check_name(name: str) -> None:
         )
 
 
+class Secret:
+    """Marks a tool parameter as secret: ``token: Annotated[str, Secret]``.
+
+    The tool gets the value as usual, and the log keeps it (the model wrote it); the
+    records name the parameter as secret, so every view that leaves the log (exports,
+    traces, event streams, the page, ``perdure show``) shows ``[secret]`` instead.
+    """
+
+
+def _is_secret(hint: Any) -> bool:
+    if typing.get_origin(hint) is not typing.Annotated:
+        return False
+    return any(m is Secret or isinstance(m, Secret) for m in typing.get_args(hint)[1:])
+
+
 @frozen(eq=False)
 class Parameters:
     """What a tool's signature says to the model, and how its arguments are checked."""
@@ -69,6 +84,7 @@ class Parameters:
     # p0, p1, ... so that a parameter named e.g. ``json`` or ``model_config`` cannot
     # clash with pydantic's own attributes.
     names: Mapping[str, str]
+    secret: frozenset[str] = frozenset()  # the parameters declared ``Secret``
 
     def problems(self, args: dict[str, Any]) -> list[str]:
         """Every way ``args`` fails the parameters, as ``path: message`` (empty: valid)."""
@@ -133,6 +149,7 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
     summary, documented = _docstring(fn.__doc__)
     fields: dict[str, Any] = {}
     names: dict[str, str] = {}
+    secret: set[str] = set()
     for index, p in enumerate(params):
         where = f"tool {tool_name!r}, parameter {p.name!r}"
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -148,6 +165,8 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
             )
         field_name = f"p{index}"
         names[p.name] = field_name
+        if _is_secret(hint):
+            secret.add(p.name)
         described = _description(hint, documented, p.name)
         # A description given as None would override one in the hint's own Field().
         info = (
@@ -158,7 +177,8 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[field_name] = (typing.Annotated[hint, info], default)
     model = _model(tool_name, fields, hints, names)
-    return summary, Parameters(model=model, schema=_schema(tool_name, model, names), names=names)
+    schema = _schema(tool_name, model, names)
+    return summary, Parameters(model=model, schema=schema, names=names, secret=frozenset(secret))
 
 
 def _is_context(hint: Any) -> bool:

@@ -179,10 +179,13 @@ class _Watched:
     """A backend wrapper that notes which thread ran each commit and any overlap;
     ``delay`` seconds asleep in each commit (a slow disk), or ``cpu`` seconds of work."""
 
-    def __init__(self, log: LmdbLog, delay: float = 0.0, cpu: float = 0.0) -> None:
+    def __init__(
+        self, log: LmdbLog, delay: float = 0.0, cpu: float = 0.0, clock: _CpuClock | None = None
+    ) -> None:
         self.log = log
         self.delay = delay
         self.cpu = cpu
+        self.clock = clock
         self.threads: list[int] = []
         self.running = 0
         self.overlaps = 0
@@ -196,9 +199,12 @@ class _Watched:
         try:
             if self.delay:
                 time.sleep(self.delay)
-            began = time.thread_time()
-            while time.thread_time() - began < self.cpu:
-                pass
+            if self.clock is not None:
+                self.clock.spend(self.cpu)
+            else:
+                began = time.thread_time()
+                while time.thread_time() - began < self.cpu:
+                    pass
             self.threads.append(threading.get_ident())
             return self.log.commit(batches)  # type: ignore[arg-type]
         finally:
@@ -295,11 +301,38 @@ async def test_a_busy_loop_commits_several_appends_together_after_the_group_wait
         assert set(watched.threads) == {threading.get_ident()}
 
 
-async def test_commits_long_on_cpu_but_quick_on_the_disk_stay_on_the_loop(log: LmdbLog) -> None:
-    """The budget weighs what a commit waited, not its encoding: 10 ms of CPU per commit
-    (five times the budget) would hold the GIL on the writer thread just the same."""
-    watched = _Watched(log, cpu=0.01)
-    async with open_journal(watched) as journal:  # type: ignore[arg-type]
+class _CpuClock:
+    """The Journal's view of ``time`` with CPU work added to both of its clocks, so a
+    test can charge a commit seconds of encoding without spinning: on a shared, loaded
+    machine a spinning thread is also descheduled, and that wait is real."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+
+    def spend(self, seconds: float) -> None:
+        self.spent += seconds
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.spent
+
+    def thread_time(self) -> float:
+        return time.thread_time() + self.spent
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+async def test_commits_long_on_cpu_but_quick_on_the_disk_stay_on_the_loop(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget weighs what a commit waited, not its encoding: five times the budget of
+    CPU per commit would hold the GIL on the writer thread just the same. (The budget is
+    raised above any real commit's wait on a loaded machine; the CPU is charged, not
+    spun: see ``_CpuClock``.)"""
+    clock = _CpuClock()
+    monkeypatch.setattr(journal_module, "time", clock)
+    watched = _Watched(log, cpu=0.5, clock=clock)
+    async with open_journal(watched, loop_commit_budget=0.1) as journal:  # type: ignore[arg-type]
         for i in range(5):
             await journal.append([tool_result("s", f"c{i}")])
         assert journal.stats.loop_transactions == 5

@@ -85,7 +85,9 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
         while call_id in s.tasks or call_id in seen:  # ids must be unique within a session
             call_id += "_"
         seen.add(call_id)
-        calls.append(evolve(call, call_id=call_id))
+        tool = env.tools.get(call.name)
+        secret = sorted(tool.secret_params & call.input.keys()) if tool is not None else []
+        calls.append(evolve(call, call_id=call_id, secret=secret))
     records: list[Record] = [
         GenerationCompleted(
             session_id=s.session_id,
@@ -112,6 +114,7 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
             tool_name=c.name,
             input=c.input,
             goal_rev=gen.goal_rev,
+            secret=c.secret,
             at=env.now,
         )
         for c in calls

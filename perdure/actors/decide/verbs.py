@@ -213,6 +213,7 @@ def _execute(
         attempt=attempt,
         at=env.now,
         policy_reason=tool.policy_reason,
+        secret=sorted(tool.secret_params & args.keys()),
     )
     beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
     return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
