@@ -74,7 +74,8 @@ def open_rt(where: Where, script: list[Reply], **options: Any) -> Any:
         where.open(),
         provider=ScriptedProvider(script),
         tools=[hang, wire, charge, flaky],
-        **where.options(retry_cap=7200.0, **options),
+        # A short grace: the held tool never ends, and the exit need not wait for it.
+        **where.options(retry_cap=7200.0, shutdown_grace=0.1, **options),
     )
 
 
