@@ -38,7 +38,16 @@ async def call_model(
             request.attempt,
         )
 
+        # The live argument text of a call to a tool with secret parameters is not
+        # published: it would show the secret before the commit masks it.
+        secret_tools = {name for name, tool in ctx.tools.items() if tool.secret_params}
+        hidden: set[Any] = set()  # the content-block indexes of such calls
+
         def emit(kind: str, data: dict[str, Any]) -> None:
+            if kind == "tool_use_start" and data.get("name") in secret_tools:
+                hidden.add(data.get("index"))
+            elif kind == "tool_input_delta" and data.get("index") in hidden:
+                return
             if not bus.has_subscribers(session_id):
                 return  # deltas are ephemeral: with nobody listening there is nothing to do
             payload = {

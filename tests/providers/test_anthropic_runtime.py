@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from contextlib import aclosing
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import trio
 
+import perdure
 from perdure.providers.anthropic import AnthropicProvider
 from perdure.storage.records import (
     GenerationCompleted,
@@ -415,3 +417,33 @@ async def test_deltas_are_live_ordered_and_never_stored(
         {"text_delta", "tool_input_delta", "tool_use_start", "model_call"}
     )
     assert "PARTIAL" not in repr(stored)
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE)
+async def sign_in(user: str, password: Annotated[str, perdure.Secret]) -> str:
+    """Sign in."""
+    return f"hello {user}"
+
+
+async def test_a_secret_argument_is_not_streamed_live(
+    fake: FakeAnthropic, provider: AnthropicProvider, log_dir: Path
+) -> None:
+    fake.script(
+        Reply(
+            content=[
+                Text("Signing in. "),
+                ToolUse("toolu_1", "sign_in", {"user": "ann", "password": "pw-51"}),
+            ],
+            chunk=3,
+        ),
+        Reply(content=[Text("Done.")], chunk=3),
+    )
+    async with runtime(log_dir, provider, tools=[sign_in]) as rt:
+        sid, events = await ask_collecting(rt, "Sign in.")
+        stored = await records(rt, sid)
+    kinds = [e.kind for e in events if e.ephemeral]
+    assert "tool_use_start" in kinds and "text_delta" in kinds, "the reply was streamed"
+    assert "tool_input_delta" not in kinds
+    assert "pw-51" not in repr([e.data for e in events if e.ephemeral])
+    (reply, _) = of(GenerationCompleted, stored)
+    assert reply.tool_calls[0].input["password"] == "pw-51", "the log keeps it"
