@@ -432,6 +432,11 @@ class AsyncioRuntime:
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)
 
+    @property
+    def stuck_after(self) -> float:
+        """Seconds without a committed record after which unfinished work is stuck."""
+        return self.trio_runtime.stuck_after
+
     async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
         """The sessions stuck for ``after`` seconds (``Runtime.stuck_runs``)."""
         return await self.run(partial(self.trio_runtime.stuck_runs, after))

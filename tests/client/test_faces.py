@@ -155,6 +155,8 @@ ONLY_IN_PROCESS = {
     "frozen_sessions": "the process's memory",
     "evictions": "the daemon's stats() counts them",
     "hibernations": "the process's memory",
+    "stuck_runs": "the daemon's session list marks each stuck session (its stuck field)",
+    "stuck_after": "the daemon's threshold is set where it starts (perdure serve --stuck-after)",
 }
 ONLY_IN_CLIENTS = {
     "health": "the daemon's liveness",
