@@ -308,7 +308,7 @@ class Api:
     )
     async def openapi(self, request: Request) -> Response:
         if self.document is None:
-            self.document = openapi_document(request.app.routes)
+            self.document = openapi_document(request.app.routes, tool_names=list(self.rt.tools))
         return JSONResponse(self.document)
 
     @documented(

@@ -319,8 +319,11 @@ def _path_params(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def openapi_document(routes: Iterable[object]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of ``routes`` (a Starlette app's ``routes``)."""
+def openapi_document(
+    routes: Iterable[object], *, tool_names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes`` (a Starlette app's ``routes``); with
+    ``tool_names`` (the daemon's tools), a session's grant may name only those."""
     schemas = Schemas()
     paths: dict[str, dict[str, Any]] = {}
     producers: list[dict[str, Any]] = []
@@ -398,7 +401,7 @@ def openapi_document(routes: Iterable[object]) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**schemas.named, "Error": _error_schema()},
+            "schemas": {**_granting(schemas.named, tool_names), "Error": _error_schema()},
             "responses": {
                 f"E{status}": {
                     "description": text,
@@ -437,6 +440,19 @@ def openapi_document(routes: Iterable[object]) -> dict[str, Any]:
             },
         },
     }
+
+
+def _granting(named: dict[str, Any], tool_names: Sequence[str] | None) -> dict[str, Any]:
+    """The schemas with a session's grant (``CreateSessionBody.tools``) limited to the
+    daemon's own tool names: a name it does not have is refused, so the document says so."""
+    body = named.get("CreateSessionBody")
+    if tool_names is None or body is None:
+        return named
+    tools = body["properties"]["tools"]
+    for option in tools.get("anyOf", [tools]):
+        if option.get("type") == "array":
+            option["items"] = {"type": "string", "enum": sorted(tool_names)}
+    return named
 
 
 def _operation_id(method: str, path: str) -> str:

@@ -325,6 +325,16 @@ def _whole(value: Any, _: type) -> int:
 converter.register_structure_hook(int, _whole)
 
 
+def _names(value: Any, _: type) -> list[str]:
+    # cattrs would take any iterable for a list (an object's keys, a string's letters).
+    if type(value) is not list or any(type(item) is not str for item in value):
+        raise TypeError("must be a list of strings")
+    return value
+
+
+converter.register_structure_hook_func(lambda kind: kind == list[str], _names)
+
+
 def parse(data: dict[str, Any], kind: type[T]) -> T:
     """Structure a request body into ``kind``, or raise the ``ApiError`` naming the field."""
     present = {k: v for k, v in data.items() if v is not None}

@@ -124,7 +124,7 @@ def test_create_list_and_get_sessions(api_daemon: Daemon) -> None:
         assert c.post("/v1/sessions", json=grant).status_code == 200
         other = {"session_id": "granted-1", "tools": ["send_note", "slow_lookup"]}
         assert_error(c.post("/v1/sessions", json=other), 409, "conflict")
-        for bad in (["send_note", "nope"], "send_note", [5]):
+        for bad in (["send_note", "nope"], "send_note", [5], {}, {"send_note": 1}):
             unknown = {"session_id": "granted-2", "tools": bad}
             assert_error(c.post("/v1/sessions", json=unknown), 400, "invalid_field", "tools")
         listed = {s["session_id"]: s for s in c.get("/v1/sessions").json()["sessions"]}

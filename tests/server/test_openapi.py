@@ -22,6 +22,7 @@ from perdure.server.openapi import (
     openapi_document,
 )
 from tests.support.daemon import Daemon
+from tests.support.ledger_tools import ALL_TOOLS
 
 
 def _app_routes(**kwargs: Any) -> list[Any]:
@@ -165,3 +166,11 @@ def test_what_schemathesis_found_stays_fixed(daemon: Daemon) -> None:
         assert minted.status_code == 201, minted.text
         half = client.post("/v1/sessions/s2/tokens", json={"scope": "read", "ttl_s": 60.5})
         assert half.status_code == 400 and half.json()["error"]["field"] == "ttl_s"
+        # A grant is a list of the daemon's own tool names (an object is not a list), and
+        # the document names them, since any other name is refused.
+        grant = client.post("/v1/sessions", json={"session_id": "s3", "tools": {}})
+        assert grant.status_code == 400 and grant.json()["error"]["field"] == "tools"
+        document = client.get("/openapi.json").json()
+        body = document["components"]["schemas"]["CreateSessionBody"]["properties"]["tools"]
+        (listed,) = [option for option in body["anyOf"] if option.get("type") == "array"]
+        assert set(listed["items"]["enum"]) == {tool.name for tool in ALL_TOOLS}

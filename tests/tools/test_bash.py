@@ -88,6 +88,10 @@ async def test_timeout_kills_the_whole_process_group(workspace: Path) -> None:
         await _until(lambda pid=pid: not _pid_alive(pid))
 
 
+def _written(path: Path) -> bool:
+    return path.exists() and path.read_text().endswith("\n")
+
+
 async def test_cancellation_kills_the_whole_process_group(workspace: Path, root: Path) -> None:
     adir = attempt_dir(root, "pdk_cancel", 1)
     with trio.move_on_after(10) as scope:
@@ -97,7 +101,8 @@ async def test_cancellation_kills_the_whole_process_group(workspace: Path, root:
                     workspace, key="pdk_cancel", command="sleep 30 & echo $! > bg.pid; wait"
                 )
             )
-            await _until(lambda: (adir / "pid.json").exists() and (workspace / "bg.pid").exists())
+            # The redirection creates bg.pid before echo writes the pid into it.
+            await _until(lambda: (adir / "pid.json").exists() and _written(workspace / "bg.pid"))
             nursery.cancel_scope.cancel()
     assert not scope.cancelled_caught
     record = read_json(adir / "pid.json")
