@@ -3,6 +3,8 @@
     python bench/run.py            # the full suite (about 10-20 minutes)
     python bench/run.py --quick    # a tiny version for CI: checks the code, not the figures
     python bench/run.py --setup-peers   # create the peers' venv with the pinned versions
+    python bench/run.py --only per-turn [--quick] [--levers serial,model,...]
+                                   # one session's turn per set of levers, both floors
 
 Every measurement runs in its own child process on real files (LMDB for perdure and
 the floor, SQLite for the peers) in a scratch directory; per-turn measurements of the
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -107,6 +110,7 @@ MEMORY_WAVES = 10  # bench/perdure_bench.py's MEMORY_WAVES
 
 TARGETS = {
     "floor": 1.5,  # perdure per turn <= 1.5 x the floor
+    "one_commit_floor": 1.2,  # perdure per turn <= 1.2 x a one-commit-per-turn floor
     "peer_turn": 4.0,  # perdure >= 4 x faster per turn than each peer (K small)
     "growth": 1.2,  # last 10 turns <= 1.2 x the first 10 (K large)
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
@@ -335,6 +339,41 @@ class Suite:
     def census(self) -> dict[str, Any]:
         return self.run("perdure_bench.py", "census", self.path("census"))
 
+    def floor_one(self, sizes: list[list[int]]) -> dict[str, Any]:
+        """The floor with one synced commit per turn holding every value of perdure's
+        turn: what a turn costs if only one commit is on its critical path."""
+        one = json.dumps([[size for commit in sizes for size in commit]])
+        return self.run("floor.py", self.path("floor1"), self.cfg["floor_turns"], one)
+
+    def levers(self, sizes: list[list[int]], names: list[str]) -> dict[str, Any]:
+        """Per turn (K small) with each set of levers (``perdure_bench.LEVERS``) beside
+        both floors, interleaved round by round in a rotating order."""
+        k, rounds = self.cfg["k_small"], self.cfg["trials"]
+        sz = json.dumps(sizes)
+        trials: dict[str, list[dict[str, Any]]] = {}
+        parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            (
+                "floor",
+                lambda: self.run("floor.py", self.path("floor"), self.cfg["floor_turns"], sz),
+            ),
+            ("floor_one", lambda: self.floor_one(sizes)),
+        ]
+        for name in names:
+            parts.append(
+                (
+                    f"perdure_{name}",
+                    functools.partial(
+                        self.run, "perdure_bench.py", "turns", self.path("turns"), k, name
+                    ),
+                )
+            )
+        for r in range(rounds):
+            log(f"levers round {r + 1}/{rounds} (K={k})")
+            shift = r % len(parts)
+            for name, part in parts[shift:] + parts[:shift]:
+                trials.setdefault(name, []).append(part())
+        return {name: summarize_trials(runs) for name, runs in trials.items()}
+
     def per_turn(self, sizes: list[list[int]]) -> dict[str, Any]:
         cfg = self.cfg
         k, kl = cfg["k_small"], cfg["k_large"]
@@ -347,6 +386,7 @@ class Suite:
             log(f"per-turn trial {t + 1}/{cfg['trials']} (K={k})")
             sz = json.dumps(sizes)
             add("floor", self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz))
+            add("floor_one", self.floor_one(sizes))
             add(
                 "floor_layout",
                 self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz, "layout"),
@@ -795,6 +835,21 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         p / floor <= TARGETS["floor"],
         f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}",
     )
+    one = pt.get("floor_one")
+    if one is not None and "error" not in one:
+        rounds_one = [
+            q["median_ms"] / f["median_ms"]
+            for f, q in zip(one["trials"], pt[f"perdure_k{k}"]["trials"], strict=True)
+            if "error" not in f and "error" not in q
+        ]
+        row(
+            f"perdure per turn / one-commit floor (K={k}; floor.py with every value of a "
+            "turn in one synced commit)",
+            p / one["median_ms"],
+            f"<= {TARGETS['one_commit_floor']}",
+            p / one["median_ms"] <= TARGETS["one_commit_floor"],
+            f"median of the rounds' ratios {median(rounds_one):.2f}",
+        )
     skeleton = pt.get(f"skeleton_k{k}")
     if skeleton is not None and "error" not in skeleton:
         # The trials ran side by side (floor, perdure, skeleton in each round): the
@@ -1124,7 +1179,8 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
         "| commits/turn | CPU pressure |"
     )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    order = [("floor", "floor (raw LMDB)", "-"), ("floor_layout", "floor + perdure's indexes", "-")]
+    order = [("floor", "floor (raw LMDB)", "-"), ("floor_one", "floor, one commit per turn", "-")]
+    order += [("floor_layout", "floor + perdure's indexes", "-")]
     order += [(f"perdure_k{k}", "perdure", k)]
     order += [(f"skeleton_k{k}", "actor skeleton: perdure's shape, none of its logic", k)]
     order += [(f"langgraph_k{k}", "LangGraph", k)]
@@ -1138,7 +1194,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {name} | {kk} | 0 | error | | | | | | |")
             continue
-        commits = "2" if key.startswith("floor") else "-"
+        commits = ("1" if key == "floor_one" else "2") if key.startswith("floor") else "-"
         if key.startswith(("perdure", "skeleton")):
             commits = _fmt(r["trials"][0].get("commits_per_turn"))
         pressures = [p for p in r.get("cpu_pressure", []) if p is not None]
@@ -1328,8 +1384,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory")
     parser.add_argument(
         "--only",
-        choices=["sse"],
-        help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table",
+        choices=["sse", "per-turn"],
+        help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table; "
+        "per-turn measures one session's turn with each set of --levers beside the two-commit "
+        "and the one-commit floor (<out>/per-turn.json, per-turn-quick.json)",
+    )
+    parser.add_argument(
+        "--levers",
+        default="serial,model-loop,model,safe",
+        help="with --only per-turn: comma-separated sets of levers (bench/perdure_bench.py "
+        "LEVERS; 'model' is perdure's default)",
     )
     args = parser.parse_args(argv)
     if args.workdir is not None and not args.workdir.is_dir():
@@ -1346,6 +1410,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = QUICK if args.quick else FULL
     if args.only == "sse":
         return only_sse(cfg, mode, args.out, args.workdir)
+    if args.only == "per-turn":
+        levers = [name.strip() for name in args.levers.split(",") if name.strip()]
+        return only_per_turn(cfg, mode, args.out, args.workdir, levers)
     peers, why = (None, "--no-peers") if args.no_peers else peers_status(args.peers_python)
     if peers is None:
         print(f"peers skipped: {why}", flush=True)
@@ -1428,6 +1495,97 @@ def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) ->
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0
+
+
+def only_per_turn(
+    cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None, levers: list[str]
+) -> int:
+    """One session's turn with each set of levers beside both floors, interleaved."""
+    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
+    started = time.perf_counter()
+    try:
+        suite = Suite(cfg, scratch, None)
+        results: dict[str, Any] = {
+            "mode": mode,
+            "part": "per-turn",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": {k: cfg[k] for k in ("trials", "floor_turns", "k_small")},
+            "versions": perdure_versions(),
+            "census": suite.census(),
+        }
+        results["levers"] = suite.levers(results["census"]["value_sizes"], levers)
+        results["machine"]["loadavg_end"] = os.getloadavg()
+        results["elapsed_s"] = time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    text = levers_table(results)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "per-turn.json" if mode == "full" else "per-turn-quick.json"
+    (out / name).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out / name}")
+    return 0
+
+
+def levers_table(results: dict[str, Any]) -> str:
+    """Each set of levers against both floors: the median of the rounds' own ratios
+    (each round ran every part once, so a slow minute of the VM hits them alike)."""
+    m, lv = results["machine"], results["levers"]
+    k = results["config"]["k_small"]
+    lines = [
+        f"perdure per turn (K={k}), {results['mode']} run, {results['date']}, "
+        f"{m['cpu']} x{m['cpus']}, load avg at start {_fmt(m['loadavg_start'][0])}, "
+        f"at end {_fmt(m['loadavg_end'][0])}",
+        "",
+        "| levers | median ms/turn | / two-commit floor | / one-commit floor | rounds |",
+        "|---|---|---|---|---|",
+    ]
+    floors = {name: lv[name] for name in ("floor", "floor_one")}
+    for name in ("floor", "floor_one"):
+        r = floors[name]
+        label = "two-commit floor" if name == "floor" else "one-commit floor"
+        lines.append(f"| {label} | {_fmt(r.get('median_ms'))} | | | {r.get('trials_ok', 0)} |")
+    for name, r in lv.items():
+        if not name.startswith("perdure_") or "error" in r:
+            continue
+        ratios_by_floor = []
+        for floor in floors.values():
+            rounds = [
+                q["median_ms"] / f["median_ms"]
+                for f, q in zip(floor["trials"], r["trials"], strict=True)
+                if "error" not in f and "error" not in q
+            ]
+            ratios_by_floor.append(_fmt(median(rounds)) if rounds else "-")
+        lines.append(
+            f"| {name.removeprefix('perdure_')} | {_fmt(r['median_ms'])} | "
+            f"{ratios_by_floor[0]} | {ratios_by_floor[1]} | {r['trials_ok']} |"
+        )
+    default = lv.get("perdure_model")
+    if default is not None and "error" not in default:
+        one = median(
+            [
+                q["median_ms"] / f["median_ms"]
+                for f, q in zip(lv["floor_one"]["trials"], default["trials"], strict=True)
+            ]
+        )
+        two = median(
+            [
+                q["median_ms"] / f["median_ms"]
+                for f, q in zip(lv["floor"]["trials"], default["trials"], strict=True)
+            ]
+        )
+        for ratio, target, value in (
+            ("one-commit floor", TARGETS["one_commit_floor"], one),
+            ("two-commit floor", TARGETS["floor"], two),
+        ):
+            met = "yes" if value <= target else "**no**"
+            lines.append("")
+            lines.append(
+                f"perdure (default levers) per turn / {ratio}: {_fmt(value)}, target <= "
+                f"{target}, met: {met}"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def peer_versions(results: dict[str, Any]) -> dict[str, str]:

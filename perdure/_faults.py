@@ -7,6 +7,9 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
 ``tool.before``  the tool's ``executing`` record is durable; the tool is not yet called
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
+``model.early``  the model's reply was received while the commit that started its
+                 call (the turn's tool results, ``GenerationStarted``) was still in
+                 flight; with ``PERDURE_SLOW_COMMIT_MS`` that window is wide open
 
 ``n`` counts the hits of that point (and tool name, if given) in this process,
 starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
@@ -26,7 +29,7 @@ import signal
 import sys
 from typing import Final
 
-POINTS: Final = frozenset({"commit", "tool.before", "tool.after", "model.after"})
+POINTS: Final = frozenset({"commit", "tool.before", "tool.after", "model.after", "model.early"})
 
 
 def _parse(spec: str) -> dict[tuple[str, str | None], int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 from attrs import define, field
 
-from perdure.actors.protocol import Env, Result
+from perdure.actors.protocol import Env, Overlap, Result
 from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
@@ -74,6 +74,10 @@ class ActorContext:
     # The worker threads that plain ``def`` tools run in, at most this many at once for
     # the whole runtime (a thread left running by a timed-out call keeps its place).
     tool_threads: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(40))
+    # Which effects start while the commit that asks for them is in flight, and whether
+    # such a commit goes to the writer thread so that its fsync overlaps them.
+    overlap: Overlap = field(factory=Overlap)
+    overlap_on_writer: bool = True
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""

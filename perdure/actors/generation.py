@@ -1,9 +1,16 @@
 """The generation actor: one model call of one turn, streaming deltas to the bus.
 
-It owns nothing durable: the session committed ``GenerationStarted`` (or
-``RetryPending``) before starting it, and commits the reply it reports. A reply
-it could not report (the process died) is simply asked for again after restart,
-which is safe because a model call has no side effects.
+It owns nothing durable: the session commits ``GenerationStarted`` (or
+``RetryPending``) and commits the reply it reports. A reply it could not report
+(the process died) is simply asked for again after restart, which is safe because
+a model call has no side effects.
+
+The call may start while the commit of ``GenerationStarted`` is still in flight
+(``durable`` not yet set; docs/DESIGN.md, "What must be durable before what"):
+then the deltas it streams wait for that commit, so that no client sees a turn the
+log might not have, and its reply reaches the session only after it (the session
+handles one message at a time, after its commit; if that commit fails, the session
+cancels this call and drops what it reports).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ async def call_model(
     not_before: float | None,
     outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
+    durable: trio.Event | None = None,
 ) -> None:
     with scope:
         if not_before is not None:
@@ -42,6 +50,8 @@ async def call_model(
         # published: it would show the secret before the commit masks it.
         secret_tools = {name for name, tool in ctx.tools.items() if tool.secret_params}
         hidden: set[Any] = set()  # the content-block indexes of such calls
+        # Deltas streamed before the commit that started this call is durable.
+        early: list[Event] = []
 
         def emit(kind: str, data: dict[str, Any]) -> None:
             if kind == "tool_use_start" and data.get("name") in secret_tools:
@@ -56,7 +66,18 @@ async def call_model(
                 "attempt": attempt,
                 **data,
             }
-            bus.publish(Event(session_id, kind, data=payload))
+            event = Event(session_id, kind, data=payload)
+            if durable is not None and not durable.is_set():
+                early.append(event)
+                return
+            if early:
+                publish_early()
+            bus.publish(event)
+
+        def publish_early() -> None:
+            held, early[:] = list(early), []
+            for event in held:
+                bus.publish(event)
 
         # Marks the start of an attempt: a frontend discards partial text of earlier ones.
         emit("model_call", {})
@@ -80,6 +101,12 @@ async def call_model(
             )
         else:
             if _faults.ACTIVE:
+                if durable is not None and not durable.is_set():
+                    _faults.hit("model.early")
                 _faults.hit("model.after")
             result = ModelReplied(generation_id, attempt, reply)
+        if durable is not None and not durable.is_set():
+            await durable.wait()  # the session cancels this call if that commit fails
+        if early:
+            publish_early()
         await report_last(outbox, result)

@@ -598,24 +598,60 @@ class SessionActor:
         rev_before = state.goal_rev
         step = decide.settle(state, env, self._view(), first, recovering=recovering)
         committed: list[Committed] = []
+        effects = step.effects
         if step.records:
             records = self._observe_before(state, step.records)
+            overlap = self.ctx.overlap
+            early = [e for e in effects if protocol.overlaps_commit(e, overlap)]
+            guard = Guard(self.session_id, rev_before)
+            durable: trio.Event | None = None
             try:
-                committed = await self.ctx.journal.append(
-                    records, guard=Guard(self.session_id, rev_before)
-                )
+                if early:
+                    # Started while the commit is in flight (DESIGN, "What must be durable
+                    # before what"): this loop handles their reports only after it.
+                    durable = trio.Event()
+                    effects = tuple(e for e in effects if not protocol.overlaps_commit(e, overlap))
+                    committed = await self.ctx.journal.append(
+                        records,
+                        guard=guard,
+                        meanwhile=lambda: self._perform_all(early, durable),
+                        overlap=self.ctx.overlap_on_writer,
+                    )
+                else:
+                    committed = await self.ctx.journal.append(records, guard=guard)
             except LogError as exc:
+                self._call_off(early)
                 self._observe_failed(state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
                 raise
+            if durable is not None:
+                durable.set()
             for c in committed:
                 state.note_committed(c)
             self._observe_after(state, committed)
-        for effect in step.effects:
-            self._perform(effect)
+        self._perform_all(effects)
         return committed
+
+    def _perform_all(
+        self, effects: Iterable[protocol.Effect], durable: trio.Event | None = None
+    ) -> None:
+        for effect in effects:
+            self._perform(effect, durable)
+
+    def _call_off(self, started: Iterable[protocol.Effect]) -> None:
+        """The commit these effects overlapped failed: stop them, and forget them, so that
+        whatever they report later is dropped (their step is not in the log)."""
+        for effect in started:
+            if isinstance(effect, protocol.CallModel):
+                scope = self._models.pop(effect.generation_id, None)
+            elif isinstance(effect, protocol.RunTool):
+                scope = self._tools.pop(effect.call_id, None)
+            else:
+                scope = None
+            if scope is not None:
+                scope.cancel()
 
     # -- observers (perdure.observability): telemetry never stops a session ------------
 
@@ -665,8 +701,9 @@ class SessionActor:
             f"be re-read ({reread})"
         ) from failed
 
-    def _perform(self, effect: protocol.Effect) -> None:
-        """Start what a durable step asks for; each effect carries what it needs."""
+    def _perform(self, effect: protocol.Effect, durable: trio.Event | None = None) -> None:
+        """Start what a step asks for; each effect carries what it needs. ``durable``:
+        the step's commit is still in flight, and is durable once this event is set."""
         # The tasks started here inherit these ids: their log lines carry them.
         ids: dict[str, str] = {}
         if self.state.run is not None:
@@ -677,9 +714,9 @@ class SessionActor:
         if isinstance(effect, protocol.CallModel):
             ids["generation_id"] = effect.generation_id
         with logs.bound(**ids):
-            self._start(effect)
+            self._start(effect, durable)
 
-    def _start(self, effect: protocol.Effect) -> None:
+    def _start(self, effect: protocol.Effect, durable: trio.Event | None) -> None:
         nursery = self._nursery
         assert nursery is not None
         ctx, outbox = self.ctx, self.mailbox.send
@@ -688,7 +725,7 @@ class SessionActor:
                 self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
-            nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)
+            nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope, durable)
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(
