@@ -6,8 +6,8 @@ those inputs and outputs, as h11 keeps its events apart from its state machine:
 * inputs — ``Env`` (tools, time, limits) and ``View`` (what this process is doing
   now), a caller's ``Command``, or a ``Result`` reported by a generation or tool actor;
 * outputs — a ``Step``: the records to commit and the ``Effect``s to perform once
-  they are durable (``overlaps_commit`` names the few that may start while that
-  commit is in flight); and for a command, an ``Answer`` for the caller.
+  they are durable (``decide.overlaps_commit`` names the few that may start while
+  that commit is in flight); and for a command, an ``Answer`` for the caller.
 
 Every effect carries what the shell needs to perform it, so the shell never reads
 back into the state to act. Every command owns its kind and the hash of its body,
@@ -33,7 +33,7 @@ from perdure.answers import check_if_busy as check_if_busy
 from perdure.budget import DEFAULT_PRICES, Price
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Budget, Record, ResolutionAction, ToolExecuting, Usage
-from perdure.tools.contract import ReplayPolicy, Tool
+from perdure.tools.contract import Tool
 
 # -- the environment ----------------------------------------------------------------------
 
@@ -396,20 +396,6 @@ class Overlap:
     # A SAFE tool's attempt (read-only or naturally idempotent): running it once more,
     # or once without a record of it, is harmless by the tool's own declaration.
     safe_tools: bool = False
-
-
-def overlaps_commit(effect: Effect, overlap: Overlap) -> bool:
-    """Whether ``effect`` may start before the records of its step are durable.
-
-    Everything else waits for the commit: a tool that is not SAFE (its ``executing``
-    record is what recovery reads to know the call may have run), a reconcile, a
-    forget (it drops state a recovery could still need), a cancel, a back-off.
-    """
-    if isinstance(effect, CallModel):
-        return overlap.model_calls
-    if isinstance(effect, RunTool):
-        return overlap.safe_tools and effect.executing.replay == ReplayPolicy.SAFE.value
-    return False
 
 
 @frozen

@@ -27,7 +27,8 @@ This module is the face; each door is a module of its own, and each is a table:
 * ``verbs`` — what the doors share: the words the model reads, a call's identity
   (idempotency key, fingerprint), the model's back-off, starting a turn, finishing a
   run, committing an ``executing`` record, calling off what a cancel or a revision
-  leaves.
+  leaves; and which effects may start while their step's commit is in flight
+  (``overlaps_commit``).
 
 When a tool call fails (``results._tool_finished``), its tool's policy decides: a
 transient failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes
@@ -50,6 +51,7 @@ from perdure.actors.decide.verbs import (
     fingerprint,
     idempotency_key,
     interrupted_text,
+    overlaps_commit,
     retry_delay,
     tool_for,
     unknown_outcome_text,
@@ -71,6 +73,7 @@ __all__ = [
     "idempotency_key",
     "interrupted_text",
     "on_result",
+    "overlaps_commit",
     "recover",
     "retry_delay",
     "settle",

@@ -27,6 +27,7 @@ from perdure.actors.protocol import (
     CancelTool,
     Effect,
     Env,
+    Overlap,
     RunTool,
     Step,
     StopBackOff,
@@ -300,3 +301,21 @@ def every_phase_has_a_row(table: Mapping[TaskPhase, object], name: str) -> None:
             f"the table {name} has no row for the phase(s) {missing}"
             + (f" and rows for unknown phase(s) {extra}" if extra else "")
         )
+
+
+# -- what may start before its commit is durable (docs/DESIGN.md, "What must be durable
+# before what") --------------------------------------------------------------------------
+
+
+def overlaps_commit(effect: Effect, overlap: Overlap) -> bool:
+    """Whether ``effect`` may start before the records of its step are durable.
+
+    Everything else waits for the commit: a tool that is not SAFE (its ``executing``
+    record is what recovery reads to know the call may have run), a reconcile, a
+    forget (it drops state a recovery could still need), a cancel, a back-off.
+    """
+    if isinstance(effect, CallModel):
+        return overlap.model_calls
+    if isinstance(effect, RunTool):
+        return overlap.safe_tools and effect.executing.replay == ReplayPolicy.SAFE.value
+    return False
