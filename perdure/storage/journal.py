@@ -35,6 +35,12 @@ its time waiting for such commits; several once the oldest has waited
 ``BUSY_GROUP_WAIT`` of them (their group grows meanwhile); any of them as soon as
 the loop would sleep.
 
+An append may let its caller start work before the commit is durable (``meanwhile``:
+a session starts the turn's next model call while the turn's results commit), and may
+ask for the writer thread (``overlap``) even where the loop would commit it: the fsync
+then runs beside that work instead of before it. The caller is still woken only once
+the commit is durable.
+
 Reads run in trio worker threads, each in its own short read transaction; a local
 log's at most ``LOCAL_READ_THREADS`` at once (they are CPU-bound under the GIL).
 
