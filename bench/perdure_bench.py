@@ -1,6 +1,6 @@
 """perdure's benchmarks, one child process per measurement, through the public API.
 
-    python bench/perdure_bench.py turns LOG K [LEVERS]
+    python bench/perdure_bench.py turns LOG K [LEVERS] [THINK_MS]
     python bench/perdure_bench.py census LOG
     python bench/perdure_bench.py breakdown LOG K
     python bench/perdure_bench.py concurrency LOG SESSIONS K [default|off|tuned]
@@ -22,6 +22,7 @@ SIGKILLed). Every runtime uses ``durability="full"``, the default.
 ``model-loop`` the model call, its commit left where the Journal would put it,
 ``model`` the model call with its commit on the writer thread (perdure's default),
 ``safe`` a SAFE tool's attempt too, ``safe-only`` only a SAFE tool's attempt.
+``THINK_MS``: the model takes that long to answer (default: instant).
 """
 
 from __future__ import annotations
@@ -97,8 +98,22 @@ def _levers(rt: perdure.Runtime, levers: str) -> None:
     rt._ctx.overlap_on_writer = on_writer
 
 
-async def turns(log: str, k: int, levers: str = "model") -> dict[str, Any]:
-    provider = BenchProvider(k)
+class SlowProvider(BenchProvider):
+    """The workload's model, answering after ``think`` seconds every time."""
+
+    def __init__(self, k: int, think: float) -> None:
+        super().__init__(k)
+        self.think = think
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        reply = await super().complete(request, emit)  # notes the call's start
+        await trio.sleep(self.think)
+        return reply
+
+
+async def turns(log: str, k: int, levers: str = "model", think_ms: str = "0") -> dict[str, Any]:
+    think = float(think_ms) / 1e3
+    provider = SlowProvider(k, think) if think else BenchProvider(k)
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
@@ -115,6 +130,7 @@ async def turns(log: str, k: int, levers: str = "model") -> dict[str, Any]:
     starts = provider.starts[sid]
     assert len(starts) == k + 1, len(starts)
     result: dict[str, Any] = {"system": "perdure", "k": k, "levers": levers}
+    result["think_ms"] = think * 1e3
     result |= workload.turn_stats(starts)
     # The whole run (submit, K turns, the answer): 2 commits per turn plus a constant.
     result["appends"] = after.appends - appends0
