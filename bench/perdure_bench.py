@@ -19,6 +19,7 @@ SIGKILLed). Every runtime uses ``durability="full"``, the default.
 
 ``LEVERS`` (``turns``) names which effects start while their commit is in flight
 (``perdure.actors.protocol.Overlap``): ``serial`` none (every effect after its commit),
+``serial-writer`` none, every commit on the writer thread (``commit_on_loop=False``),
 ``model-loop`` the model call, its commit left where the Journal would put it,
 ``model`` the model call with its commit on the writer thread (perdure's default),
 ``safe`` a SAFE tool's attempt too, ``safe-only`` only a SAFE tool's attempt.
@@ -84,6 +85,7 @@ async def _run_sessions(rt: perdure.Runtime, sids: list[str], tag: str) -> None:
 
 LEVERS: dict[str, tuple[Overlap, bool]] = {
     "serial": (Overlap(model_calls=False), False),
+    "serial-writer": (Overlap(model_calls=False), False),
     "model-loop": (Overlap(), False),
     "model": (Overlap(), True),
     "safe": (Overlap(safe_tools=True), True),
@@ -93,9 +95,12 @@ LEVERS: dict[str, tuple[Overlap, bool]] = {
 
 def _levers(rt: perdure.Runtime, levers: str) -> None:
     """Set the runtime's overlap of effects and commits (``LEVERS``)."""
-    overlap, on_writer = LEVERS[levers]
+    name, _, writer = levers.partition("+")
+    overlap, on_writer = LEVERS[name]
     rt._ctx.overlap = overlap
     rt._ctx.overlap_on_writer = on_writer
+    if name == "serial-writer" or writer == "writer":  # every commit on the writer thread
+        rt._journal.commit_on_loop = False
 
 
 class SlowProvider(BenchProvider):

@@ -346,6 +346,9 @@ class Suite:
         turns = self.cfg["floor_turns"]
         return self.run("floor.py", self.path("floor1"), turns, one, "plain", think_ms)
 
+    def turns_with(self, levers: str, k: int, think_ms: float) -> dict[str, Any]:
+        return self.run("perdure_bench.py", "turns", self.path("turns"), k, levers, think_ms)
+
     def levers(self, sizes: list[list[int]], names: list[str], think_ms: float) -> dict[str, Any]:
         """Per turn (K small) with each set of levers (``perdure_bench.LEVERS``) beside
         both floors, interleaved round by round in a rotating order; the model (and the
@@ -376,9 +379,8 @@ class Suite:
             parts.append(
                 (
                     f"perdure_{name}",
-                    functools.partial(
-                        self.run, "perdure_bench.py", "turns", self.path("turns"), k, name, think_ms
-                    ),
+                    # A fresh log per trial: the path is taken when the part runs.
+                    functools.partial(self.turns_with, name, k, think_ms),
                 )
             )
         for r in range(rounds):
