@@ -602,7 +602,7 @@ class SessionActor:
         if step.records:
             records = self._observe_before(state, step.records)
             overlap = self.ctx.overlap
-            early = [e for e in effects if decide.overlaps_commit(e, overlap)]
+            early = decide.overlapping(step, overlap)
             guard = Guard(self.session_id, rev_before)
             durable: trio.Event | None = None
             try:
@@ -610,7 +610,7 @@ class SessionActor:
                     # Started while the commit is in flight (DESIGN, "What must be durable
                     # before what"): this loop handles their reports only after it.
                     durable = trio.Event()
-                    effects = tuple(e for e in effects if not decide.overlaps_commit(e, overlap))
+                    effects = tuple(e for e in effects if e not in early)
                     committed = await self.ctx.journal.append(
                         records,
                         guard=guard,

@@ -12,7 +12,7 @@ from attrs import evolve
 
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import Overlap, RunTool
-from perdure.storage.records import ToolExecuting
+from perdure.storage.records import RunStarted, ToolExecuting
 from tests.core.sim import Session, only
 
 BOTH = Overlap(model_calls=True, safe_tools=True)
@@ -60,3 +60,37 @@ def test_nothing_else_overlaps_its_commit() -> None:
 
 def _replay(executing: ToolExecuting, replay: str) -> ToolExecuting:
     return evolve(executing, replay=replay)
+
+
+def test_a_step_that_starts_or_resumes_a_run_overlaps_nothing() -> None:
+    """The resume budget counts runs that died: a run's start is durable before its
+    model call, which might kill the process."""
+    call = protocol.CallModel("in1.g3", 1)
+
+    def started(resumed_from: str | None) -> RunStarted:
+        return RunStarted(
+            session_id="s1",
+            run_id="run2",
+            submission_id="in1",
+            goal_rev=0,
+            resumed_from=resumed_from,
+            resume_attempt=0 if resumed_from is None else 1,
+            at=1.0,
+        )
+
+    first = protocol.Step((started(None),), (call,))
+    assert decide.overlapping(first, Overlap()) == ()
+    assert decide.overlapping(protocol.Step((), (call,)), Overlap()) == (call,)
+    assert decide.overlapping(protocol.Step((), (call,)), NEITHER) == ()
+    resumed = protocol.Step((started("run1"),), (call,))
+    assert decide.overlapping(resumed, Overlap()) == ()
+    assert decide.overlapping(resumed, BOTH) == ()
+    # Only what overlaps: a forget that comes with the call waits for the commit.
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    step = s.reply("one", ("c1", "lookup", {"query": "a"}))
+    (run,) = (e for e in step.effects if isinstance(e, RunTool))
+    forget = protocol.Forget(executing=run.executing, tool=run.tool)
+    mixed = protocol.Step((), (forget, call, run))
+    assert decide.overlapping(mixed, Overlap()) == (call,)
+    assert decide.overlapping(mixed, BOTH) == (call, run)

@@ -28,7 +28,7 @@ This module is the face; each door is a module of its own, and each is a table:
   (idempotency key, fingerprint), the model's back-off, starting a turn, finishing a
   run, committing an ``executing`` record, calling off what a cancel or a revision
   leaves; and which effects may start while their step's commit is in flight
-  (``overlaps_commit``).
+  (``overlapping``, ``overlaps_commit``).
 
 When a tool call fails (``results._tool_finished``), its tool's policy decides: a
 transient failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes
@@ -51,6 +51,7 @@ from perdure.actors.decide.verbs import (
     fingerprint,
     idempotency_key,
     interrupted_text,
+    overlapping,
     overlaps_commit,
     retry_delay,
     tool_for,
@@ -73,6 +74,7 @@ __all__ = [
     "idempotency_key",
     "interrupted_text",
     "on_result",
+    "overlapping",
     "overlaps_commit",
     "recover",
     "retry_delay",

@@ -40,6 +40,7 @@ from perdure.storage.records import (
     GenerationStarted,
     Record,
     RunFinished,
+    RunStarted,
     RunStatus,
     ToolCancelled,
     ToolExecuting,
@@ -304,6 +305,20 @@ def every_phase_has_a_row(table: Mapping[TaskPhase, object], name: str) -> None:
 
 # -- what may start before its commit is durable (docs/DESIGN.md, "What must be durable
 # before what") --------------------------------------------------------------------------
+
+
+def overlapping(step: Step, overlap: Overlap) -> tuple[Effect, ...]:
+    """The effects of ``step`` that may start while its records commit.
+
+    None in a step that starts or resumes a run: the resume budget counts the runs that
+    died, so a run's start must be durable before the work that may kill the process
+    (a reply that crashes every process receiving it would otherwise start the run
+    again and again, each start lost with its process). What overlaps is a running
+    run's next turn: its model call beside the commit of the last turn's results.
+    """
+    if any(isinstance(r, RunStarted) for r in step.records):
+        return ()
+    return tuple(e for e in step.effects if overlaps_commit(e, overlap))
 
 
 def overlaps_commit(effect: Effect, overlap: Overlap) -> bool:
