@@ -47,7 +47,13 @@ from perdure.actors.decide.sessions import orphaned
 from perdure.actors.session import CommandMsg, Query, WaitIdle, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
-from perdure.budget import DEFAULT_PRICES, Price
+from perdure.budget import (
+    DEFAULT_CONTEXT_WINDOWS,
+    DEFAULT_PRICES,
+    CompactionPolicy,
+    Price,
+    check_compaction,
+)
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
     BackgroundObserver,
@@ -418,6 +424,20 @@ class Runtime:
             await self.pause(child, request_id=f"{rid}/{child}")
         return done
 
+    async def compact_context(
+        self, session_id: str, *, request_id: str | None = None
+    ) -> protocol.Done:
+        """Summarise the session's conversation now, without waiting for its context to
+        fill (the policy's ``keep_recent`` items stay verbatim). Returns once the
+        compaction is recorded, with its id as ``ref``; the summary is made by a model
+        call after that (``wait_idle`` waits for it). The log keeps every record: this
+        changes only what the model is sent. ``Refused("invalid_state")`` if there is
+        nothing to summarise. Not to be confused with ``perdure compact``, which
+        compacts the log file.
+        """
+        command = protocol.CompactContext(request_id or _rid())
+        return await self._done(session_id, command)
+
     async def resume(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
         """Dispatch again after ``pause``; the running sub-agents resume too."""
         rid = request_id or _rid()
@@ -640,11 +660,14 @@ class Runtime:
             raise UnknownSession(session_id)
         return SessionState.fold(session_id, await self._journal.read_session(session_id))
 
-    async def transcript(self, session_id: str) -> list[Message]:
-        """The conversation as the model sees it (unfinished tool calls shown by phase)."""
+    async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
+        """The conversation as the model sees it (unfinished tool calls shown by phase):
+        after a context compaction, its summary in place of what it covers. With
+        ``history``, every message of the session instead, as if nothing was compacted
+        (the log keeps them all)."""
         return await self.state(
             session_id,
-            lambda state: list(conversation.messages(state, include_pending=True)),
+            lambda state: list(conversation.messages(state, include_pending=True, history=history)),
             wake=False,
         )
 
@@ -877,6 +900,9 @@ async def open_runtime(
     rebalance: bool = True,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
+    compaction: CompactionPolicy | None = None,
+    context_windows: Mapping[str, int] | None = None,
+    compaction_provider: Provider | None = None,
     mcp_servers: Sequence[McpServer] = (),
     telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
     commit_on_loop: bool | None = None,
@@ -907,7 +933,12 @@ async def open_runtime(
     ``budget`` limits what every
     session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
     model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
-    replaces the built-in price table used for cost. ``mcp_servers``
+    replaces the built-in price table used for cost. ``compaction``
+    (``perdure.CompactionPolicy``) says when a session's context is summarised: once
+    the input tokens the last reply reported reach its share of the model's context
+    window (``context_windows`` replaces the built-in table of windows by model), and
+    how many recent items stay verbatim; ``compaction_provider`` makes the summaries
+    (default: ``provider``); docs/COMPACTION.md. ``mcp_servers``
     (``perdure.tools.mcp.McpServer``, the ``mcp`` extra) are connected and listed before
     recovery runs; their tools join ``tools`` as ``<server>__<tool>``, and the
     connections are closed when the runtime exits. ``telemetry`` observes every
@@ -980,6 +1011,11 @@ async def open_runtime(
                 forget_settled=durability == "full",
                 budget=budget,
                 prices=dict(DEFAULT_PRICES if prices is None else prices),
+                compaction=check_compaction(compaction or CompactionPolicy()),
+                context_windows=dict(
+                    DEFAULT_CONTEXT_WINDOWS if context_windows is None else context_windows
+                ),
+                compaction_provider=compaction_provider,
                 observers=observers,
             )
             supervisor = Supervisor(ctx)

@@ -553,8 +553,13 @@ class AsyncioRuntime:
     async def load_state(self, session_id: str) -> SessionState:
         return await self.run(self.trio_runtime.load_state, session_id)
 
-    async def transcript(self, session_id: str) -> list[Message]:
-        return await self.run(self.trio_runtime.transcript, session_id)
+    async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
+        return await self.run(partial(self.trio_runtime.transcript, session_id, history=history))
+
+    async def compact_context(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self.run(
+            partial(self.trio_runtime.compact_context, session_id, request_id=request_id)
+        )
 
     def events(
         self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False

@@ -10,7 +10,7 @@ import trio
 from attrs import define, field
 
 from perdure.actors.protocol import Env, Result
-from perdure.budget import DEFAULT_PRICES, Budget, Price
+from perdure.budget import DEFAULT_CONTEXT_WINDOWS, DEFAULT_PRICES, Budget, CompactionPolicy, Price
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
 from perdure.storage.journal import Journal
@@ -65,6 +65,10 @@ class ActorContext:
     rebalance: bool = True
     budget: Budget | None = None  # the default budget of every session (perdure.budget)
     prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
+    # Context compaction: the default policy of every session, and the windows by model.
+    compaction: CompactionPolicy = field(factory=CompactionPolicy)
+    context_windows: Mapping[str, int] = field(factory=lambda: DEFAULT_CONTEXT_WINDOWS)
+    compaction_provider: Provider | None = None  # makes the summaries (None: ``provider``)
     # Runs a sub-agent for a tool call (``ctx.run_agent``): set by the runtime, which
     # owns the sessions. Called with (the call's executing record, its n-th sub-agent,
     # task, system, tools, whether the call was told to stop).
@@ -88,6 +92,8 @@ class ActorContext:
             forget_settled=self.forget_settled,
             budget=self.budget,
             prices=self.prices,
+            compaction=self.compaction,
+            context_windows=self.context_windows,
         )
 
 

@@ -29,7 +29,7 @@ from perdure.answers import Done as Done
 from perdure.answers import Forked as Forked
 from perdure.answers import IfBusy as IfBusy
 from perdure.answers import check_if_busy as check_if_busy
-from perdure.budget import DEFAULT_PRICES, Price
+from perdure.budget import DEFAULT_CONTEXT_WINDOWS, DEFAULT_PRICES, CompactionPolicy, Price
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Budget, Record, ResolutionAction, ToolExecuting, Usage
 from perdure.tools.contract import Tool
@@ -53,6 +53,10 @@ class Env:
     forget_settled: bool = False
     budget: Budget | None = None  # the runtime's default; a session may have its own
     prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
+    # Context compaction: the runtime's policy (a session may have its own) and the
+    # context window of each model.
+    compaction: CompactionPolicy = field(factory=CompactionPolicy)
+    context_windows: Mapping[str, int] = field(factory=lambda: DEFAULT_CONTEXT_WINDOWS)
 
 
 @frozen(kw_only=True)
@@ -211,7 +215,26 @@ class Resolve:
         return text_body_hash(f"\x00resolve\x00{call_id}\x00{action}\x00{canonical}")
 
 
-Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate | Resolve
+@frozen
+class CompactContext:
+    """Summarise the session's conversation now (what the model is sent; the log keeps
+    everything), instead of waiting for its context to fill."""
+
+    kind: ClassVar[str] = "compact_context"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return CompactContext.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00compact_context")
+
+
+Command = (
+    Submit | Cancel | Approve | Revise | Pause | Resume | Compensate | Resolve | CompactContext
+)
 
 # -- results: what the actors report ----------------------------------------------------------
 
@@ -318,6 +341,17 @@ class CallModel:
 
 
 @frozen
+class Summarize:
+    """Make the summary of the compaction in progress (its ``CompactionStarted`` is
+    durable): a model call, reported as ``ModelReplied``/``ModelFailed`` under the
+    compaction's id."""
+
+    compaction_id: str
+    attempt: int
+    not_before: float | None = None
+
+
+@frozen
 class RunTool:
     """Run one attempt of a call, exactly as its durable ``executing`` record says.
 
@@ -381,7 +415,17 @@ class Forget:
     tool: Tool
 
 
-Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel | Forget | BackOff | StopBackOff
+Effect = (
+    CallModel
+    | Summarize
+    | RunTool
+    | Reconcile
+    | CancelTool
+    | CancelModel
+    | Forget
+    | BackOff
+    | StopBackOff
+)
 
 
 @frozen

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -676,6 +677,8 @@ class SessionActor:
             ids.update(run_id=executing.run_id, call_id=executing.call_id)
         if isinstance(effect, protocol.CallModel):
             ids["generation_id"] = effect.generation_id
+        elif isinstance(effect, protocol.Summarize):
+            ids["compaction_id"] = effect.compaction_id
         with logs.bound(**ids):
             self._start(effect)
 
@@ -689,6 +692,21 @@ class SessionActor:
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
             nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)
+        elif isinstance(effect, protocol.Summarize):
+            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+            scope = self._models[effect.compaction_id] = trio.CancelScope()
+            nursery.start_soon(
+                partial(
+                    call_model,
+                    provider=ctx.compaction_provider,
+                    publish=False,
+                ),
+                ctx,
+                request,
+                effect.not_before,
+                outbox,
+                scope,
+            )
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(

@@ -723,6 +723,17 @@ TRACEPARENT: Final = Param(
     "W3C trace context: the run becomes a child of the caller's span (ignored if malformed)",
 )
 
+TRANSCRIPT_PARAMS: Final = (
+    Param(
+        "history",
+        "query",
+        {"type": "string"},
+        "`1`, `true` or `yes`: every message the log keeps, as if no context compaction "
+        "had been made; otherwise what the model is sent (a summary in place of what it "
+        "covers)",
+    ),
+)
+
 EVENT_PARAMS: Final = (
     Param("after", "query", {"type": "integer", "minimum": 0}, "resume after this seq"),
     Param(

@@ -228,9 +228,12 @@ SAMPLES: dict[str, Any] = {
     "scope": "write",
     "ttl_s": 60,
     "tools": ["lookup"],
+    "history": True,
 }
 # Sent in a header, not in the body.
 HEADERS = {"traceparent": "traceparent"}
+# Sent in the query string, not in the body (read by the route from its query).
+QUERY = {"history": "history"}
 # Made of several requests or a stream, by the clients themselves.
 NOT_ONE_REQUEST = {"events", "wait_idle", "close", "aclose"}
 
@@ -282,11 +285,16 @@ def _body_fields(endpoint: Any) -> set[str]:
 @pytest.mark.parametrize("name", sorted(set(operations(PerdureClient)) - NOT_ONE_REQUEST), ids=str)
 def test_each_client_request_reaches_a_route_that_reads_every_field_it_sends(name: str) -> None:
     call, given = _request(name)
-    endpoint, path_params = _endpoint(call.method, call.path)
+    path, _, query = call.path.partition("?")
+    endpoint, path_params = _endpoint(call.method, path)
     in_path = {p for p, v in given.items() if v in path_params.values()}
     in_headers = {p for p in given if p in HEADERS and (call.headers or {}).get(HEADERS[p])}
+    sent_query = {pair.partition("=")[0] for pair in query.split("&") if pair}
+    in_query = {p for p in given if p in QUERY and QUERY[p] in sent_query}
+    for p in in_query:
+        assert f'query_params.get("{QUERY[p]}"' in inspect.getsource(endpoint), name
     body = set(call.body or {})
-    assert body == set(given) - in_path - in_headers, name
+    assert body == set(given) - in_path - in_headers - in_query, name
     assert body == _body_fields(endpoint), f"{name}: the route reads other fields"
 
 

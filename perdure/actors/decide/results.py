@@ -14,6 +14,7 @@ from typing import Any
 
 from attrs import evolve
 
+from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import (
     _execute,
     _finish,
@@ -75,6 +76,8 @@ def _live_generation(s: SessionState, generation_id: str) -> Generation | None:
 
 
 def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
+    if compacting.is_summary(s, msg.generation_id):
+        return compacting.summary_replied(s, env, msg)
     gen = _live_generation(s, msg.generation_id)
     if gen is None or s.run is None:
         return NOTHING
@@ -123,6 +126,8 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
 
 
 def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
+    if compacting.is_summary(s, msg.generation_id):
+        return compacting.summary_failed(s, env, msg)
     gen = _live_generation(s, msg.generation_id)
     if gen is None:
         return NOTHING
