@@ -7,6 +7,10 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
 ``tool.before``  the tool's ``executing`` record is durable; the tool is not yet called
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
+``summary.before``   a context compaction's start is durable; its summary call is not
+                     yet made
+``compaction.after`` a context compaction's summary is durable; the next turn's model
+                     call is not yet made
 
 ``n`` counts the hits of that point (and tool name, if given) in this process,
 starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
@@ -26,7 +30,9 @@ import signal
 import sys
 from typing import Final
 
-POINTS: Final = frozenset({"commit", "tool.before", "tool.after", "model.after"})
+POINTS: Final = frozenset(
+    {"commit", "tool.before", "tool.after", "model.after", "summary.before", "compaction.after"}
+)
 
 
 def _parse(spec: str) -> dict[tuple[str, str | None], int]:

@@ -234,6 +234,7 @@ class Runtime:
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
@@ -244,10 +245,14 @@ class Runtime:
         without running. The grant is recorded with the session, so it holds after a
         restart, in its forks and (at most) in its sub-agents. A name the runtime does
         not register raises ``ValueError``. Raises ``Refused("conflict")`` if the
-        session exists with another system prompt or another grant.
+        session exists with another system prompt or another grant. ``compaction``
+        replaces the runtime's context compaction policy for this session (recorded
+        with it; docs/COMPACTION.md).
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self.ensure_session(sid, system=system, budget=budget, if_busy=if_busy, tools=tools)
+        await self.ensure_session(
+            sid, system=system, budget=budget, if_busy=if_busy, tools=tools, compaction=compaction
+        )
         return sid
 
     async def ensure_session(
@@ -258,11 +263,15 @@ class Runtime:
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
         policy = protocol.check_if_busy(if_busy)
         grant = check_grant(tools, self._ctx.tools)
-        return await self._sup.create_session(session_id, system, budget, policy, tools=grant)
+        own = check_compaction(compaction) if compaction is not None else None
+        return await self._sup.create_session(
+            session_id, system, budget, policy, tools=grant, compaction=own
+        )
 
     async def fork(
         self,

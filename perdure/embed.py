@@ -58,7 +58,13 @@ from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
-from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    CompactionPolicy,
+    ResolutionAction,
+    RunFinished,
+)
 from perdure.view import SessionView
 
 if TYPE_CHECKING:
@@ -375,10 +381,19 @@ class AsyncioRuntime:
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> str:
         create = self.trio_runtime.create_session
         return await self.run(
-            partial(create, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
+            partial(
+                create,
+                session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                tools=tools,
+                compaction=compaction,
+            )
         )
 
     async def ensure_session(
@@ -389,10 +404,19 @@ class AsyncioRuntime:
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         ensure = self.trio_runtime.ensure_session
         return await self.run(
-            partial(ensure, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
+            partial(
+                ensure,
+                session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                tools=tools,
+                compaction=compaction,
+            )
         )
 
     async def fork(

@@ -607,9 +607,25 @@ SESSION_SUMMARY: Final = {
         "decisions",
         "usage",
         "cost",
+        "context",
     ],
     "properties": {
         "session_id": {"type": "string"},
+        "context": {
+            "type": "object",
+            "description": "Context compaction: what the model is sent in place of the "
+            "older turns (every compaction, the one in progress, the last that made "
+            "nothing); the log keeps every record.",
+            "required": ["items", "summarised", "last_input_tokens", "compactions"],
+            "properties": {
+                "items": {"type": "integer"},
+                "summarised": {"type": "integer"},
+                "last_input_tokens": {"type": "integer"},
+                "compactions": _LIST,
+                "compacting": {"type": ["object", "null"]},
+                "abandoned": {"type": ["string", "null"]},
+            },
+        },
         "status": {
             "enum": [
                 "parked",

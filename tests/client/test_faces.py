@@ -168,6 +168,7 @@ ONLY_IN_CLIENTS = {
 # Parameters of Runtime that the clients (and the daemon) do not take, and why.
 NOT_OVER_HTTP = {
     ("create_session", "budget"): "budgets are set where the runtime opens, not by callers",
+    ("create_session", "compaction"): "compaction policies are set where the runtime opens",
     ("submit", "budget"): "budgets are set where the runtime opens, not by callers",
     ("revise", "budget"): "budgets are set where the runtime opens, not by callers",
     ("delete_session", "reason"): "the daemon records its own reason (deleted through the API)",

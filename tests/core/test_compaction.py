@@ -490,3 +490,21 @@ def test_a_paused_session_makes_no_summary_call_until_resumed() -> None:
 
 def test_decide_face_names_the_command() -> None:
     assert protocol.CompactContext in decide.COMMANDS
+
+
+def test_perdure_show_says_what_the_model_is_sent() -> None:
+    from perdure.inspect import render, summarize
+
+    s, _ = two_runs(tokens=900)
+    pending = summarize(s.state)["context"]
+    assert pending["compacting"]["items"] == [0, 1] and pending["compactions"] == []
+    assert any("compacting: items 0-1" in text for _, text in render(summarize(s.state)))
+    summarised(s, "S")
+    context = summarize(s.state)["context"]
+    assert context["summarised"] == 1 and context["items"] == 3
+    (done,) = context["compactions"]
+    assert done["tokens_before"] == 900 and done["model"] == "small"
+    lines = [text for _, text in render(summarize(s.state))]
+    assert any("1 compaction(s)" in line and "first 1 of 3 items" in line for line in lines)
+    fresh = session()
+    assert not any("compaction" in text for _, text in render(summarize(fresh.state)))

@@ -3,13 +3,15 @@
     python -m tests.golden.make_golden
 
 Run it when a version is released and commit the result under
-``tests/golden/perdure-<version>/`` (an existing directory is never rewritten:
-its logs are the record of what that release wrote). Each crash scenario runs the
+``tests/golden/perdure-<version>/`` (an existing log is never rewritten: it is the
+record of what that release wrote; a build that writes a new kind of fact adds its
+log beside them, e.g. ``compaction``). Each crash scenario runs the
 child runtime and kills it in a different crash window, leaving a log whose
 recovery has work to do; the ``features`` log (``features.py``) holds every newer
 kind of fact: reasoning blocks, model and tool retries, heartbeats, a budget, a
-fallback, calls that wait for a person. Logs of every release stay in the
-repository (``v1/`` is the first record format, before releases were named):
+fallback, calls that wait for a person; the ``compaction`` log (``compaction.py``)
+holds a context compaction and a second one waiting out a back-off. Logs of every
+release stay in the repository (``v1/`` is the first record format, before releases were named):
 every later build must read them, fold them and decide the same recovery plan
 (``test_golden.py``).
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from perdure.storage.lmdb_log import LmdbLog
+from tests.golden.compaction import write_compaction_log
 from tests.golden.features import describe, write_features_log
 from tests.golden.plan import recovery_plan
 from tests.support.procs import run_child
@@ -108,9 +111,9 @@ def _keep(log: Path, out: Path) -> None:
 
 def main() -> None:
     target = HERE / f"perdure-{version('perdure')}"
-    if target.exists():
-        raise SystemExit(f"{target} exists: the golden logs of a release are never rewritten")
     for name, (script, fault, actions) in SCENARIOS.items():
+        if (target / name).exists():
+            continue  # the golden logs of a release are never rewritten
         work = Path(tempfile.mkdtemp())
         (work / "ws").mkdir()
         inputs = [{"text": "go", "request_id": "r1"}]
@@ -126,10 +129,13 @@ def main() -> None:
         assert run_child(plan, fault=fault).killed, name
         _keep(work / "log", target / name)
         shutil.rmtree(work)
-    work = Path(tempfile.mkdtemp())
-    write_features_log(work / "log")
-    _keep(work / "log", target / "features")
-    shutil.rmtree(work)
+    for name, write in (("features", write_features_log), ("compaction", write_compaction_log)):
+        if (target / name).exists():
+            continue
+        work = Path(tempfile.mkdtemp())
+        write(work / "log")
+        _keep(work / "log", target / name)
+        shutil.rmtree(work)
 
 
 if __name__ == "__main__":

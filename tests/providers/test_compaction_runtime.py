@@ -15,12 +15,20 @@ import pytest
 
 import perdure
 from perdure.actors.conversation import SUMMARY_SYSTEM
+from perdure.observability.metrics import RuntimeMetrics
 from perdure.providers.anthropic import AnthropicProvider
 from perdure.providers.openai import OpenAIProvider
-from perdure.storage.records import CompactionStarted, ContextCompacted, GenerationCompleted
+from perdure.storage.records import (
+    Committed,
+    CompactionStarted,
+    ContextCompacted,
+    GenerationCompleted,
+    RunStarted,
+)
 from tests import fake_openai as oa
 from tests.fake_anthropic import FakeAnthropic, FakeUsage, Reply, Text, sent_messages
 from tests.fake_openai import FakeOpenAI
+from tests.observability.test_tracing import Telemetry, by_name
 from tests.providers._agent import of, records, runtime
 
 POLICY = perdure.CompactionPolicy(window=1000, keep_recent=2)
@@ -34,7 +42,8 @@ async def test_a_full_context_is_summarised_before_the_next_turn(
         Reply(content=[Text("S: capital of France asked; Paris.")]),
         Reply(content=[Text("About 2.1 million.")], usage=FakeUsage(input_tokens=120)),
     )
-    async with runtime(log_dir, provider, compaction=POLICY) as rt:
+    telemetry = Telemetry(batch_delay=0)
+    async with runtime(log_dir, provider, compaction=POLICY, telemetry=telemetry.tracing) as rt:
         sid = await rt.create_session(system="Be brief.")
         await rt.submit(sid, "What is the capital of France, the country in Europe?")
         await rt.wait_idle(sid)
@@ -43,6 +52,11 @@ async def test_a_full_context_is_summarised_before_the_next_turn(
         committed = await records(rt, sid)
         seen = await rt.transcript(sid)
         whole = await rt.transcript(sid, history=True)
+        first_run = of(RunStarted, committed)[0].run_id
+        before = await rt.fork(sid, at=first_run)
+        after = await rt.fork(sid)
+        forked_before = await rt.transcript(before.session_id)
+        forked_after = await rt.transcript(after.session_id)
     assert outcome is not None and outcome.final_text == "About 2.1 million."
     first, summary, after = (r.body for r in fake.requests)
     assert summary["system"][0]["text"] == SUMMARY_SYSTEM
@@ -67,6 +81,19 @@ async def test_a_full_context_is_summarised_before_the_next_turn(
     assert "S: capital of France" in str(seen[0].content[0])
     assert len(seen) == 4 and len(whole) == 4
     assert "the country in Europe" in str(whole[0].content[0]), "the history keeps all"
+    assert forked_after == seen, "a fork after the compaction point sees the summary"
+    assert forked_before == whole[:2], "a fork before it sees the turns themselves"
+    # telemetry: a span for the summary call, under the run it happened in; a metric
+    (span,) = by_name(telemetry.finished())["compact_context"]
+    assert span.attributes is not None
+    assert span.attributes["perdure.compaction.id"] == done.compaction_id
+    assert span.attributes["perdure.compaction.tokens_before"] == 900
+    assert span.parent is not None
+    runs = [s for s in telemetry.finished() if s.name == "invoke_agent"]
+    assert span.parent.span_id == runs[-1].context.span_id
+    metrics = RuntimeMetrics()
+    metrics.on_commit([Committed(n, r) for n, r in enumerate(committed, 1)], 0.0)
+    assert metrics.compactions.labels("compacted")._value.get() == 1
 
 
 async def test_on_demand_while_idle_and_the_next_turn_reads_the_summary(
@@ -78,9 +105,11 @@ async def test_on_demand_while_idle_and_the_next_turn_reads_the_summary(
         oa.Reply(content=[oa.Text("SUM")]),
         oa.Reply(content=[oa.Text("Third answer.")]),
     )
-    policy = perdure.CompactionPolicy(keep_recent=1, auto=False)
-    async with runtime(log_dir, oa_provider, compaction=policy) as rt:
-        sid = await rt.create_session()
+    # The runtime's policy would compact after every reply; the session's own wins.
+    eager = perdure.CompactionPolicy(window=10, keep_recent=0)
+    own = perdure.CompactionPolicy(keep_recent=1, auto=False)
+    async with runtime(log_dir, oa_provider, compaction=eager) as rt:
+        sid = await rt.create_session(compaction=own)
         for text in ("first question", "second question"):
             await rt.submit(sid, text)
             await rt.wait_idle(sid)
