@@ -126,6 +126,7 @@ def describe(order: Order, out: Outcome) -> str:
             else f"run {out.ref} is already being cancelled",
             "pause": "already paused",
             "resume": "not paused, nothing to resume",
+            "compact-context": f"context compaction {out.ref} is already in progress",
         }.get(order.kind, "nothing to record")
         return f"session {sid}: {nothing} ({out.via})"
     done = {
