@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,10 +261,12 @@ async def interrupt(log_dir: str, first: int, count: int) -> None:
 
 
 class FirstCallProvider(BenchProvider):
-    """Notes the wall-clock time of each session's first model call."""
+    """Notes the wall-clock time of each session's first model call, and answers it
+    with the run's final text (so that what is measured is recovery, not the turns
+    the resumed runs would go on with)."""
 
     def __init__(self, expected: int) -> None:
-        super().__init__(10, record=False)
+        super().__init__(0, record=False)
         self.first: dict[str, float] = {}
         self.expected = expected
         self.all_called = trio.Event()
@@ -357,6 +360,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         first = args.active * args.waves
         note(f"interrupting {args.interrupted} runs, then SIGKILL ...")
         out["interrupt_s"] = round(_interrupt_and_kill(log_dir, first, args.interrupted), 1)
+        # The log as the SIGKILL left it, to run ``recover`` on again:
+        # ``cp -r WORKDIR/log-killed/. WORKDIR/log/`` first.
+        shutil.copytree(log_dir, str(workdir / "log-killed"), dirs_exist_ok=True)
         note("recovering ...")
         spawned = time.time()
         out["recover"] = _child("recover", log_dir, str(args.interrupted), repr(spawned))

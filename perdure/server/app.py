@@ -381,9 +381,9 @@ class Api:
         if page is None:
             infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
             return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
-        after, limit = page
+        after, limit, active = page
         # One more than asked: whether a next page exists, without a second read.
-        infos = await self.rt.sessions(after=after, limit=limit + 1)
+        infos = await self.rt.sessions(after=after, limit=limit + 1, active=active)
         more = len(infos) > limit
         infos = infos[:limit]
         stuck = await self.rt.stuck_runs(among=infos)

@@ -565,14 +565,21 @@ SESSION_LIST_PARAMS: Final = (
         {"type": "string"},
         "the page after this session id (the `next` of the page before)",
     ),
+    Param(
+        "active",
+        "query",
+        {"enum": ["1", "0", "true", "false"]},
+        "`1` or `true`: only the sessions with unfinished work (read from the log's index of them)",
+    ),
 )
 
 SESSION_LIST_DOC: Final = """\
-Without `limit` or `after`: every session, in order of creation (each call reads
-every session's summary). With either: a page in session-id order, at most `limit`
-sessions (10,000 when left out) after the id `after`, and `next`, the `after` of the
-next page (null after the last page); a page reads only its own sessions'
-summaries, and `stuck` only for its sessions with unfinished work."""
+Without `limit`, `after` or `active`: every session, in order of creation (each call
+reads every session's summary). With any of them: a page in session-id order, at most
+`limit` sessions (10,000 when left out) after the id `after` (with `active=1` only
+sessions with unfinished work), and `next`, the `after` of the next page (null after
+the last page); a page reads only its own sessions' summaries, and `stuck` only for
+its sessions with unfinished work."""
 
 SESSION_LIST: Final = {
     "type": "object",

@@ -460,13 +460,18 @@ def path_session(request: Request) -> str:
 MAX_PAGE: Final = 10_000  # sessions in one page of ``GET /v1/sessions``
 
 
-def session_page(request: Request) -> tuple[str, int] | None:
-    """``GET /v1/sessions``'s page, ``(after, limit)``, or None for the whole list
-    (neither ``limit`` nor ``after`` given; ``after`` alone pages by ``MAX_PAGE``)."""
+def session_page(request: Request) -> tuple[str, int, bool] | None:
+    """``GET /v1/sessions``'s page, ``(after, limit, active)``, or None for the whole
+    list (none of ``limit``, ``after``, ``active`` given; a page is ``MAX_PAGE`` long
+    unless ``limit`` says less)."""
     raw_limit = request.query_params.get("limit")
     after = request.query_params.get("after")
-    if raw_limit is None and after is None:
+    raw_active = request.query_params.get("active")
+    if raw_limit is None and after is None and raw_active is None:
         return None
+    if raw_active not in (None, "0", "1", "true", "false"):
+        raise ApiError(400, "invalid_field", "active must be 1, 0, true or false", "active")
+    active = raw_active in ("1", "true")
     limit = MAX_PAGE
     if raw_limit is not None:
         try:
@@ -475,7 +480,7 @@ def session_page(request: Request) -> tuple[str, int] | None:
             raise ApiError(400, "invalid_field", "limit must be a whole number", "limit") from None
         if not 1 <= limit <= MAX_PAGE:
             raise ApiError(400, "invalid_field", f"limit must be between 1 and {MAX_PAGE}", "limit")
-    return after or "", limit
+    return after or "", limit, active
 
 
 def stream_start(request: Request) -> int:
