@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -352,7 +351,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["build"] = _child("build", log_dir, str(args.sessions), str(args.turns))
     if args.active:
         note(f"{args.waves} waves of {args.active} active sessions ...")
-        out["active"] = _child("active", log_dir, str(args.active), str(args.waves), str(args.turns))
+        counts = (str(args.active), str(args.waves), str(args.turns))
+        out["active"] = _child("active", log_dir, *counts)
     note("lists ...")
     out["lists"] = lists(workdir, log_dir)
     if args.interrupted:
