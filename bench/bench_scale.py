@@ -13,10 +13,13 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
    committed for each, without the runtime's per-turn work. Disk per session is the
    file's allocated size over SESSIONS.
 2. ``active``: ``open_runtime`` on that log, WAVES waves of ACTIVE sessions each,
-   one new turn each (a model that takes 1 s per call), so the earlier waves'
-   sessions hibernate and freeze while the last wave runs: RSS with ACTIVE sessions
-   mid-turn, and how much a turn whose model takes 1 s took beyond its model calls
-   (the time durability and perdure's work add).
+   one new run of TURNS turns each (a model that takes 1 s per call), so the earlier
+   waves' sessions hibernate and freeze while the last wave runs: RSS with ACTIVE
+   sessions mid-turn, and what perdure adds to a turn whose model takes 1 s: the gap
+   from a call's reply to the session's next call (commits and the instant tool),
+   p50/p99 over every turn of every wave, and a whole run's time beyond its calls
+   per turn (which also holds the submission, a session's first read from the log
+   and the wait for the run's end).
 3. ``lists``: a real ``perdure serve`` on the log: ``GET /v1/sessions`` (every
    session, and the first page of 100), the daemon's RSS; then ``perdure sessions``.
 4. ``interrupt``: ``open_runtime`` on the log, a new submission to INTERRUPTED of the
@@ -122,24 +125,41 @@ def build(log_dir: str, sessions: int, turns: int) -> dict[str, Any]:
 
 
 class SlowProvider(BenchProvider):
-    """The benchmark's model, each call taking ``MODEL_S`` (a real model's latency)."""
+    """The benchmark's model, each call taking ``MODEL_S`` (a real model's latency).
+
+    ``gaps`` holds, per turn, the time from one call's reply to the start of the
+    session's next call: the reply's commit, the tool's executing record, the tool,
+    its result's commit, and the next call's start, everything perdure adds to a turn
+    whose model takes ``MODEL_S``."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k, record=False)
+        self.replied: dict[str, float] = {}
+        self.gaps: list[float] = []
 
     async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        began = time.perf_counter()
+        last = self.replied.pop(request.session_id, None)
+        if last is not None:
+            self.gaps.append(began - last)
         await trio.sleep(MODEL_S)
-        return await super().complete(request, emit)
+        reply = await super().complete(request, emit)
+        if reply.tool_calls:
+            self.replied[request.session_id] = time.perf_counter()
+        return reply
 
 
 async def active(log_dir: str, active_n: int, waves: int, turns: int) -> dict[str, Any]:
-    provider = SlowProvider(turns, record=False)
+    provider = SlowProvider(turns)
     rss_mid: list[float] = []
-    added: list[float] = []
+    added: list[float] = []  # per turn, what a run took beyond its model calls
     async with perdure.open_runtime(
         log_dir, provider=provider, tools=[lookup], **runtime_options(2 * turns + 2)
     ) as rt:
         for wave in range(waves):
             sids = [sid_of(wave * active_n + i) for i in range(active_n)]
-            for sid in sids:  # one more run of TURNS turns on top of the first one
-                provider.k_by_session[sid] = 2 * turns
+            for sid in sids:  # one more run of TURNS turns after the first TURNS + 1 replies
+                provider.k_by_session[sid] = 2 * turns + 1
 
             async def one(sid: str) -> None:
                 began = time.perf_counter()
@@ -170,8 +190,11 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int) -> dict[st
         "resident_at_end": resident,
         "hibernated_at_end": hibernated,
         "frozen_at_end": frozen,
-        "added_ms_per_turn_p50": round(_pct(added, 0.5) * 1e3, 2),
-        "added_ms_per_turn_p99": round(_pct(added, 0.99) * 1e3, 2),
+        "run_added_ms_per_turn_p50": round(_pct(added, 0.5) * 1e3, 2),
+        "run_added_ms_per_turn_p99": round(_pct(added, 0.99) * 1e3, 2),
+        "turn_gap_ms_p50": round(_pct(provider.gaps, 0.5) * 1e3, 2),
+        "turn_gap_ms_p99": round(_pct(provider.gaps, 0.99) * 1e3, 2),
+        "turn_gaps": len(provider.gaps),
     }
 
 
