@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py run WORKDIR [--sessions 100000] [--turns 3]
                                 [--active 1000] [--waves 5] [--interrupted 10000]
+    python bench/run.py --only scale   # the same, with the targets met / not met
 
 Not part of CI (it takes minutes). ``run`` does, each step in its own process:
 
@@ -12,7 +13,8 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
    transaction, ``durability="fast"``), which is what a runtime would have
    committed for each, without the runtime's per-turn work. Disk per session is the
    file's allocated size over SESSIONS.
-2. ``active``: ``open_runtime`` on that log, WAVES waves of ACTIVE sessions each,
+2. ``active`` (once per size of ``--active 100,1000``): ``open_runtime`` on that log,
+   WAVES waves of ACTIVE sessions each,
    one new run of TURNS turns each (a model that takes 1 s per call), so the earlier
    waves' sessions hibernate and freeze while the last wave runs: RSS with ACTIVE
    sessions mid-turn, and what perdure adds to a turn whose model takes 1 s: the gap
@@ -149,7 +151,7 @@ class SlowProvider(BenchProvider):
         return reply
 
 
-async def active(log_dir: str, active_n: int, waves: int, turns: int) -> dict[str, Any]:
+async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int) -> dict[str, Any]:
     provider = SlowProvider(turns)
     rss_mid: list[float] = []
     added: list[float] = []  # per turn, what a run took beyond its model calls
@@ -157,7 +159,7 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int) -> dict[st
         log_dir, provider=provider, tools=[lookup], **runtime_options(2 * turns + 2)
     ) as rt:
         for wave in range(waves):
-            sids = [sid_of(wave * active_n + i) for i in range(active_n)]
+            sids = [sid_of(first + wave * active_n + i) for i in range(active_n)]
             for sid in sids:  # one more run of TURNS turns after the first TURNS + 1 replies
                 provider.k_by_session[sid] = 2 * turns + 1
 
@@ -369,18 +371,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     log_dir = str(workdir / "log")
     out: dict[str, Any] = {}
+    used = 0  # sessions the steps so far gave a new run
     if not (Path(log_dir) / "data.mdb").exists():
         note(f"building {args.sessions} sessions of {args.turns} turns ...")
         out["build"] = _child("build", log_dir, str(args.sessions), str(args.turns))
-    if args.active:
-        note(f"{args.waves} waves of {args.active} active sessions ...")
-        counts = (str(args.active), str(args.waves), str(args.turns))
-        out["active"] = _child("active", log_dir, *counts)
+    actives = [int(a) for a in str(args.active).split(",") if int(a)]
+    for n in actives:
+        # Each size on sessions no other step touched (the waves of several sizes must
+        # fit in the log: SESSIONS >= sum(ACTIVE x WAVES) + INTERRUPTED).
+        note(f"{args.waves} waves of {n} active sessions ...")
+        counts = (str(n), str(args.waves), str(args.turns), str(used))
+        out[f"active_{n}"] = _child("active", log_dir, *counts)
+        used += n * args.waves
     note("lists ...")
     out["lists"] = lists(workdir, log_dir)
     if args.interrupted:
         # Sessions after those the waves used, so each interrupted run is the second.
-        first = args.active * args.waves
+        first = used
         note(f"interrupting {args.interrupted} runs, then SIGKILL ...")
         out["interrupt_s"] = round(_interrupt_and_kill(log_dir, first, args.interrupted), 1)
         # The log as the SIGKILL left it, to run ``recover`` on again:
@@ -399,10 +406,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("workdir")
     p.add_argument("--sessions", type=int, default=100_000)
     p.add_argument("--turns", type=int, default=3)
-    p.add_argument("--active", type=int, default=1000)
+    p.add_argument("--active", default="1000", help="sessions active at once; a list: 100,1000")
     p.add_argument("--waves", type=int, default=5)
     p.add_argument("--interrupted", type=int, default=10_000)
-    for name, nargs in (("build", 3), ("active", 4), ("interrupt", 3), ("recover", 3)):
+    for name, nargs in (("build", 3), ("active", 5), ("interrupt", 3), ("recover", 3)):
         sub.add_parser(name).add_argument("args", nargs=nargs)
     args = parser.parse_args(argv)
     a = getattr(args, "args", [])
@@ -411,7 +418,7 @@ def main(argv: list[str]) -> None:
     elif args.cmd == "build":
         emit(build(a[0], int(a[1]), int(a[2])))
     elif args.cmd == "active":
-        emit(trio.run(active, a[0], int(a[1]), int(a[2]), int(a[3])))
+        emit(trio.run(active, a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])))
     elif args.cmd == "interrupt":
         trio.run(interrupt, a[0], int(a[1]), int(a[2]))
     elif args.cmd == "recover":
