@@ -278,6 +278,13 @@ class SessionState:
     def tasks_of(self, generation: Generation) -> list[Task]:
         return [self.tasks[c] for c in generation.call_ids]
 
+    def pinned_calls(self) -> list[Task]:
+        """Calls not finished that are pinned to a tool version: each will finish (a
+        re-run, a reconcile, a retry, a compensation) on its ``pinned_version`` while
+        that version is registered. ``perdure tools --log`` lists them, so that an
+        operator knows when an older version may be removed."""
+        return [t for t in self.tasks.values() if not t.terminal and t.pinned_version is not None]
+
     def open_tasks(self) -> list[Task]:
         """Tasks of the current run that are not terminal yet."""
         gen = self.current_generation()

@@ -187,9 +187,9 @@ def test_a_never_call_on_v1_asks_v1s_reconcile() -> None:
 
 
 def test_a_retry_pending_on_v1_runs_its_next_attempt_on_v1() -> None:
-    retrying = perdure.tool(
-        name="charge", replay=KEYED, retry=perdure.RetryPolicy(initial=1.0)
-    )(_charge_v1)
+    retrying = perdure.tool(name="charge", replay=KEYED, retry=perdure.RetryPolicy(initial=1.0))(
+        _charge_v1
+    )
     s = charging(retrying)
     s.finish_tool("c1", "503", outcome="retryable", is_error=True)
     assert s.state.tasks["c1"].phase == "retry_pending"
