@@ -47,7 +47,7 @@ from perdure.actors.decide.sessions import orphaned
 from perdure.actors.session import CommandMsg, Query, WaitIdle, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
-from perdure.budget import DEFAULT_PRICES, Price
+from perdure.budget import Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
     BackgroundObserver,
@@ -57,6 +57,7 @@ from perdure.observability.hooks import (
     check_traceparent,
 )
 from perdure.providers.base import Message, Provider
+from perdure.settings import Limits, Settings
 from perdure.storage import (
     MEMORY,
     Durability,
@@ -116,9 +117,7 @@ class Runtime:
         ctx: ActorContext,
         mcp: McpHub | None = None,
         caller_trace: Callable[[], str] | None = None,
-        stuck_after: float = DEFAULT_STUCK_AFTER,
     ) -> None:
-        self._stuck_after = stuck_after
         self._sup = supervisor
         self._journal = journal
         self._ctx = ctx
@@ -301,7 +300,7 @@ class Runtime:
     @property
     def stuck_after(self) -> float:
         """Seconds without a committed record after which unfinished work is stuck."""
-        return self._stuck_after
+        return self._ctx.settings.stuck_after
 
     async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
         """The sessions with unfinished work and no record committed for ``after``
@@ -310,7 +309,7 @@ class Runtime:
         Computed now, from the log's index of active sessions, each one's latest record
         and its state (read where it lives; no actor is woken): nothing is kept per turn.
         """
-        threshold = self._stuck_after if after is None else after
+        threshold = self.stuck_after if after is None else after
         if threshold < 0:
             raise ValueError(f"after must be 0 seconds or more, not {threshold!r}")
         found: list[StuckRun] = []
@@ -923,19 +922,24 @@ async def open_runtime(
     may go without a committed record before ``Runtime.stuck_runs``, the metrics and
     the page report it as stuck (``perdure.stuck``).
     """
-    if not stuck_after >= 0:
-        raise ValueError(
-            f"stuck_after must be a number of seconds (0 or more), not {stuck_after!r}"
-        )
-    if idle_timeout is not None and not idle_timeout > 0:
-        raise ValueError(
-            f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
-        )
-    if hibernate_after is not None and not hibernate_after >= 0:
-        raise ValueError(
-            "hibernate_after must be a number of seconds (0 or more) or None, "
-            f"not {hibernate_after!r}"
-        )
+    # Every setting checked before anything is opened (an error names the keyword).
+    settings = Settings(
+        limits=Limits(
+            resume_budget=resume_budget,
+            max_turns=max_turns,
+            max_model_attempts=max_model_attempts,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            forget_settled=durability == "full",
+            budget=budget,
+            prices=prices,
+        ),
+        shutdown_grace=shutdown_grace,
+        stuck_after=stuck_after,
+        idle_timeout=idle_timeout,
+        hibernate_after=hibernate_after,
+        rebalance=rebalance,
+    )
     by_name = registry(tools)
     observers = _observers(telemetry)
     opened = partial(
@@ -961,6 +965,9 @@ async def open_runtime(
             for observer in observers:
                 if isinstance(observer, TransactionObserver):
                     journal.commit_listeners.append(observer.on_commit)
+            if journal.log.multi_node:
+                # Another node may write a session of a shared log while it sleeps.
+                settings = attrs.evolve(settings, hibernate_after=None)
             ctx = ActorContext(
                 journal=journal,
                 provider=provider,
@@ -968,22 +975,11 @@ async def open_runtime(
                 workspace=Path(root) if root is not None else None,
                 clock=clock,
                 rng=random.Random(seed),
-                resume_budget=resume_budget,
-                max_turns=max_turns,
-                max_model_attempts=max_model_attempts,
-                retry_base=retry_base,
-                retry_cap=retry_cap,
-                idle_timeout=idle_timeout,
-                # Another node may write a session of a shared log while it sleeps.
-                hibernate_after=None if journal.log.multi_node else hibernate_after,
-                rebalance=rebalance,
-                forget_settled=durability == "full",
-                budget=budget,
-                prices=dict(DEFAULT_PRICES if prices is None else prices),
+                settings=settings,
                 observers=observers,
             )
             supervisor = Supervisor(ctx)
-            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers), stuck_after)
+            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers))
             ctx.agents = runtime._run_child
             body_error: BaseException | None = None
             try:
@@ -1001,7 +997,7 @@ async def open_runtime(
                         body_error = exc
                     else:
                         with trio.CancelScope(shield=True) as grace:
-                            grace.deadline = trio.current_time() + shutdown_grace
+                            grace.deadline = trio.current_time() + settings.shutdown_grace
                             await supervisor.drain()
                     nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:

@@ -106,7 +106,7 @@ def recover(s: SessionState, env: Env) -> Step:
         return compensating + Step((decision(run.run_id, found, action, "nothing was in flight"),))
 
     attempt = 1 if run.progressed else run.resume_attempt + 1
-    if attempt > env.resume_budget:
+    if attempt > env.limits.resume_budget:
         return compensating + _recover_exhausted(s, env, decision)
 
     records: list[Record] = []
@@ -117,7 +117,7 @@ def recover(s: SessionState, env: Env) -> Step:
             run.run_id,
             "run in progress",
             f"resume as {new_run_id}",
-            f"resume {attempt} of at most {env.resume_budget} in a row without progress"
+            f"resume {attempt} of at most {env.limits.resume_budget} in a row without progress"
             + ("; the interrupted run had made progress" if run.progressed else ""),
         )
     )
@@ -349,7 +349,7 @@ def _recover_exhausted(s: SessionState, env: Env, decision: Decide) -> Step:
     run = s.run
     reason = (
         f"the run was interrupted {run.resume_attempt + 1} times in a row without progress "
-        f"(resume budget {env.resume_budget}); giving up instead of looping"
+        f"(resume budget {env.limits.resume_budget}); giving up instead of looping"
     )
     records: list[Record] = [decision(run.run_id, "run in progress", "fail the run", reason)]
     records += _close_open_tasks(

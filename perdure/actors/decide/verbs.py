@@ -87,8 +87,8 @@ _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensu
 def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
     """A model retry's wait (``perdure.backoff``), never shorter than the server's
     retry-after, which is believed up to ten times the cap."""
-    policy = Backoff(initial=env.retry_base, cap=env.retry_cap)
-    told = None if retry_after is None else min(retry_after, env.retry_cap * 10)
+    policy = Backoff(initial=env.limits.retry_base, cap=env.limits.retry_cap)
+    told = None if retry_after is None else min(retry_after, env.limits.retry_cap * 10)
     return policy.delay(attempt, jitter, told)
 
 
@@ -158,10 +158,9 @@ def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str)
 
 def _continue_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
     turns = len(s.submissions[submission_id].generations)
-    if turns >= env.max_turns:
-        return _finish(
-            s, env, "failed", reason=f"the run reached its limit of {env.max_turns} model turns"
-        )
+    limit = env.limits.max_turns
+    if turns >= limit:
+        return _finish(s, env, "failed", reason=f"the run reached its limit of {limit} model turns")
     return _budget_stop(s, env) or _next_generation(s, env, run_id, submission_id)
 
 
@@ -172,10 +171,10 @@ def _budget_stop(s: SessionState, env: Env) -> Step:
     a restart counts what was spent before it. The session's own budget, if it was
     given one, replaces the runtime's default.
     """
-    budget = s.budget if s.budget is not None else env.budget
+    budget = s.budget if s.budget is not None else env.limits.budget
     if budget is None or s.run is None:
         return NOTHING
-    why = over_budget(budget, s.run.spend, s.spend, env.prices)
+    why = over_budget(budget, s.run.spend, s.spend, env.limits.prices)
     return NOTHING if why is None else _finish(s, env, "stopped", reason=why)
 
 

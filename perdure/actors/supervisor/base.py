@@ -90,7 +90,7 @@ class SupervisorBase:
         self._draining = False
         self.evictions = 0  # idle sessions evicted so far (their state dropped)
         self.hibernations = 0  # idle actors that stopped and left their state here
-        # Hibernated sessions (ctx.hibernate_after): no actor, the state kept for the
+        # Hibernated sessions (ctx.settings.hibernate_after): no actor, the state kept for the
         # next message (frozen by ``_freeze_dormant`` after a while); evicted by
         # ``_evict_dormant`` once idle_timeout has passed.
         self.dormant: dict[str, _Dormant | bytes] = {}

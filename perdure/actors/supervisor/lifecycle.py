@@ -237,7 +237,8 @@ class Supervisor(Ownership):
                     continue
                 outages = 0
                 now = self.ctx.clock()
-                failures = [t for t in failures if now - t < self.ctx.restart_window] + [now]
+                window = self.ctx.settings.restart_window
+                failures = [t for t in failures if now - t < window] + [now]
                 summary = _summary(exc)
                 # A damaged record is one clear line (the error names its seq), and a
                 # crash that repeats is told once with its traceback, then in one line.
@@ -255,12 +256,12 @@ class Supervisor(Ownership):
                     "session %s actor crashed (%d in %.0fs): %s%s",
                     session_id,
                     len(failures),
-                    self.ctx.restart_window,
+                    self.ctx.settings.restart_window,
                     summary,
                     detail,
                 )
                 actor.fail_pending(SessionRestarting(session_id, summary))
-                if len(failures) > self.ctx.max_restarts:
+                if len(failures) > self.ctx.settings.max_restarts:
                     reason = f"its actor crashed {len(failures)} times; last error: {summary}"
                     await self._park(session_id, reason)
                     if not actor.started:
