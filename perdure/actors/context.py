@@ -41,9 +41,10 @@ class ActorContext:
     rng: random.Random = field(factory=random.Random)
     # The runtime's settings, checked once by ``open_runtime``; read here, never copied.
     settings: Settings = field(factory=Settings)
-    # Runs a sub-agent for a tool call (``ctx.run_agent``): set by the runtime, which
-    # owns the sessions. Called with (the call's executing record, its n-th sub-agent,
-    # task, system, tools, whether the call was told to stop).
+    # Runs a sub-agent for a tool call (``ctx.run_agent``): given by the supervisor,
+    # which owns the sessions (``supervisor.agents``). Called with (the call's
+    # executing record, its n-th sub-agent, task, system, tools, whether the call was
+    # told to stop, the link that records the child in the parent).
     agents: AgentRunner | None = None
     # Telemetry (perdure.observability): shown every commit; they never decide anything.
     observers: tuple[CommitObserver, ...] = ()
