@@ -22,6 +22,7 @@ import pytest
 import perdure
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import Reconcile, RunTool, Step
+from perdure.inspect import summarize
 from perdure.storage import codec
 from perdure.storage.records import (
     RecoveryDecision,
@@ -308,3 +309,14 @@ def test_decide_exports_the_registered_version_of_a_call() -> None:
     registered = tools(V1, V2)
     assert decide.registered_for(registered, s.state.tasks["c1"]) is V1
     assert decide.tool_for(registered, s.state.tasks["c1"]) is V1
+
+
+def test_a_sessions_summary_names_the_version_each_call_runs_on() -> None:
+    s = charging(V1)
+    s.tools = tools(V1, V2)
+    s.restart()
+    s.finish_tool("c1", "v1 charged 5")
+    s.reply("again", ("c2", "charge", {"cents": 7}))
+    versions = {t["call_id"]: t["version"] for t in summarize(s.state)["tasks"]}
+    assert versions == {"c1": "1", "c2": "2"}
+    assert [t.call_id for t in s.state.pinned_calls()] == ["c2"], "c1 is finished"
