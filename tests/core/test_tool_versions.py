@@ -187,6 +187,16 @@ def test_a_never_call_on_v1_asks_v1s_reconcile() -> None:
     assert "no blind re-run; it stays on version 1" in decision.reason
 
 
+def test_a_reconcile_that_finds_it_not_applied_runs_it_once_more_on_v1() -> None:
+    s = charging(NEVER_V1)
+    s.tools = tools(NEVER_V1, NEVER_V2)
+    s.restart()
+    step = s.result(protocol.ReconcileFinished(call_id="c1", status="not_applied"))
+    rerun = run_of(step, "c1")
+    assert rerun.tool is NEVER_V1 and rerun.executing.tool_version == "1"
+    assert rerun.executing.args == {"cents": 5}
+
+
 def test_a_retry_pending_on_v1_runs_its_next_attempt_on_v1() -> None:
     retrying = perdure.tool(name="charge", replay=KEYED, retry=perdure.RetryPolicy(initial=1.0))(
         _charge_v1
