@@ -116,6 +116,12 @@ class Task:
     def attempt(self) -> int:
         return self.executing.attempt if self.executing else 0
 
+    @property
+    def result_rev(self) -> int:
+        """The goal revision the call's result answers (its call's, in older logs)."""
+        recorded = getattr(self.result, "goal_rev", None)
+        return recorded if isinstance(recorded, int) else self.goal_rev
+
 
 @define
 class Generation:

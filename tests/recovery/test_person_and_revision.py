@@ -111,3 +111,70 @@ def waiting_key(plan: dict[str, Any]) -> str:
     keys = {e.idempotency_key for e in records(plan, ToolExecuting)}
     assert len(keys) == 1, "every attempt of the call has the same key"
     return keys.pop()
+
+
+def test_a_revision_during_a_run_names_earlier_results_and_reruns_a_goal_dependent_read_once(
+    tmp_path: Path,
+) -> None:
+    """The request is revised while the model thinks over two results; the process is
+    killed as the goal-dependent search is about to run again; the next process runs
+    it again (SAFE) and the model's next request says which results came under which
+    revision, with the new search result."""
+    from perdure.actors.conversation import messages
+    from perdure.actors.state import SessionState
+    from perdure.providers.base import TextBlock
+    from perdure.storage.records import GenerationStarted, ToolTaskCreated
+
+    script = [
+        {
+            "text": "searching",
+            "tool_uses": [
+                {"name": "search_flights", "input": {"route": "LHR-OSL"}},
+                {"name": "weather", "input": {"city": "Oslo"}},
+            ],
+        },
+        {"text": "done", "delay": 1.5},
+    ]
+    plan = plan_in(
+        tmp_path,
+        script,
+        actions=[
+            {"kind": "wait_for", "session": "s1", "record": "ToolCompleted"},
+            {"kind": "sleep", "seconds": 0.3},
+            {"kind": "revise", "session": "s1", "text": "fly to Bergen", "request_id": "v1"},
+        ],
+    )
+    first = run_child(plan, fault="tool.before:search_flights@2")
+    assert first.killed, f"the re-run never started:\n{first.stderr}"
+    assert run_child(plan).outcome("s1")["status"] == "completed"
+
+    reruns = [t for t in records(plan, ToolTaskCreated) if t.rerun_of is not None]
+    assert [(t.call_id, t.rerun_of, t.goal_rev) for t in reruns] == [
+        ("toolu_001_1@rev1", "toolu_001_1", 1)
+    ], "run again once"
+    searched = [e for e in effects(Path(plan["workspace"])) if e["tool"] == "search_flights"]
+    assert [(e["call_id"], e["attempt"]) for e in searched] == [
+        ("toolu_001_1", 1),
+        ("toolu_001_1@rev1", 2),  # attempt 1 was killed before it ran; recovery re-ran it
+    ]
+    assert len([e for e in effects(Path(plan["workspace"])) if e["tool"] == "weather"]) == 1
+
+    # The model's request of the first turn under revision 1, rebuilt from the log as
+    # the runtime built it: the state up to that turn's start.
+    log = read_log(Path(plan["log"]))
+    upto = next(
+        i
+        for i, c in enumerate(log)
+        if isinstance(c.record, GenerationStarted) and c.record.goal_rev == 1
+    )
+    state = SessionState.fold("s1", [c for c in log[: upto + 1] if c.record.session_id == "s1"])
+    last = messages(state)[-1]
+    said = "\n".join(b.text for b in last.content if isinstance(b, TextBlock))
+    assert "The user revised the request (revision 1)" in said
+    assert "- weather (toolu_001_2): revision 0]" in said
+    assert (
+        "- search_flights (toolu_001_1): revision 0; its result depends on the request, so "
+        "it was run again under revision 1, and the new result (toolu_001_1@rev1) is: "
+        "flights for LHR-OSL, searched by toolu_001_1@rev1"
+    ) in said
+    assert_sound(plan)

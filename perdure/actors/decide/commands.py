@@ -222,7 +222,12 @@ def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
             )
         is_error = True
     done = ToolCompleted(
-        output=output, is_error=is_error, kind="resolved", attempt=task.attempt, **common
+        output=output,
+        is_error=is_error,
+        kind="resolved",
+        attempt=task.attempt,
+        goal_rev=task.goal_rev,
+        **common,
     )
     return Step((decided, done)), Done(cmd.call_id)
 

@@ -212,6 +212,7 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             attempt=msg.attempt,
             duration=msg.duration,
             terminate=msg.terminate,
+            goal_rev=task.goal_rev,
             **common,
         )
     return Step((record,))
@@ -250,6 +251,7 @@ def _retry_failed_attempt(s: SessionState, env: Env, task: Task, msg: ToolFinish
             kind=_RESULT_KIND[msg.outcome],
             attempt=msg.attempt,
             duration=msg.duration,
+            goal_rev=task.goal_rev,
             **common,
         )
         return Step((gave_up,))
@@ -323,6 +325,7 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
             terminate=msg.terminate,
             kind="reconciled",
             attempt=task.attempt,
+            goal_rev=task.goal_rev,
             at=env.now,
         )
         return Step((decision("record the real result", "the effect had happened"), done))
