@@ -107,6 +107,10 @@ class Task:
     reruns: dict[int, str] = field(factory=dict)  # revision -> the call run again under it
     last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
     children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
+    # The tool version the call is pinned to: its executing record's, or for a
+    # compensation not yet run, that of the call it undoes (None: not started, or a
+    # log older than versions). It finishes on that version while it is registered.
+    pinned_version: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -274,7 +278,7 @@ class SessionState:
             if t.phase == "completed"
             and t.compensates is None
             and t.compensated_by is None
-            and has_compensation(t.tool_name)
+            and has_compensation(t)
         ]
 
     def current_generation(self) -> Generation | None:
@@ -285,6 +289,13 @@ class SessionState:
 
     def tasks_of(self, generation: Generation) -> list[Task]:
         return [self.tasks[c] for c in generation.call_ids]
+
+    def pinned_calls(self) -> list[Task]:
+        """Calls not finished that are pinned to a tool version: each will finish (a
+        re-run, a reconcile, a retry, a compensation) on its ``pinned_version`` while
+        that version is registered. ``perdure tools --log`` lists them, so that an
+        operator knows when an older version may be removed."""
+        return [t for t in self.tasks.values() if not t.terminal and t.pinned_version is not None]
 
     def open_tasks(self) -> list[Task]:
         """Tasks of the current run that are not terminal yet."""
@@ -579,6 +590,8 @@ class SessionState:
             self.tasks[r.rerun_of].reruns[r.goal_rev] = r.call_id
             if gen is not None:
                 gen.call_ids = (*gen.call_ids, r.call_id)
+        if r.compensates is not None and r.compensates in self.tasks:
+            self.tasks[r.call_id].pinned_version = self.tasks[r.compensates].pinned_version
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
         self._move_task(r.call_id, "ToolAwaitingApproval")
@@ -592,6 +605,7 @@ class SessionState:
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self._move_task(r.call_id, "ToolExecuting")
         task.executing = r
+        task.pinned_version = r.tool_version
         task.not_before = None
         task.retry_by_human = False
 
