@@ -938,7 +938,9 @@ class Live:
         if isinstance(rec, r.ToolAwaitingApproval):
             await self._approve(rec.call_id, rec.reason)
         elif isinstance(rec, r.ToolAwaitingHuman):
-            await _resolve_at_the_terminal(self.rt, self.session_id, rec.call_id)
+            await _resolve_at_the_terminal(
+                self.rt, self.session_id, rec.call_id, unknown_outcome=rec.unknown_outcome
+            )
         elif isinstance(rec, r.RunFinished) and rec.status != "interrupted":
             return rec.status
         return None
@@ -971,15 +973,34 @@ def event_committed(event: Any) -> Any:
     return Committed(seq=event.seq, record=event.record)
 
 
-async def _resolve_at_the_terminal(rt: Any, sid: str, call_id: str) -> None:
-    """Ask at the terminal what to do with a call that needs a person; without one, fail it
-    (the model is told). A call already resolved (e.g. by an earlier run) is left alone."""
+async def _resolve_at_the_terminal(
+    rt: Any, sid: str, call_id: str, *, unknown_outcome: bool = False
+) -> None:
+    """Ask at the terminal what to do with a call that needs a person (for one whose
+    outcome is unknown: whether it was applied); without a terminal, fail it (the model
+    is told). A call already resolved (e.g. by an earlier run) is left alone."""
     import trio
 
+    from perdure._cli_control import OUTCOME_ANSWERS
     from perdure.errors import Refused
 
-    action, result = "fail", None
-    if sys.stdin.isatty():
+    action: str = "fail"
+    result: Any = None
+    if sys.stdin.isatty() and unknown_outcome:
+        answers = click.Choice(list(OUTCOME_ANSWERS))
+        said = await trio.to_thread.run_sync(
+            lambda: click.prompt(
+                f"did {call_id} take effect? applied, not-applied (run it once more) or failed",
+                type=answers,
+                default="failed",
+            )
+        )
+        action = OUTCOME_ANSWERS[said]
+        if action == "skip":
+            result = await trio.to_thread.run_sync(
+                lambda: click.prompt("its result, for the model", default="")
+            )
+    elif sys.stdin.isatty():
         choices = click.Choice(["retry", "skip", "fail"])
         action = await trio.to_thread.run_sync(
             lambda: click.prompt("retry, skip or fail it?", type=choices, default="fail")
