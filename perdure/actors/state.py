@@ -108,8 +108,16 @@ class Task:
     last_error: str = ""
     not_before: float | None = None
     retry_by_human: bool = False  # the pending retry was a person's choice
+    # awaiting_human because its outcome is unknown (not because it raised NeedsHuman)
+    unknown_outcome: bool = False
+    rerun_of: str | None = None  # a goal-dependent call run again under a newer revision
+    reruns: dict[int, str] = field(factory=dict)  # revision -> the call run again under it
     last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
     children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
+    # The tool version the call is pinned to: its executing record's, or for a
+    # compensation not yet run, that of the call it undoes (None: not started, or a
+    # log older than versions). It finishes on that version while it is registered.
+    pinned_version: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -118,6 +126,12 @@ class Task:
     @property
     def attempt(self) -> int:
         return self.executing.attempt if self.executing else 0
+
+    @property
+    def result_rev(self) -> int:
+        """The goal revision the call's result answers (its call's, in older logs)."""
+        recorded = getattr(self.result, "goal_rev", None)
+        return recorded if isinstance(recorded, int) else self.goal_rev
 
 
 @define
@@ -202,11 +216,13 @@ class Note:
 
 @define
 class Revision:
-    """The user revised the request; ``call_ids`` were unfinished at that moment."""
+    """The user revised the request; ``call_ids`` were unfinished at that moment, and
+    ``earlier`` had their results already (under the revision each call names)."""
 
     goal_rev: int
     text: str
     call_ids: list[str]
+    earlier: list[str] = field(factory=list)
 
 
 ConversationItem = UserTurn | AssistantTurn | Note | Revision
@@ -306,7 +322,7 @@ class SessionState:
             if t.phase == "completed"
             and t.compensates is None
             and t.compensated_by is None
-            and has_compensation(t.tool_name)
+            and has_compensation(t)
         ]
 
     def current_generation(self) -> Generation | None:
@@ -317,6 +333,13 @@ class SessionState:
 
     def tasks_of(self, generation: Generation) -> list[Task]:
         return [self.tasks[c] for c in generation.call_ids]
+
+    def pinned_calls(self) -> list[Task]:
+        """Calls not finished that are pinned to a tool version: each will finish (a
+        re-run, a reconcile, a retry, a compensation) on its ``pinned_version`` while
+        that version is registered. ``perdure tools --log`` lists them, so that an
+        operator knows when an older version may be removed."""
+        return [t for t in self.tasks.values() if not t.terminal and t.pinned_version is not None]
 
     def open_tasks(self) -> list[Task]:
         """Tasks of the current run that are not terminal yet."""
@@ -609,7 +632,16 @@ class SessionState:
             lineage=gen.submission_id if gen is not None else "compensation",
             compensates=r.compensates,
             secret=r.secret,
+            rerun_of=r.rerun_of,
         )
+        if r.rerun_of is not None:
+            # Run again beside the calls of its turn, so that the turn (and the
+            # revision) waits for it and recovery finds it among the open calls.
+            self.tasks[r.rerun_of].reruns[r.goal_rev] = r.call_id
+            if gen is not None:
+                gen.call_ids = (*gen.call_ids, r.call_id)
+        if r.compensates is not None and r.compensates in self.tasks:
+            self.tasks[r.call_id].pinned_version = self.tasks[r.compensates].pinned_version
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
         self._move_task(r.call_id, "ToolAwaitingApproval")
@@ -623,6 +655,7 @@ class SessionState:
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self._move_task(r.call_id, "ToolExecuting")
         task.executing = r
+        task.pinned_version = r.tool_version
         task.not_before = None
         task.retry_by_human = False
 
@@ -649,6 +682,7 @@ class SessionState:
     def _tool_awaiting_human(self, r: ToolAwaitingHuman) -> None:
         task = self._move_task(r.call_id, "ToolAwaitingHuman")
         task.last_error = r.reason
+        task.unknown_outcome = r.unknown_outcome
 
     def _resolution_decided(self, r: ResolutionDecided) -> None:
         task = self._move_task(r.call_id, f"ResolutionDecided({r.action})")
@@ -673,9 +707,10 @@ class SessionState:
 
     def _goal_revised(self, r: GoalRevised) -> None:
         open_calls = [t.call_id for t in self.open_tasks()]
+        earlier = self._results_of_the_request()
         self.goal_rev = r.goal_rev
         self.revisions.append(r)
-        self.conversation.append(Revision(r.goal_rev, r.text, open_calls))
+        self.conversation.append(Revision(r.goal_rev, r.text, open_calls, earlier))
         if r.budget is not None:
             self.budget = r.budget
         body = with_budget_hash(r.text, r.budget)
@@ -684,6 +719,18 @@ class SessionState:
             self.requests[r.request_id] = RequestSeen(Submit.kind, body, ref, disposition="steered")
         else:
             self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
+
+    def _results_of_the_request(self) -> list[str]:
+        """The calls of the running request that have their result, in call order."""
+        if self.run is None:
+            return []
+        sub = self.submissions[self.run.submission_id]
+        return [
+            c
+            for g in sub.generations
+            for c in self.generations[g].call_ids
+            if self.tasks[c].result is not None
+        ]
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perdure.actors.decide import compacting
+from perdure.actors.decide.verbs import registered_for
 from perdure.actors.protocol import (
     NOTHING,
     Accepted,
@@ -32,7 +33,7 @@ from perdure.actors.protocol import (
     Step,
     Submit,
 )
-from perdure.actors.state import SessionState
+from perdure.actors.state import SessionState, Task
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.records import (
     ApprovalDecided,
@@ -160,7 +161,7 @@ def _cancel_run(s: SessionState, env: Env, request_id: str) -> Step:
         for g in s.submissions[s.run.submission_id].generations
         for c in s.generations[g].call_ids
     ]
-    compensable = s.compensable(done, lambda name: _has_compensation(env, name))
+    compensable = s.compensable(done, lambda task: _has_compensation(env, task))
     record = CancelRequested(
         session_id=s.session_id,
         run_id=s.run.run_id,
@@ -191,7 +192,11 @@ def _approve(s: SessionState, env: Env, cmd: Approve) -> tuple[Step, Answer]:
 
 
 def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
-    """A person answers a call awaiting one: retry it (same key), skip it, or fail it."""
+    """A person answers a call awaiting one: retry it (same key), skip it, or fail it.
+
+    For a call whose outcome was unknown the same three answers say what happened: not
+    applied (retry: run once more, same key), applied (skip: record the result they
+    state), or failed."""
     task = s.tasks.get(cmd.call_id)
     if task is None:
         raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
@@ -209,12 +214,24 @@ def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
         output, is_error = render_result(cmd.result), False
     else:
         told = f" They said: {render_result(cmd.result)}" if cmd.result is not None else ""
-        output = (
-            f"perdure: this call needed a person ({task.last_error}); they chose to fail it.{told}"
-        )
+        if task.unknown_outcome:  # the person says what happened: it failed
+            output = (
+                f"perdure: this call's outcome was unknown ({task.last_error}); a person "
+                f"checked and said it failed.{told}"
+            )
+        else:
+            output = (
+                f"perdure: this call needed a person ({task.last_error}); they chose to fail "
+                f"it.{told}"
+            )
         is_error = True
     done = ToolCompleted(
-        output=output, is_error=is_error, kind="resolved", attempt=task.attempt, **common
+        output=output,
+        is_error=is_error,
+        kind="resolved",
+        attempt=task.attempt,
+        goal_rev=task.goal_rev,
+        **common,
     )
     return Step((decided, done)), Done(cmd.call_id)
 
@@ -240,7 +257,7 @@ def _revision(
     """``GoalRevised`` for the current run (and the compensations it triggers)."""
     rev = s.goal_rev + 1
     old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
-    compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
+    compensable = s.compensable(old_goal, lambda task: _has_compensation(env, task))
     record = GoalRevised(
         session_id=s.session_id,
         goal_rev=rev,
@@ -293,8 +310,10 @@ def compensation_id(call_id: str) -> str:
     return f"comp-{call_id}"
 
 
-def _has_compensation(env: Env, tool_name: str) -> bool:
-    tool = env.tools.get(tool_name)
+def _has_compensation(env: Env, task: Task) -> bool:
+    """Whether the version of the tool ``task`` ran on (or the newest, once that
+    version is gone) declares a compensation."""
+    tool = registered_for(env.tools, task)
     return tool is not None and tool.compensation is not None
 
 
@@ -317,7 +336,7 @@ def _compensate(
         raise Refused(
             "invalid_state", f"{call_id} is {task.phase}; only a completed call can be undone"
         )
-    if not _has_compensation(env, task.tool_name):
+    if not _has_compensation(env, task):
         raise Refused("invalid_state", f"the tool {task.tool_name!r} declares no compensation")
     assert task.executing is not None and task.result is not None
     comp_id = compensation_id(call_id)
@@ -348,7 +367,7 @@ def _automatic_compensations(
     """Compensations the tools declared safe to run unasked, under ``goal_rev``."""
     step = NOTHING
     for call_id in call_ids:
-        tool = env.tools.get(s.tasks[call_id].tool_name)
+        tool = registered_for(env.tools, s.tasks[call_id])
         if tool is not None and tool.compensate_automatically:
             auto_id = f"{request_id}/auto/{call_id}"
             step += _compensate(s, env, call_id, auto_id, automatic=True, goal_rev=goal_rev)

@@ -51,7 +51,7 @@ from perdure.storage.records import (
 
 def policy_of(s: SessionState, env: Env) -> CompactionPolicy:
     """The session's own compaction policy, else the runtime's."""
-    return s.compaction if s.compaction is not None else env.compaction
+    return s.compaction if s.compaction is not None else env.limits.compaction
 
 
 def window(s: SessionState, env: Env) -> int | None:
@@ -59,7 +59,7 @@ def window(s: SessionState, env: Env) -> int | None:
     policy = policy_of(s, env)
     if policy.window is not None:
         return policy.window
-    return window_of(s.last_model, env.context_windows) if s.last_model else None
+    return window_of(s.last_model, env.limits.context_windows) if s.last_model else None
 
 
 def compaction_range(s: SessionState, keep_recent: int) -> tuple[int, int] | None:
@@ -147,10 +147,10 @@ def summarize(s: SessionState, env: Env, view: View) -> Step:
     compaction_id = pending.started.compaction_id
     if compaction_id in view.models:
         return NOTHING
-    budget = s.budget if s.budget is not None else env.budget
+    budget = s.budget if s.budget is not None else env.limits.budget
     if budget is not None:
         run_spend = s.run.spend if s.run is not None else {}
-        why = over_budget(budget, run_spend, s.spend, env.prices)
+        why = over_budget(budget, run_spend, s.spend, env.limits.prices)
         if why is not None:
             return Step((_abandon(s, env, f"no summary was made: {why}"),))
     return Step((), (Summarize(compaction_id, pending.attempt, pending.not_before),))
@@ -207,7 +207,7 @@ def summary_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
 def summary_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
     """The summary call failed: again after a persisted back-off, or give up (nothing
     is cut)."""
-    if msg.retryable and msg.attempt < env.max_model_attempts:
+    if msg.retryable and msg.attempt < env.limits.max_model_attempts:
         not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
         if msg.fallback:
             not_before = env.now

@@ -16,14 +16,20 @@ from collections.abc import Callable, Sequence
 from attrs import frozen
 
 from perdure.actors.decide.verbs import (
+    ASK_A_PERSON,
+    _called_off,
     _definition_change,
     _execute,
     _finish,
     _retry_blocker,
-    _task_result_cancelled,
     _unknown,
+    _unknown_or_ask,
+    asks_a_person,
     every_phase_has_a_row,
+    interrupted_text,
+    registered_for,
     tool_for,
+    version_words,
 )
 from perdure.actors.lifecycle import (
     IN_FLIGHT_PHASES,
@@ -114,11 +120,15 @@ def _recover_work(s: SessionState, env: Env) -> Step:
         return compensating + _recover_cancelled(s, env, decision)
     if not in_flight:
         approvals = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
-        people = [t.call_id for t in open_tasks if t.phase == "awaiting_human"]
-        if approvals or people:
+        waiting = [t for t in open_tasks if t.phase == "awaiting_human"]
+        people = [t.call_id for t in waiting if not t.unknown_outcome]
+        unknown = [t.call_id for t in waiting if t.unknown_outcome]
+        if approvals or waiting:
             found = "; ".join(
                 [f"awaiting approval of {', '.join(approvals)}"] * bool(approvals)
                 + [f"awaiting a person to resolve {', '.join(people)}"] * bool(people)
+                + [f"awaiting a person to say whether {', '.join(unknown)} took effect"]
+                * bool(unknown)
             )
             action = "keep waiting"
         elif s.paused:
@@ -128,7 +138,7 @@ def _recover_work(s: SessionState, env: Env) -> Step:
         return compensating + Step((decision(run.run_id, found, action, "nothing was in flight"),))
 
     attempt = 1 if run.progressed else run.resume_attempt + 1
-    if attempt > env.resume_budget:
+    if attempt > env.limits.resume_budget:
         return compensating + _recover_exhausted(s, env, decision)
 
     records: list[Record] = []
@@ -139,7 +149,7 @@ def _recover_work(s: SessionState, env: Env) -> Step:
             run.run_id,
             "run in progress",
             f"resume as {new_run_id}",
-            f"resume {attempt} of at most {env.resume_budget} in a row without progress"
+            f"resume {attempt} of at most {env.limits.resume_budget} in a row without progress"
             + ("; the interrupted run had made progress" if run.progressed else ""),
         )
     )
@@ -250,32 +260,40 @@ def _recover_retry(s: SessionState, env: Env, task: Task, r: _Recovering) -> Ste
     else:
         action = f"run attempt {nxt} now (its back-off is over)"
         why = f"the same arguments and idempotency key; attempt {task.attempt}: {task.last_error}"
+    why += version_words(env.tools, task)
     return Step((r.decide(task.call_id, found, action, why),))
 
 
 def _recover_human(s: SessionState, env: Env, task: Task, r: _Recovering) -> Step:
-    """Waiting for a person's resolution (``NeedsHuman``): keep waiting."""
-    decided = r.decide(
-        task.call_id,
-        "awaiting a person (NeedsHuman)",
-        "keep waiting for rt.resolve: retry, skip or fail",
-        task.last_error or "no resolution yet",
-    )
+    """Waiting for a person's resolution (``NeedsHuman``, or an unknown outcome its
+    tool sends to a person): keep waiting."""
+    if task.unknown_outcome:
+        found = "awaiting a person (outcome unknown)"
+        action = "keep waiting to " + ASK_A_PERSON
+    else:
+        found = "awaiting a person (NeedsHuman)"
+        action = "keep waiting for rt.resolve: retry, skip or fail"
+    decided = r.decide(task.call_id, found, action, task.last_error or "no resolution yet")
     return Step((decided,))
 
 
 def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) -> Step:
     """The heart of recovery: a call that may or may not have taken effect.
 
+    The call finishes on the tool version it started on (recorded in its ``executing``
+    record) while that version is registered, whatever newer versions sit beside it.
     A blind re-run needs both the policy recorded with the call and the policy of the
     tool registered now to allow it, and the call to still be the same call: if the
-    tool's definition changed since dispatch (its fingerprint differs), it is re-run
-    only if the recorded arguments still fit the new definition, and the decision
-    says so. Anything else is asked of the tool's ``reconcile`` or reported unknown.
+    tool's definition changed since dispatch (its fingerprint differs: the version it
+    started on is gone, or a log older than versions meets a changed tool), it is
+    re-run only if the recorded arguments still fit the new definition, and the
+    decision says so. Anything else is asked of the tool's ``reconcile`` or reported
+    unknown. When versions are in play, the decision names the one it acts on.
     """
     assert task.executing is not None
     recorded = ReplayPolicy(task.executing.replay)
     tool = tool_for(env.tools, task)
+    versions = version_words(env.tools, task)
     if task.goal_rev < s.goal_rev and recorded.replayable:
         why = f"the request was revised (revision {s.goal_rev}) since it was dispatched"
         cancelled = ToolCancelled(
@@ -297,8 +315,11 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         )
     policy = f"recorded policy {recorded.value}, registered policy {tool.replay.value}"
     change, still_fits = _definition_change(task.executing, tool)
+    change = versions + change
+    # The version acted on, named in the action when several are (or were) in play.
+    on = f" on version {_version_of(env, task)}" if versions else ""
     if recorded.replayable and tool.replay.replayable and still_fits:
-        action = f"re-run with the same idempotency key (policy {tool.replay.value})"
+        action = f"re-run with the same idempotency key (policy {tool.replay.value}){on}"
         rerun = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=r.run_id)
         return Step((r.decide(task.call_id, "executing", action, policy + change),)) + rerun
     if recorded.replayable and tool.replay.replayable:
@@ -307,15 +328,24 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         why = f"{policy}: no blind re-run{change}"
     if tool.reconcile is not None:
         return Step(
-            (r.decide(task.call_id, "executing", "ask the tool's reconcile()", why),),
+            (r.decide(task.call_id, "executing", f"ask the tool's reconcile(){on}", why),),
             (Reconcile(task.executing, tool),),
         )
-    return Step(
-        (
-            r.decide(task.call_id, "executing", "report outcome unknown", why + "; no reconcile"),
-            _unknown(s, env, task, "interrupted before its result was saved; not re-run"),
-        )
+    action = ASK_A_PERSON if asks_a_person(s, env, task) else "report outcome unknown"
+    outcome = _unknown_or_ask(
+        s,
+        env,
+        task,
+        reason="interrupted before its result was saved; not re-run",
+        output=interrupted_text(task.tool_name),
     )
+    return Step((r.decide(task.call_id, "executing", action, why + "; no reconcile"), outcome))
+
+
+def _version_of(env: Env, task: Task) -> str:
+    """The version of the registered tool a recovered call goes on with."""
+    registered = registered_for(env.tools, task)
+    return registered.version if registered is not None else ""
 
 
 RECOVER: dict[TaskPhase, RecoverRow] = {
@@ -356,7 +386,7 @@ def _recover_exhausted(s: SessionState, env: Env, decision: Decide) -> Step:
     run = s.run
     reason = (
         f"the run was interrupted {run.resume_attempt + 1} times in a row without progress "
-        f"(resume budget {env.resume_budget}); giving up instead of looping"
+        f"(resume budget {env.limits.resume_budget}); giving up instead of looping"
     )
     records: list[Record] = [decision(run.run_id, "run in progress", "fail the run", reason)]
     records += _close_open_tasks(
@@ -371,6 +401,6 @@ def _close_open_tasks(s: SessionState, env: Env, *, unknown: str, cancelled: str
     return [
         _unknown(s, env, task, unknown)
         if task.phase == "executing"
-        else _task_result_cancelled(s, env, task, cancelled)
+        else _called_off(s, env, task, cancelled)
         for task in s.open_tasks()
     ]

@@ -40,6 +40,7 @@ from perdure.storage.records import (
     Record,
     RunFinished,
     RunStatus,
+    ToolAwaitingHuman,
     ToolCancelled,
     ToolExecuting,
     ToolOutcomeUnknown,
@@ -87,17 +88,48 @@ _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensu
 def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
     """A model retry's wait (``perdure.backoff``), never shorter than the server's
     retry-after, which is believed up to ten times the cap."""
-    policy = Backoff(initial=env.retry_base, cap=env.retry_cap)
-    told = None if retry_after is None else min(retry_after, env.retry_cap * 10)
+    policy = Backoff(initial=env.limits.retry_base, cap=env.limits.retry_cap)
+    told = None if retry_after is None else min(retry_after, env.limits.retry_cap * 10)
     return policy.delay(attempt, jitter, told)
 
 
+def registered_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
+    """The registered tool ``task``'s call runs on: the version it is pinned to (its
+    ``executing`` record's, or for a compensation the undone call's) while that version
+    is registered; else, for a new call, a log older than versions or a version no
+    longer registered, the newest. None if no tool of that name is registered."""
+    newest = tools.get(task.tool_name)
+    if newest is None or task.pinned_version is None:
+        return newest
+    return newest.at_version(task.pinned_version) or newest
+
+
 def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
-    """The tool that runs ``task``: its registered tool, or that tool's compensation."""
-    tool = tools.get(task.tool_name)
+    """The tool that runs ``task``: its registered tool (the version it is pinned to,
+    ``registered_for``), or that tool's compensation."""
+    tool = registered_for(tools, task)
     if task.compensates is not None:
         return tool.compensation if tool is not None else None
     return tool
+
+
+def version_words(tools: Mapping[str, Tool], task: Task) -> str:
+    """What recovery's decision says of the version a call runs on: nothing while a
+    tool has one version and the call started on it; which version it stays on when
+    several are registered; that its version is gone and the newest is used instead."""
+    newest = tools.get(task.tool_name)
+    pinned = task.pinned_version
+    if newest is None or pinned is None:
+        return ""
+    if newest.at_version(pinned) is not None:
+        if not newest.earlier:
+            return ""
+        registered = ", ".join(newest.versions)
+        return f"; it stays on version {pinned}, which it started on (registered: {registered})"
+    return (
+        f"; version {pinned}, which it started on, is no longer registered: version "
+        f"{newest.version}, the newest, takes it under the rule for a changed definition"
+    )
 
 
 def not_granted(s: SessionState, tool_name: str) -> bool:
@@ -127,10 +159,9 @@ def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str)
 
 def _continue_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
     turns = len(s.submissions[submission_id].generations)
-    if turns >= env.max_turns:
-        return _finish(
-            s, env, "failed", reason=f"the run reached its limit of {env.max_turns} model turns"
-        )
+    limit = env.limits.max_turns
+    if turns >= limit:
+        return _finish(s, env, "failed", reason=f"the run reached its limit of {limit} model turns")
     return _budget_stop(s, env) or _next_generation(s, env, run_id, submission_id)
 
 
@@ -141,10 +172,10 @@ def _budget_stop(s: SessionState, env: Env) -> Step:
     a restart counts what was spent before it. The session's own budget, if it was
     given one, replaces the runtime's default.
     """
-    budget = s.budget if s.budget is not None else env.budget
+    budget = s.budget if s.budget is not None else env.limits.budget
     if budget is None or s.run is None:
         return NOTHING
-    why = over_budget(budget, s.run.spend, s.spend, env.prices)
+    why = over_budget(budget, s.run.spend, s.spend, env.limits.prices)
     return NOTHING if why is None else _finish(s, env, "stopped", reason=why)
 
 
@@ -214,9 +245,19 @@ def _execute(
         at=env.now,
         policy_reason=tool.policy_reason,
         secret=sorted(tool.secret_params & args.keys()),
+        tool_version=_version_run(env, task, tool),
     )
     beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
     return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
+
+
+def _version_run(env: Env, task: Task, tool: Tool) -> str:
+    """The version an attempt of ``task`` on ``tool`` runs on: the tool's own, or for a
+    compensation the version of the tool whose compensation it is."""
+    if task.compensates is None:
+        return tool.version
+    registered = registered_for(env.tools, task)
+    return registered.version if registered is not None else tool.version
 
 
 def _retry_blocker(env: Env, task: Task) -> str:
@@ -260,6 +301,68 @@ def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeU
     )
 
 
+# What a person is asked to say about a call whose outcome is unknown, in the words of
+# rt.resolve: the decision records and the person's views name them alike.
+ASK_A_PERSON: Final = (
+    "ask a person: applied (resolve skip, with the result), not applied (resolve retry: "
+    "run once more, same key) or failed (resolve fail)"
+)
+
+
+def asks_a_person(s: SessionState, env: Env, task: Task) -> bool:
+    """Whether an unknown outcome of ``task`` goes to a person rather than the model.
+
+    Its tool, as registered now, must say so (``unknown_outcome="ask_person"``); and a
+    call of a run that is being cancelled is not held for anyone (the cancel would
+    wait on the person): its outcome is told to the model as unknown.
+    """
+    tool = tool_for(env.tools, task)
+    if tool is None or tool.unknown_outcome != "ask_person":
+        return False
+    winding_down = s.run is not None and s.run.cancel_requested and task.compensates is None
+    return not winding_down
+
+
+def _unknown_or_ask(
+    s: SessionState, env: Env, task: Task, *, reason: str, output: str
+) -> ToolOutcomeUnknown | ToolAwaitingHuman:
+    """An unknown outcome: told to the model (``output``), or, if the tool asks for
+    one, the call waits for a person, who reads ``reason``."""
+    if asks_a_person(s, env, task):
+        return ToolAwaitingHuman(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            attempt=task.attempt,
+            reason=f"its outcome is unknown: {reason}",
+            unknown_outcome=True,
+            at=env.now,
+        )
+    return ToolOutcomeUnknown(
+        session_id=s.session_id, call_id=task.call_id, output=output, reason=reason, at=env.now
+    )
+
+
+def _called_off(
+    s: SessionState, env: Env, task: Task, reason: str
+) -> ToolCancelled | ToolOutcomeUnknown:
+    """The result of a call a cancel, a revision or a spent resume budget ends before it
+    runs (again). One that waited for a person to say whether it took effect keeps its
+    outcome unknown: the model is told so, never that it did not run."""
+    if task.phase == "awaiting_human" and task.unknown_outcome:
+        why = (
+            f"was waiting for a person to say whether it took effect ({task.last_error}); "
+            f"nobody had answered when it was called off ({reason})"
+        )
+        return ToolOutcomeUnknown(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=unknown_outcome_text(task.tool_name, why),
+            reason=f"called off while waiting for a person: {reason}",
+            at=env.now,
+        )
+    return _task_result_cancelled(s, env, task, reason)
+
+
 def _call_off(
     s: SessionState, env: Env, view: View, tasks: Sequence[Task], reason: str
 ) -> tuple[list[Record], list[Effect], bool]:
@@ -279,12 +382,12 @@ def _call_off(
             continue
         if task.phase == "executing":
             executing = True
-            tool = env.tools.get(task.tool_name)
+            tool = registered_for(env.tools, task)
             stoppable = tool is not None and tool.cancellable
             if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
                 effects.append(CancelTool(task.call_id))
         else:
-            records.append(_task_result_cancelled(s, env, task, reason))
+            records.append(_called_off(s, env, task, reason))
             if task.call_id in view.waiting:
                 effects.append(StopBackOff(task.call_id))
     return records, effects, executing
