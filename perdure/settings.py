@@ -92,7 +92,7 @@ def _compaction(_: Any, attribute: Attribute[Any], value: Any) -> None:
     try:
         check_compaction(value)
     except ValueError as exc:
-        raise ValueError(f"{attribute.name}: {exc}") from None
+        raise ValueError(f"{attribute.name} must be a sensible policy: {exc} ({value!r})") from None
 
 
 def _window_table(value: Any) -> Any:
