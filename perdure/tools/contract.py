@@ -330,6 +330,12 @@ class Tool:
     heartbeat_timeout: float | None = None  # silent this long: hung, cancelled
     needs_human_on: tuple[type[Exception], ...] = ()  # exceptions that wait for a person
     version: str = "1"
+    # Workspace history: the tool may change the workspace's files, so each attempt is
+    # checkpointed (a snapshot before and after), and an interrupted call is diffed
+    # from its before-snapshot at recovery. ``workspace_only``: the files are its only
+    # effect, so an interrupted call that changed none did not happen and runs again.
+    changes_workspace: bool = False
+    workspace_only: bool = False
     takes_context: bool = True
     param_types: dict[str, Any] = field(factory=dict)
     definition_hash: str = ""
@@ -482,6 +488,8 @@ def _build(
     needs_human_on: tuple[type[Exception], ...],
     version: str,
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
 ) -> Tool:
     if not callable(fn) or isinstance(fn, Tool):
         raise TypeError(f"@tool needs a function, not {fn!r}")
@@ -537,6 +545,8 @@ def _build(
         definition_hash=digest,
         parameters=parameters,
         runs_on=_loop_of(fn, runs_on) if inspect.iscoroutinefunction(fn) else "trio",
+        changes_workspace=changes_workspace or workspace_only,
+        workspace_only=workspace_only,
     )
 
 
@@ -671,6 +681,8 @@ def tool(
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str = "1",
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -694,6 +706,8 @@ def tool(
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str = "1",
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function as a tool.
 
@@ -721,6 +735,13 @@ def tool(
     awaited on the application's asyncio loop: ``runs_on="asyncio"`` or ``"trio"``
     says which, and by default a tool whose module imports trio is trio code, any
     other asyncio code.
+
+    ``changes_workspace=True`` declares that the tool may change the runtime's
+    workspace: each attempt is checkpointed (``perdure.tools.history``), its diff and a
+    rewind to before it are offered, and an interrupted call is reconciled from the
+    diff (the model is told which files changed; any other effect stays unknown).
+    ``workspace_only=True`` says the files are its only effect: an interrupted call
+    that changed no file is run once more.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -742,6 +763,8 @@ def tool(
             needs_human_on=needs_human_on,
             version=version,
             runs_on=runs_on,
+            changes_workspace=changes_workspace,
+            workspace_only=workspace_only,
         )
 
     return wrap(fn) if fn is not None else wrap
