@@ -24,7 +24,6 @@ import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterable,
     Mapping,
@@ -44,12 +43,12 @@ from perdure import errors as perdure_errors
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.forks import workspace_at
-from perdure.actors.decide.sessions import fork_files_request, orphaned
-from perdure.actors.session import CommandMsg, Query, WaitIdle, check_grant
+from perdure.actors.decide.sessions import fork_files_request
+from perdure.actors.session import CommandMsg, Query, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.answers import CallDiff, Rewound
-from perdure.budget import DEFAULT_PRICES, Price
+from perdure.budget import Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
     BackgroundObserver,
@@ -59,11 +58,11 @@ from perdure.observability.hooks import (
     check_traceparent,
 )
 from perdure.providers.base import Message, Provider
+from perdure.settings import Limits, Settings
 from perdure.storage import (
     MEMORY,
     Durability,
     LogBackend,
-    LogError,
     LogFenced,
     SessionInfo,
     open_log,
@@ -78,8 +77,6 @@ from perdure.storage.records import (
     Record,
     ResolutionAction,
     RunFinished,
-    SessionCreated,
-    ToolExecuting,
     ToolHeartbeat,
     WorkspaceRestored,
 )
@@ -92,7 +89,6 @@ if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configu
     from perdure.tools.mcp import McpHub, McpServer
 
 log = logging.getLogger("perdure.runtime")
-AGENT_MARK = ".agent-"  # in every sub-agent's session id
 _PAGE = 512
 SESSION_DELETED = "session_deleted"  # the last event of a deleted session's streams
 T = TypeVar("T")
@@ -117,15 +113,12 @@ class Runtime:
         self,
         supervisor: Supervisor,
         journal: Journal,
-        ctx: ActorContext,
         mcp: McpHub | None = None,
         caller_trace: Callable[[], str] | None = None,
-        stuck_after: float = DEFAULT_STUCK_AFTER,
     ) -> None:
-        self._stuck_after = stuck_after
         self._sup = supervisor
         self._journal = journal
-        self._ctx = ctx
+        self._ctx = supervisor.ctx
         self._mcp = mcp
         # The caller's current trace context, when tracing is on (perdure.observability).
         self._caller_trace = caller_trace
@@ -391,7 +384,7 @@ class Runtime:
     @property
     def stuck_after(self) -> float:
         """Seconds without a committed record after which unfinished work is stuck."""
-        return self._stuck_after
+        return self._ctx.settings.stuck_after
 
     async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
         """The sessions with unfinished work and no record committed for ``after``
@@ -400,7 +393,7 @@ class Runtime:
         Computed now, from the log's index of active sessions, each one's latest record
         and its state (read where it lives; no actor is woken): nothing is kept per turn.
         """
-        threshold = self._stuck_after if after is None else after
+        threshold = self.stuck_after if after is None else after
         if threshold < 0:
             raise ValueError(f"after must be 0 seconds or more, not {threshold!r}")
         found: list[StuckRun] = []
@@ -544,94 +537,6 @@ class Runtime:
         """
         return await self._done(session_id, resolution(call_id, action, result, request_id))
 
-    async def _child_grant(self, parent: str, asked: list[str] | None) -> list[str] | None:
-        """A sub-agent's grant: what it asked for, never more than its parent's grant
-        (a child of a limited session asking for nothing gets the parent's grant)."""
-        first = await self._journal.read_session(parent, 0, 1)
-        created = first[0].record if first else None
-        if not isinstance(created, SessionCreated) or created.tools is None:
-            return asked
-        if asked is None:
-            return list(created.tools)
-        beyond = [n for n in asked if n not in created.tools]
-        if beyond:
-            raise ValueError(
-                f"run_agent: {', '.join(beyond)} not granted to session {parent} "
-                "(a sub-agent gets at most its parent's tools)"
-            )
-        return asked
-
-    async def _run_child(
-        self,
-        call: ToolExecuting,
-        n: int,
-        task: str,
-        system: str | None,
-        tools: list[str] | None,
-        stopping: Callable[[], bool],
-        link: Callable[[str], Awaitable[None]],
-    ) -> str:
-        """``ctx.run_agent``: the ``n``-th sub-agent of a tool call, as a child session.
-
-        Every step is idempotent and named after the call's idempotency key, so a
-        re-run of the call after a crash finds the child it started (created once, its
-        task submitted once) and waits for the outcome the child reaches meanwhile.
-        """
-        if tools is not None:
-            unknown = sorted(set(tools) - set(self._ctx.tools))
-            if unknown:
-                raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
-        tools = await self._child_grant(call.session_id, tools)
-        child = child_session_id(call, n)
-        parent = f"{call.session_id}/{call.call_id}"
-        # The child is created with its task in one commit: it never exists without it,
-        # so it always reaches an outcome (a crash or a cancel right after included).
-        submit = protocol.Submit(
-            request_id=f"agent:{call.idempotency_key}:{n}",
-            text=task,
-            traceparent=self._caller_trace() if self._caller_trace is not None else "",
-        )
-        with trio.CancelScope(shield=True):  # the commit happens; its caller must learn it
-            created = await self._sup.create_session(
-                child, system, None, None, parent=parent, tools=tools, task=submit
-            )
-        # The parent records its child (once it exists): its stream and its pause,
-        # resume and cancel reach the child through that link.
-        await link(child)
-        try:
-            if not created:  # found again by a re-run of the call: submitted once, by its id
-                await self.submit(child, task, request_id=submit.request_id)
-            outcome = await self.wait_idle(child)
-        except trio.Cancelled:
-            # (A submit already handed to the child's mailbox is taken before this cancel.)
-            if stopping():  # the parent's run was cancelled or revised: so is the child's
-                with trio.CancelScope(shield=True):
-                    await self.cancel(child, request_id=f"agent-stop:{call.idempotency_key}:{n}")
-            raise
-        if outcome is None or outcome.status != "completed":
-            status = outcome.status if outcome is not None else "no outcome"
-            why = f": {outcome.reason}" if outcome is not None and outcome.reason else ""
-            raise RuntimeError(f"the sub-agent {child} did not complete ({status}{why})")
-        return outcome.final_text
-
-    async def _stop_orphans(self, sessions: Iterable[str]) -> list[str]:
-        """Cancel the recovered sub-agents whose parent call is over without them: the
-        core decides (``decide.sessions.orphaned``), this reads what it needs and tells them."""
-        stopped: list[str] = []
-        # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
-        for sid in (s for s in sessions if AGENT_MARK in s):
-            try:
-                first = await self._journal.read_session(sid, 0, 1)
-                stop = orphaned(first, await retention.parent_of(self._journal, first))
-                if stop is not None:
-                    await self.cancel(sid, request_id=stop.request_id)
-                    stopped.append(sid)
-            except (LogError, perdure_errors.Refused) as exc:
-                # The log cannot be read now, or the child cannot be told: it runs on,
-                # and the next start looks again.
-                log.warning("sub-agent %s: its parent call could not be checked: %s", sid, exc)
-        return stopped
-
     async def children(self, session_id: str) -> list[str]:
         """The sub-agent sessions started by the session's unfinished tool calls."""
         return await self.state(session_id, running_children)
@@ -694,12 +599,7 @@ class Runtime:
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
-        asleep = self._sup.dormant.get(session_id)
-        if asleep is not None:  # hibernated, so idle: no actor is woken to say so
-            outcome = (await dormant_state(asleep)).last_outcome
-            await trio.lowlevel.checkpoint()
-            return outcome
-        return await self._sup.ask(session_id, WaitIdle)
+        return await self._sup.wait_idle(session_id)
 
     async def state(
         self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
@@ -901,12 +801,6 @@ class Runtime:
                         yield page
 
 
-def child_session_id(call: ToolExecuting, n: int) -> str:
-    """The session id of the ``n``-th sub-agent of a call: stable across re-runs."""
-    digest = hashlib.sha256(f"{call.idempotency_key}\x00{n}".encode()).hexdigest()[:16]
-    return f"{call.session_id[:96]}{AGENT_MARK}{digest}"
-
-
 def children_named(record: Record | None) -> list[str]:
     """The sub-agent sessions a parent's record links: an ``AgentStarted``'s child, or
     (in logs written before that record) the ``agents`` a heartbeat listed."""
@@ -1017,19 +911,24 @@ async def open_runtime(
     may go without a committed record before ``Runtime.stuck_runs``, the metrics and
     the page report it as stuck (``perdure.stuck``).
     """
-    if not stuck_after >= 0:
-        raise ValueError(
-            f"stuck_after must be a number of seconds (0 or more), not {stuck_after!r}"
-        )
-    if idle_timeout is not None and not idle_timeout > 0:
-        raise ValueError(
-            f"idle_timeout must be a positive number of seconds or None, not {idle_timeout!r}"
-        )
-    if hibernate_after is not None and not hibernate_after >= 0:
-        raise ValueError(
-            "hibernate_after must be a number of seconds (0 or more) or None, "
-            f"not {hibernate_after!r}"
-        )
+    # Every setting checked before anything is opened (an error names the keyword).
+    settings = Settings(
+        limits=Limits(
+            resume_budget=resume_budget,
+            max_turns=max_turns,
+            max_model_attempts=max_model_attempts,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            forget_settled=durability == "full",
+            budget=budget,
+            prices=prices,
+        ),
+        shutdown_grace=shutdown_grace,
+        stuck_after=stuck_after,
+        idle_timeout=idle_timeout,
+        hibernate_after=hibernate_after,
+        rebalance=rebalance,
+    )
     by_name = registry(tools)
     observers = _observers(telemetry)
     opened = partial(
@@ -1055,6 +954,9 @@ async def open_runtime(
             for observer in observers:
                 if isinstance(observer, TransactionObserver):
                     journal.commit_listeners.append(observer.on_commit)
+            if journal.log.multi_node:
+                # Another node may write a session of a shared log while it sleeps.
+                settings = attrs.evolve(settings, hibernate_after=None)
             ctx = ActorContext(
                 journal=journal,
                 provider=provider,
@@ -1062,23 +964,12 @@ async def open_runtime(
                 workspace=Path(root) if root is not None else None,
                 clock=clock,
                 rng=random.Random(seed),
-                resume_budget=resume_budget,
-                max_turns=max_turns,
-                max_model_attempts=max_model_attempts,
-                retry_base=retry_base,
-                retry_cap=retry_cap,
-                idle_timeout=idle_timeout,
-                # Another node may write a session of a shared log while it sleeps.
-                hibernate_after=None if journal.log.multi_node else hibernate_after,
-                rebalance=rebalance,
-                forget_settled=durability == "full",
-                budget=budget,
-                prices=dict(DEFAULT_PRICES if prices is None else prices),
+                settings=settings,
                 observers=observers,
             )
-            supervisor = Supervisor(ctx)
-            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers), stuck_after)
-            ctx.agents = runtime._run_child
+            caller_trace = _caller_trace(observers)
+            supervisor = Supervisor(ctx, caller_trace)
+            runtime = Runtime(supervisor, journal, hub, caller_trace)
             body_error: BaseException | None = None
             try:
                 async with trio.open_nursery() as nursery:
@@ -1086,7 +977,7 @@ async def open_runtime(
                         if isinstance(observer, BackgroundObserver):
                             nursery.start_soon(observer.background)
                     await nursery.start(supervisor.run)
-                    await runtime._stop_orphans(supervisor.recovered)
+                    await supervisor.agents.stop_orphans(supervisor.recovered)
                     try:
                         yield runtime
                     except BaseException as exc:
@@ -1095,7 +986,7 @@ async def open_runtime(
                         body_error = exc
                     else:
                         with trio.CancelScope(shield=True) as grace:
-                            grace.deadline = trio.current_time() + shutdown_grace
+                            grace.deadline = trio.current_time() + settings.shutdown_grace
                             await supervisor.drain()
                     nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:

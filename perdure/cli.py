@@ -454,33 +454,55 @@ def _fail_mcp_start(exc: Exception) -> None:
 @main.command("tools")
 @tools_option
 @mcp_config_option
+@click.option(
+    "--log",
+    "log_dir",
+    default=None,
+    callback=_remember_log,
+    help="A log (a directory or a postgresql:// URL): also list its calls in flight that "
+    "are pinned to an older version of a tool, which keeps that version needed.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
-def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json: bool) -> None:
-    """List every tool a run gets, with its replay policy, approval, and why.
+def tools_command(
+    tool_specs: tuple[str, ...], mcp_config: Path | None, log_dir: str | None, as_json: bool
+) -> None:
+    """List every tool a run gets, with its version, replay policy, approval, and why.
 
     MCP servers (--mcp-config) are started and listed, exactly as a run would.
     Without --tools: the built-in tools as ``perdure run`` gives them (the ones that
-    change files ask for approval).
+    change files ask for approval). Several versions of one tool are listed one per
+    line; the newest is the one the model sees. With --log, the calls not finished
+    that will finish on an older version are listed under it (read-only): once an
+    older version has none, it can be removed.
     """
     import trio
 
     from perdure._setup import SetupError, default_tools, load_tools
+    from perdure.tools.contract import ToolDefinitionError, registry
 
     try:
         specs = _split(tool_specs)
         native = load_tools(specs) if specs else default_tools(ask_before_writes=True)
-    except SetupError as exc:
+        registered = registry(native)
+    except (SetupError, ToolDefinitionError, ValueError, TypeError) as exc:
         _fail(str(exc), 2)
-    rows: list[dict[str, Any]] = [
-        {
-            "name": t.name,
-            "server": None,
-            "replay": t.replay.value,
-            "approval": t.requires_approval if isinstance(t.requires_approval, bool) else "policy",
-            "why": t.policy_reason or "declared with @perdure.tool",
-        }
-        for t in native
-    ]
+    pinned = _pinned_calls(log_dir) if log_dir is not None else None
+    rows: list[dict[str, Any]] = []
+    for newest in registered.values():
+        for t in (*newest.earlier, newest):
+            approval = t.requires_approval
+            rows.append(
+                {
+                    "name": t.name,
+                    "version": t.version,
+                    "newest": t is newest,
+                    "registered": True,
+                    "server": None,
+                    "replay": t.replay.value,
+                    "approval": approval if isinstance(approval, bool) else "policy",
+                    "why": t.policy_reason or "declared with @perdure.tool",
+                }
+            )
     servers = _mcp_servers(mcp_config)
     if servers:
         try:
@@ -488,13 +510,97 @@ def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json:
         except Exception as exc:
             _fail_mcp_start(exc)
             raise
+    if pinned is not None:
+        rows += _with_pinned(rows, pinned)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    width = max((len(str(r["name"])) for r in rows), default=4)
+    width = max((len(str(r["name"])) for r in rows if r["registered"]), default=4)
+    vwidth = max((len(str(r["version"] or "-")) for r in rows if r["registered"]), default=1)
     for r in rows:
-        approval = {True: "approval", False: "-"}.get(r["approval"], "policy")
-        echo(f"{r['name']:<{width}}  {r['replay'] or '-':<5}  {approval:<8}  {r['why']}")
+        if not r["registered"]:
+            continue
+        shown = {True: "approval", False: "-"}.get(r["approval"], "policy")
+        echo(
+            f"{r['name']:<{width}}  {r['version'] or '-':<{vwidth}}  {r['replay'] or '-':<5}  "
+            f"{shown:<8}  {r['why']}"
+        )
+    if pinned is not None and log_dir is not None:
+        _print_pinned(rows, log_dir)
+
+
+def _with_pinned(
+    rows: list[dict[str, Any]], pinned: dict[tuple[str, str], list[str]]
+) -> list[dict[str, Any]]:
+    """Put each older version's pinned calls on its row (``pinned``), and return rows
+    for the versions calls are pinned to that are not registered here."""
+    for r in rows:
+        r["pinned"] = [] if r["newest"] else pinned.pop((r["name"], r["version"]), [])
+    newest = {r["name"]: r["version"] for r in rows if r["newest"]}
+    # An MCP tool has one version, the one it was listed with: its calls are not pinned.
+    served = {r["name"] for r in rows if r["server"] is not None}
+    return [
+        {
+            "name": name,
+            "version": version,
+            "newest": False,
+            "registered": False,
+            "server": None,
+            "replay": None,
+            "approval": None,
+            "why": "not registered here: recovery gives these calls to the newest version "
+            "if their arguments fit it, else reports their outcome unknown"
+            if name in newest
+            else "no version of this tool is registered here: recovery reports these "
+            "calls' outcome unknown",
+            "pinned": calls,
+        }
+        for (name, version), calls in sorted(pinned.items())
+        if newest.get(name) != version and name not in served
+    ]
+
+
+def _pinned_calls(log_dir: str) -> dict[tuple[str, str], list[str]]:
+    """The log's calls not finished, as ``session/call (phase)``, by the (tool, version)
+    they are pinned to. Only the sessions with unfinished work are read."""
+    from perdure.actors.state import SessionState
+    from perdure.storage.codec import CorruptRecord
+
+    log = _open_readonly(log_dir)
+    found: dict[tuple[str, str], list[str]] = {}
+    try:
+        for info in sorted(log.sessions(), key=lambda i: i.first_seq):
+            if not info.open_submissions:
+                continue
+            try:
+                records = log.read_session(info.session_id)
+            except CorruptRecord as exc:
+                _fail(f"{exc} (run: perdure check --log {_where(log_dir)})")
+            state = SessionState.fold(info.session_id, records)
+            for task in state.pinned_calls():
+                assert task.pinned_version is not None
+                found.setdefault((task.tool_name, task.pinned_version), []).append(
+                    f"{info.session_id}/{task.call_id} ({task.phase})"
+                )
+    finally:
+        log.close()
+    return found
+
+
+def _print_pinned(rows: list[dict[str, Any]], log_dir: str) -> None:
+    older = [r for r in rows if not r["newest"]]
+    if not older:
+        echo(f"\nno older tool version registered or in flight in {_where(log_dir)}", "dim")
+        return
+    echo(f"\ncalls in flight on an older version, in {_where(log_dir)}:", "title")
+    for r in older:
+        calls = ", ".join(r["pinned"])
+        if not r["registered"]:
+            echo(f"  {r['name']} version {r['version']}: {calls} ({r['why']})", "warning")
+        elif calls:
+            echo(f"  {r['name']} version {r['version']}: {calls}", "warning")
+        else:
+            echo(f"  {r['name']} version {r['version']}: none; it can be removed")
 
 
 async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
@@ -509,6 +615,9 @@ async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
                 rows.append(
                     {
                         "name": info.name,
+                        "version": None,
+                        "newest": True,
+                        "registered": True,
                         "server": name,
                         "replay": None if info.problem or policy is None else policy.replay.value,
                         "approval": approval if isinstance(approval, bool) else "policy",

@@ -10,9 +10,9 @@ import trio
 from attrs import define, field
 
 from perdure.actors.protocol import Env, Result
-from perdure.budget import DEFAULT_PRICES, Budget, Price
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
+from perdure.settings import Settings
 from perdure.storage.journal import Journal
 from perdure.storage.records import ToolExecuting
 from perdure.tools.contract import Tool
@@ -39,35 +39,12 @@ class ActorContext:
     workspace: Path | None = None
     clock: Callable[[], float]  # wall-clock seconds; injectable for deterministic tests
     rng: random.Random = field(factory=random.Random)
-    resume_budget: int = 3
-    max_turns: int = 100
-    max_model_attempts: int = 8
-    retry_base: float = 1.0
-    retry_cap: float = 60.0
-    # A running call's heartbeats are committed at most once per this many seconds.
-    heartbeat_interval: float = 1.0
-    max_restarts: int = 3  # actor crashes within restart_window before a session is parked
-    restart_window: float = 60.0
-    # Seconds an idle session stays in memory before it is evicted (its state lives
-    # in the log; the next message starts it again, from the log). None: never.
-    idle_timeout: float | None = 300.0
-    # Seconds an idle session's actor runs before it hibernates: its task, mailbox and
-    # scopes go, its folded state stays in memory, and the next message starts a new
-    # actor on that state without reading the log. None (or not below idle_timeout):
-    # the actor stays until it is evicted. Only on a single-owner log (LMDB).
-    hibernate_after: float | None = 1.0
-    # Let tools drop a settled call's reconcile state. Only when every commit is
-    # synced ("full" durability): a terminal record that a power loss could still undo
-    # must not outlive the evidence its reconcile would need.
-    forget_settled: bool = True
-    # With a multi-node log: move sessions between nodes so each runs its fair share
-    # (perdure.actors.balance); off, a node only gets orphans and what it starts.
-    rebalance: bool = True
-    budget: Budget | None = None  # the default budget of every session (perdure.budget)
-    prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
-    # Runs a sub-agent for a tool call (``ctx.run_agent``): set by the runtime, which
-    # owns the sessions. Called with (the call's executing record, its n-th sub-agent,
-    # task, system, tools, whether the call was told to stop).
+    # The runtime's settings, checked once by ``open_runtime``; read here, never copied.
+    settings: Settings = field(factory=Settings)
+    # Runs a sub-agent for a tool call (``ctx.run_agent``): given by the supervisor,
+    # which owns the sessions (``supervisor.agents``). Called with (the call's
+    # executing record, its n-th sub-agent, task, system, tools, whether the call was
+    # told to stop, the link that records the child in the parent).
     agents: AgentRunner | None = None
     # Telemetry (perdure.observability): shown every commit; they never decide anything.
     observers: tuple[CommitObserver, ...] = ()
@@ -80,18 +57,7 @@ class ActorContext:
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""
-        return Env(
-            tools=tools,
-            now=self.clock(),
-            resume_budget=self.resume_budget,
-            max_model_attempts=self.max_model_attempts,
-            max_turns=self.max_turns,
-            retry_base=self.retry_base,
-            retry_cap=self.retry_cap,
-            forget_settled=self.forget_settled,
-            budget=self.budget,
-            prices=self.prices,
-        )
+        return Env(tools=tools, now=self.clock(), limits=self.settings.limits)
 
 
 async def report_last(outbox: trio.MemorySendChannel[Result], message: Result) -> None:

@@ -29,8 +29,8 @@ from perdure.answers import Done as Done
 from perdure.answers import Forked as Forked
 from perdure.answers import IfBusy as IfBusy
 from perdure.answers import check_if_busy as check_if_busy
-from perdure.budget import DEFAULT_PRICES, Price
 from perdure.providers.base import ModelReply
+from perdure.settings import Limits
 from perdure.storage.records import Budget, Record, ResolutionAction, ToolExecuting, Usage
 from perdure.tools.contract import Tool
 
@@ -43,16 +43,9 @@ class Env:
 
     tools: Mapping[str, Tool]
     now: float
-    resume_budget: int = 3
-    max_model_attempts: int = 8
-    max_turns: int = 100
-    retry_base: float = 1.0
-    retry_cap: float = 60.0
-    # Let tools drop a settled call's reconcile state (``Forget``); only with durable
-    # ("full") commits, so no terminal record a power loss could undo outlives it.
-    forget_settled: bool = False
-    budget: Budget | None = None  # the runtime's default; a session may have its own
-    prices: Mapping[str, Price] = field(factory=lambda: DEFAULT_PRICES)
+    # The runtime's settings for decisions, as ``open_runtime`` checked them (the
+    # budget there is the runtime's default; a session may have its own).
+    limits: Limits = field(factory=Limits)
 
 
 @frozen(kw_only=True)

@@ -269,7 +269,7 @@ class SessionActor:
         mailbox nobody will read (a sender sees it closed and goes to a new actor).
         """
         receive = self.mailbox.receive
-        timeout, hibernate = self.ctx.idle_timeout, self.ctx.hibernate_after
+        timeout, hibernate = self.ctx.settings.idle_timeout, self.ctx.settings.hibernate_after
         hibernating = hibernate is not None and (timeout is None or hibernate < timeout)
         if hibernating:
             timeout = hibernate
@@ -510,7 +510,7 @@ class SessionActor:
             return  # its attempt already reported its end
         throttle = self._beats.setdefault(beat.call_id, _Throttle())
         throttle.held = beat
-        due = throttle.last_commit + self.ctx.heartbeat_interval
+        due = throttle.last_commit + self.ctx.settings.heartbeat_interval
         if trio.current_time() >= due:
             await self._commit_heartbeat(throttle)
         elif throttle.timer is None:

@@ -107,6 +107,10 @@ class Task:
     retry_by_human: bool = False  # the pending retry was a person's choice
     last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
     children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
+    # The tool version the call is pinned to: its executing record's, or for a
+    # compensation not yet run, that of the call it undoes (None: not started, or a
+    # log older than versions). It finishes on that version while it is registered.
+    pinned_version: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -276,7 +280,7 @@ class SessionState:
             if t.phase == "completed"
             and t.compensates is None
             and t.compensated_by is None
-            and has_compensation(t.tool_name)
+            and has_compensation(t)
         ]
 
     def current_generation(self) -> Generation | None:
@@ -287,6 +291,13 @@ class SessionState:
 
     def tasks_of(self, generation: Generation) -> list[Task]:
         return [self.tasks[c] for c in generation.call_ids]
+
+    def pinned_calls(self) -> list[Task]:
+        """Calls not finished that are pinned to a tool version: each will finish (a
+        re-run, a reconcile, a retry, a compensation) on its ``pinned_version`` while
+        that version is registered. ``perdure tools --log`` lists them, so that an
+        operator knows when an older version may be removed."""
+        return [t for t in self.tasks.values() if not t.terminal and t.pinned_version is not None]
 
     def open_tasks(self) -> list[Task]:
         """Tasks of the current run that are not terminal yet."""
@@ -574,6 +585,8 @@ class SessionState:
             compensates=r.compensates,
             secret=r.secret,
         )
+        if r.compensates is not None and r.compensates in self.tasks:
+            self.tasks[r.call_id].pinned_version = self.tasks[r.compensates].pinned_version
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
         self._move_task(r.call_id, "ToolAwaitingApproval")
@@ -587,6 +600,7 @@ class SessionState:
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self._move_task(r.call_id, "ToolExecuting")
         task.executing = r
+        task.pinned_version = r.tool_version
         task.not_before = None
         task.retry_by_human = False
 

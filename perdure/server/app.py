@@ -32,6 +32,7 @@ carries. A route here only reads its input, calls the runtime, and answers.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
@@ -130,6 +131,11 @@ _STATIC: Final = {
 }
 # The API's docs page: Swagger UI (vendored from the swagger-ui-dist package, Apache-2.0,
 # its licence beside it) and the few lines that point it at /openapi.json.
+_PAGE_POLICY: Final = "default-src 'self'; connect-src 'self'"
+# Swagger UI sets inline styles and draws data: images; no script inline.
+_DOCS_POLICY: Final = (
+    "default-src 'self'; connect-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:"
+)
 _DOCS: Final = {
     "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
     "swagger-ui.css": "text/css; charset=utf-8",
@@ -219,17 +225,7 @@ class Api:
         )
     )
     async def page(self, request: Request) -> Response:
-        grant = grant_of(request)
-        if grant.via == "query":
-            return self._cookie_for(grant, "/")
-        return Response(
-            self.index,
-            media_type="text/html; charset=utf-8",
-            headers={
-                "Content-Security-Policy": "default-src 'self'; connect-src 'self'",
-                "Cache-Control": "no-store",
-            },
-        )
+        return await self._html_page(request, "/", self._index_page, _PAGE_POLICY)
 
     def _cookie_for(self, grant: Grant, then: str) -> Response:
         """Trade the token in the URL for a cookie, and drop it from the address bar.
@@ -330,18 +326,23 @@ class Api:
         )
     )
     async def docs_page(self, request: Request) -> Response:
+        return await self._html_page(request, "/docs", self._docs_page, _DOCS_POLICY)
+
+    async def _html_page(
+        self,
+        request: Request,
+        path: str,
+        body: Callable[[], Awaitable[bytes]],
+        policy: str,
+    ) -> Response:
+        """One of the two HTML pages: a token in the URL becomes a cookie first."""
         grant = grant_of(request)
         if grant.via == "query":
-            return self._cookie_for(grant, "/docs")
+            return self._cookie_for(grant, path)
         return Response(
-            self._docs_file("docs.html"),
+            await body(),
             media_type="text/html; charset=utf-8",
-            headers={
-                # Swagger UI sets inline styles and draws data: images; no script inline.
-                "Content-Security-Policy": "default-src 'self'; connect-src 'self'; "
-                "style-src 'self' 'unsafe-inline'; img-src 'self' data:",
-                "Cache-Control": "no-store",
-            },
+            headers={"Content-Security-Policy": policy, "Cache-Control": "no-store"},
         )
 
     @documented(
@@ -357,13 +358,20 @@ class Api:
         name = request.path_params["name"]
         if name not in _DOCS:
             raise ApiError(404, "not_found", f"no docs file {name!r}")
-        return Response(self._docs_file(name), media_type=_DOCS[name])
+        return Response(await self._docs_file(name), media_type=_DOCS[name])
 
-    def _docs_file(self, name: str) -> bytes:
-        # Read on first use: Swagger UI is 2 MB that most daemons never serve.
+    async def _index_page(self) -> bytes:
+        return self.index
+
+    async def _docs_page(self) -> bytes:
+        return await self._docs_file("docs.html")
+
+    async def _docs_file(self, name: str) -> bytes:
+        # Read on first use, in a worker thread: Swagger UI is 2 MB that most daemons
+        # never serve, and a read that size would stall every stream on the loop.
         if name not in self.docs_files:
             folder = resources.files("perdure.server") / "static" / "swagger-ui"
-            self.docs_files[name] = (folder / name).read_bytes()
+            self.docs_files[name] = await trio.to_thread.run_sync((folder / name).read_bytes)
         return self.docs_files[name]
 
     # -- sessions --------------------------------------------------------------------

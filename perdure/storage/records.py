@@ -331,6 +331,10 @@ class ToolExecuting:
     at: float
     policy_reason: str = ""  # why the tool has this policy (e.g. an MCP tool's annotations)
     secret: list[str] = field(factory=list)  # the args' secret parameters (redacted)
+    # The version of the tool (``@tool(version=...)``) the call runs on, for a
+    # compensation the version of the tool whose compensation it is; the call finishes
+    # on it while it is registered. None in logs written before versions were recorded.
+    tool_version: str | None = None
 
 
 @frozen(kw_only=True)

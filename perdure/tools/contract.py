@@ -336,6 +336,9 @@ class Tool:
     # effect, so an interrupted call that changed none did not happen and runs again.
     changes_workspace: bool = False
     workspace_only: bool = False
+    # The other versions of this tool registered beside it (oldest first), when this one
+    # is the newest: calls that started on one of them finish on it (``at_version``).
+    earlier: tuple[Tool, ...] = ()
     takes_context: bool = True
     param_types: dict[str, Any] = field(factory=dict)
     definition_hash: str = ""
@@ -361,6 +364,18 @@ class Tool:
         _check_failure_options(
             self.name, self.replay, self.retry, self.heartbeat_timeout, self.needs_human_on
         )
+
+    def at_version(self, version: str) -> Tool | None:
+        """This tool as registered in ``version`` (itself or one of ``earlier``), or None
+        if that version is not registered."""
+        if version == self.version:
+            return self
+        return next((t for t in self.earlier if t.version == version), None)
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """Every registered version of this tool, oldest first (the newest is its own)."""
+        return (*(t.version for t in self.earlier), self.version)
 
     def validate(self, args: Any) -> list[str]:
         """Problems with arguments from the model (empty when they are valid)."""
@@ -486,7 +501,7 @@ def _build(
     retry: RetryPolicy | None,
     heartbeat_timeout: float | None,
     needs_human_on: tuple[type[Exception], ...],
-    version: str,
+    version: str | int,
     runs_on: Loop | None = None,
     changes_workspace: bool = False,
     workspace_only: bool = False,
@@ -495,6 +510,7 @@ def _build(
         raise TypeError(f"@tool needs a function, not {fn!r}")
     tool_name = name if name is not None else fn.__name__
     check_name(tool_name)
+    version = _check_version(tool_name, version)
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise ToolDefinitionError(
             f"tool {tool_name!r}: a generator cannot be a tool; return the whole result"
@@ -548,6 +564,33 @@ def _build(
         changes_workspace=changes_workspace or workspace_only,
         workspace_only=workspace_only,
     )
+
+
+def _check_version(name: str, version: object) -> str:
+    """A tool's version as it is recorded: a non-empty string (an integer is written as
+    one), so that ``version=2`` and ``version="2"`` are the same version."""
+    if isinstance(version, int) and not isinstance(version, bool):
+        version = str(version)
+    if not isinstance(version, str) or not version.strip():
+        raise ToolDefinitionError(
+            f"tool {name!r}: version must be a non-empty string or an integer, not {version!r}"
+        )
+    return version
+
+
+def version_order(name: str, version: str) -> tuple[int, ...]:
+    """Where ``version`` stands among the versions of tool ``name`` registered side by
+    side: dot-separated numbers, compared as numbers ("10" is newer than "9", "2.1"
+    newer than "2"). Anything else cannot say which version is the newest, and is
+    refused with ``ToolDefinitionError``."""
+    parts = version.split(".")
+    if not all(part.isdigit() and part.isascii() for part in parts):
+        raise ToolDefinitionError(
+            f"tool {name!r} is registered in several versions, and {version!r} is not a "
+            "version number: versions registered side by side must be numbers such as "
+            "2 or 2.1, so that the newest is clear"
+        )
+    return tuple(int(part) for part in parts)
 
 
 def _for_the_host_loop(ctx: ToolContext) -> ToolContext:
@@ -679,7 +722,7 @@ def tool(
     retry: RetryPolicy | None = None,
     heartbeat_timeout: float | None = None,
     needs_human_on: tuple[type[Exception], ...] = (),
-    version: str = "1",
+    version: str | int = "1",
     runs_on: Loop | None = None,
     changes_workspace: bool = False,
     workspace_only: bool = False,
@@ -704,7 +747,7 @@ def tool(
     retry: RetryPolicy | None = None,
     heartbeat_timeout: float | None = None,
     needs_human_on: tuple[type[Exception], ...] = (),
-    version: str = "1",
+    version: str | int = "1",
     runs_on: Loop | None = None,
     changes_workspace: bool = False,
     workspace_only: bool = False,
@@ -784,12 +827,31 @@ def render_result(value: Any) -> str:
 
 
 def registry(tools: typing.Iterable[Tool]) -> dict[str, Tool]:
-    """Index tools by name, refusing duplicates and non-tools with a clear error."""
-    out: dict[str, Tool] = {}
+    """Index tools by name, refusing non-tools and duplicates with a clear error.
+
+    Several versions of one tool (``@tool(version=...)``, one name) may be registered
+    side by side: the newest is the tool of that name, the one the model sees and new
+    calls run on, and it carries the others (``Tool.earlier``), on which the calls
+    that started on them finish. Two tools of one name and one version are refused.
+    """
+    by_name: dict[str, list[Tool]] = {}
     for t in tools:
         if not isinstance(t, Tool):
             raise TypeError(f"{t!r} is not a tool; decorate it with @perdure.tool")
-        if t.name in out:
-            raise ValueError(f"two tools are named {t.name!r}")
-        out[t.name] = t
+        same = by_name.setdefault(t.name, [])
+        # A tool that already carries its earlier versions (a registry's output) brings them.
+        for each in (*t.earlier, t):
+            if any(other.version == each.version for other in same):
+                raise ValueError(
+                    f"two tools are named {t.name!r} with version {each.version!r}: "
+                    "versions of one tool registered side by side need distinct version="
+                )
+            same.append(attrs.evolve(each, earlier=()) if each.earlier else each)
+    out: dict[str, Tool] = {}
+    for name, versions in by_name.items():
+        if len(versions) == 1:
+            out[name] = versions[0]
+            continue
+        ordered = sorted(versions, key=lambda t: version_order(name, t.version))
+        out[name] = attrs.evolve(ordered[-1], earlier=tuple(ordered[:-1]))
     return out

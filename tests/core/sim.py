@@ -14,6 +14,7 @@ from perdure.actors import decide, protocol
 from perdure.actors.protocol import Env, Reconcile, RunTool, Step, View
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
+from perdure.settings import Limits
 from perdure.storage import codec
 from perdure.storage.records import Committed, Record, SessionCreated, ToolCall
 
@@ -62,7 +63,7 @@ class Session:
         self._commit(Step((SessionCreated(session_id="s1", at=self.now),)))
 
     def env(self) -> Env:
-        return Env(tools=self.tools, now=self.now, **self.env_options)
+        return Env(tools=self.tools, now=self.now, limits=Limits(**self.env_options))
 
     def _commit(self, first: Step, *, recovering: bool = False) -> Step:
         step = decide.settle(self.state, self.env(), self.view, first, recovering=recovering)

@@ -10,6 +10,7 @@ from perdure.actors.protocol import Env
 from perdure.actors.session import RELOAD_BACKOFF
 from perdure.actors.supervisor import MAX_OUTAGE_BACKOFF, OUTAGE_BACKOFF, RESTART_BACKOFF
 from perdure.backoff import Backoff
+from perdure.settings import Limits
 
 
 def test_the_wait_grows_by_the_multiplier_up_to_the_cap_with_jitter_between_half_and_all() -> None:
@@ -22,7 +23,7 @@ def test_the_wait_grows_by_the_multiplier_up_to_the_cap_with_jitter_between_half
 
 
 def test_model_and_tool_retries_wait_by_the_same_formula() -> None:
-    env = Env(tools={}, now=0.0, retry_base=2.0, retry_cap=30.0)
+    env = Env(tools={}, now=0.0, limits=Limits(retry_base=2.0, retry_cap=30.0))
     same = Backoff(initial=2.0, cap=30.0)
     for attempt in (1, 2, 5, 9):
         assert decide.retry_delay(env, attempt, None, 0.25) == same.delay(attempt, 0.25)

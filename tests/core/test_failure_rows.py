@@ -17,6 +17,7 @@ import perdure
 from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import Step, View
+from perdure.settings import Limits
 from perdure.storage.records import (
     RecoveryDecision,
     ResolutionDecided,
@@ -686,7 +687,7 @@ def test_a_failure_of_a_call_whose_tool_went_away_is_an_error_not_a_retry() -> N
 def test_the_model_back_off_doubles_is_jittered_capped_and_honours_retry_after(
     attempt: int, jitter: float, retry_after: float | None, expected: float
 ) -> None:
-    env = protocol.Env(tools={}, now=0.0, retry_base=2.0, retry_cap=50.0)
+    env = protocol.Env(tools={}, now=0.0, limits=Limits(retry_base=2.0, retry_cap=50.0))
     assert decide.retry_delay(env, attempt, retry_after, jitter) == expected
 
 

@@ -26,6 +26,7 @@ from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
+from perdure.settings import Limits
 from perdure.storage import codec
 from perdure.storage.records import Committed, ToolCall
 from tests.core.sim import COURSE_TOOLS
@@ -71,7 +72,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.requests = 0
         self.steps = 0
         self.crashes = 0
-        self.env = protocol.Env(tools=COURSE_TOOLS, now=1000.0, resume_budget=3)
+        self.env = protocol.Env(tools=COURSE_TOOLS, now=1000.0, limits=Limits(resume_budget=3))
         from perdure.storage.records import SessionCreated
 
         self._commit(protocol.Step((SessionCreated(session_id="s1", at=0.0),)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from perdure.actors.decide.verbs import registered_for
 from perdure.actors.protocol import (
     NOTHING,
     Accepted,
@@ -32,7 +33,7 @@ from perdure.actors.protocol import (
     Step,
     Submit,
 )
-from perdure.actors.state import SessionState
+from perdure.actors.state import SessionState, Task
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.records import (
     ApprovalDecided,
@@ -161,7 +162,7 @@ def _cancel_run(s: SessionState, env: Env, request_id: str) -> Step:
         for g in s.submissions[s.run.submission_id].generations
         for c in s.generations[g].call_ids
     ]
-    compensable = s.compensable(done, lambda name: _has_compensation(env, name))
+    compensable = s.compensable(done, lambda task: _has_compensation(env, task))
     record = CancelRequested(
         session_id=s.session_id,
         run_id=s.run.run_id,
@@ -241,7 +242,7 @@ def _revision(
     """``GoalRevised`` for the current run (and the compensations it triggers)."""
     rev = s.goal_rev + 1
     old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
-    compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
+    compensable = s.compensable(old_goal, lambda task: _has_compensation(env, task))
     record = GoalRevised(
         session_id=s.session_id,
         goal_rev=rev,
@@ -306,8 +307,10 @@ def compensation_id(call_id: str) -> str:
     return f"comp-{call_id}"
 
 
-def _has_compensation(env: Env, tool_name: str) -> bool:
-    tool = env.tools.get(tool_name)
+def _has_compensation(env: Env, task: Task) -> bool:
+    """Whether the version of the tool ``task`` ran on (or the newest, once that
+    version is gone) declares a compensation."""
+    tool = registered_for(env.tools, task)
     return tool is not None and tool.compensation is not None
 
 
@@ -330,7 +333,7 @@ def _compensate(
         raise Refused(
             "invalid_state", f"{call_id} is {task.phase}; only a completed call can be undone"
         )
-    if not _has_compensation(env, task.tool_name):
+    if not _has_compensation(env, task):
         raise Refused("invalid_state", f"the tool {task.tool_name!r} declares no compensation")
     assert task.executing is not None and task.result is not None
     comp_id = compensation_id(call_id)
@@ -361,7 +364,7 @@ def _automatic_compensations(
     """Compensations the tools declared safe to run unasked, under ``goal_rev``."""
     step = NOTHING
     for call_id in call_ids:
-        tool = env.tools.get(s.tasks[call_id].tool_name)
+        tool = registered_for(env.tools, s.tasks[call_id])
         if tool is not None and tool.compensate_automatically:
             auto_id = f"{request_id}/auto/{call_id}"
             step += _compensate(s, env, call_id, auto_id, automatic=True, goal_rev=goal_rev)

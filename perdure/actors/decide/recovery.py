@@ -23,7 +23,9 @@ from perdure.actors.decide.verbs import (
     _task_result_cancelled,
     _unknown,
     every_phase_has_a_row,
+    registered_for,
     tool_for,
+    version_words,
 )
 from perdure.actors.lifecycle import (
     IN_FLIGHT_PHASES,
@@ -107,7 +109,7 @@ def recover(s: SessionState, env: Env) -> Step:
         return compensating + Step((decision(run.run_id, found, action, "nothing was in flight"),))
 
     attempt = 1 if run.progressed else run.resume_attempt + 1
-    if attempt > env.resume_budget:
+    if attempt > env.limits.resume_budget:
         return compensating + _recover_exhausted(s, env, decision)
 
     records: list[Record] = []
@@ -118,7 +120,7 @@ def recover(s: SessionState, env: Env) -> Step:
             run.run_id,
             "run in progress",
             f"resume as {new_run_id}",
-            f"resume {attempt} of at most {env.resume_budget} in a row without progress"
+            f"resume {attempt} of at most {env.limits.resume_budget} in a row without progress"
             + ("; the interrupted run had made progress" if run.progressed else ""),
         )
     )
@@ -229,6 +231,7 @@ def _recover_retry(s: SessionState, env: Env, task: Task, r: _Recovering) -> Ste
     else:
         action = f"run attempt {nxt} now (its back-off is over)"
         why = f"the same arguments and idempotency key; attempt {task.attempt}: {task.last_error}"
+    why += version_words(env.tools, task)
     return Step((r.decide(task.call_id, found, action, why),))
 
 
@@ -246,15 +249,20 @@ def _recover_human(s: SessionState, env: Env, task: Task, r: _Recovering) -> Ste
 def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) -> Step:
     """The heart of recovery: a call that may or may not have taken effect.
 
+    The call finishes on the tool version it started on (recorded in its ``executing``
+    record) while that version is registered, whatever newer versions sit beside it.
     A blind re-run needs both the policy recorded with the call and the policy of the
     tool registered now to allow it, and the call to still be the same call: if the
-    tool's definition changed since dispatch (its fingerprint differs), it is re-run
-    only if the recorded arguments still fit the new definition, and the decision
-    says so. Anything else is asked of the tool's ``reconcile`` or reported unknown.
+    tool's definition changed since dispatch (its fingerprint differs: the version it
+    started on is gone, or a log older than versions meets a changed tool), it is
+    re-run only if the recorded arguments still fit the new definition, and the
+    decision says so. Anything else is asked of the tool's ``reconcile`` or reported
+    unknown. When versions are in play, the decision names the one it acts on.
     """
     assert task.executing is not None
     recorded = ReplayPolicy(task.executing.replay)
     tool = tool_for(env.tools, task)
+    versions = version_words(env.tools, task)
     if task.goal_rev < s.goal_rev and recorded.replayable:
         why = f"the request was revised (revision {s.goal_rev}) since it was dispatched"
         cancelled = ToolCancelled(
@@ -276,8 +284,11 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         )
     policy = f"recorded policy {recorded.value}, registered policy {tool.replay.value}"
     change, still_fits = _definition_change(task.executing, tool)
+    change = versions + change
+    # The version acted on, named in the action when several are (or were) in play.
+    on = f" on version {_version_of(env, task)}" if versions else ""
     if recorded.replayable and tool.replay.replayable and still_fits:
-        action = f"re-run with the same idempotency key (policy {tool.replay.value})"
+        action = f"re-run with the same idempotency key (policy {tool.replay.value}){on}"
         rerun = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=r.run_id)
         return Step((r.decide(task.call_id, "executing", action, policy + change),)) + rerun
     if recorded.replayable and tool.replay.replayable:
@@ -288,7 +299,7 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         # A workspace call is also diffed from its before-snapshot (by the shell).
         asked = "ask the tool's reconcile()" if tool.reconcile is not None else ""
         diffed = "diff the workspace from its before-snapshot" if tool.changes_workspace else ""
-        action = " and ".join(a for a in (asked, diffed) if a)
+        action = " and ".join(a for a in (asked, diffed) if a) + on
         return Step(
             (r.decide(task.call_id, "executing", action, why),),
             (Reconcile(task.executing, tool),),
@@ -311,6 +322,12 @@ def _recover_restore(s: SessionState, decision: Decide) -> Step:
         (decision(started.request_id, found, "restore the files again", why),),
         (RestoreWorkspace(started.request_id, started.tree),),
     )
+
+
+def _version_of(env: Env, task: Task) -> str:
+    """The version of the registered tool a recovered call goes on with."""
+    registered = registered_for(env.tools, task)
+    return registered.version if registered is not None else ""
 
 
 RECOVER: dict[TaskPhase, RecoverRow] = {
@@ -351,7 +368,7 @@ def _recover_exhausted(s: SessionState, env: Env, decision: Decide) -> Step:
     run = s.run
     reason = (
         f"the run was interrupted {run.resume_attempt + 1} times in a row without progress "
-        f"(resume budget {env.resume_budget}); giving up instead of looping"
+        f"(resume budget {env.limits.resume_budget}); giving up instead of looping"
     )
     records: list[Record] = [decision(run.run_id, "run in progress", "fail the run", reason)]
     records += _close_open_tasks(

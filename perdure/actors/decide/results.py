@@ -131,7 +131,7 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
     gen = _live_generation(s, msg.generation_id)
     if gen is None:
         return NOTHING
-    if msg.retryable and msg.attempt < env.max_model_attempts:
+    if msg.retryable and msg.attempt < env.limits.max_model_attempts:
         not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
         if msg.fallback:  # the back-off was for the provider that failed, not the next one
             not_before = env.now

@@ -74,7 +74,7 @@ def settle(
 
 def _forget(s: SessionState, env: Env, records: tuple[Record, ...], running: set[str]) -> Step:
     """``Forget`` for every executed call that ``records`` settle, once nothing runs it."""
-    if not env.forget_settled:
+    if not env.limits.forget_settled:
         return NOTHING
     effects: list[Effect] = []
     for record in records:

@@ -87,17 +87,48 @@ _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensu
 def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float) -> float:
     """A model retry's wait (``perdure.backoff``), never shorter than the server's
     retry-after, which is believed up to ten times the cap."""
-    policy = Backoff(initial=env.retry_base, cap=env.retry_cap)
-    told = None if retry_after is None else min(retry_after, env.retry_cap * 10)
+    policy = Backoff(initial=env.limits.retry_base, cap=env.limits.retry_cap)
+    told = None if retry_after is None else min(retry_after, env.limits.retry_cap * 10)
     return policy.delay(attempt, jitter, told)
 
 
+def registered_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
+    """The registered tool ``task``'s call runs on: the version it is pinned to (its
+    ``executing`` record's, or for a compensation the undone call's) while that version
+    is registered; else, for a new call, a log older than versions or a version no
+    longer registered, the newest. None if no tool of that name is registered."""
+    newest = tools.get(task.tool_name)
+    if newest is None or task.pinned_version is None:
+        return newest
+    return newest.at_version(task.pinned_version) or newest
+
+
 def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
-    """The tool that runs ``task``: its registered tool, or that tool's compensation."""
-    tool = tools.get(task.tool_name)
+    """The tool that runs ``task``: its registered tool (the version it is pinned to,
+    ``registered_for``), or that tool's compensation."""
+    tool = registered_for(tools, task)
     if task.compensates is not None:
         return tool.compensation if tool is not None else None
     return tool
+
+
+def version_words(tools: Mapping[str, Tool], task: Task) -> str:
+    """What recovery's decision says of the version a call runs on: nothing while a
+    tool has one version and the call started on it; which version it stays on when
+    several are registered; that its version is gone and the newest is used instead."""
+    newest = tools.get(task.tool_name)
+    pinned = task.pinned_version
+    if newest is None or pinned is None:
+        return ""
+    if newest.at_version(pinned) is not None:
+        if not newest.earlier:
+            return ""
+        registered = ", ".join(newest.versions)
+        return f"; it stays on version {pinned}, which it started on (registered: {registered})"
+    return (
+        f"; version {pinned}, which it started on, is no longer registered: version "
+        f"{newest.version}, the newest, takes it under the rule for a changed definition"
+    )
 
 
 def not_granted(s: SessionState, tool_name: str) -> bool:
@@ -127,10 +158,9 @@ def _next_generation(s: SessionState, env: Env, run_id: str, submission_id: str)
 
 def _continue_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
     turns = len(s.submissions[submission_id].generations)
-    if turns >= env.max_turns:
-        return _finish(
-            s, env, "failed", reason=f"the run reached its limit of {env.max_turns} model turns"
-        )
+    limit = env.limits.max_turns
+    if turns >= limit:
+        return _finish(s, env, "failed", reason=f"the run reached its limit of {limit} model turns")
     return _budget_stop(s, env) or _next_generation(s, env, run_id, submission_id)
 
 
@@ -141,10 +171,10 @@ def _budget_stop(s: SessionState, env: Env) -> Step:
     a restart counts what was spent before it. The session's own budget, if it was
     given one, replaces the runtime's default.
     """
-    budget = s.budget if s.budget is not None else env.budget
+    budget = s.budget if s.budget is not None else env.limits.budget
     if budget is None or s.run is None:
         return NOTHING
-    why = over_budget(budget, s.run.spend, s.spend, env.prices)
+    why = over_budget(budget, s.run.spend, s.spend, env.limits.prices)
     return NOTHING if why is None else _finish(s, env, "stopped", reason=why)
 
 
@@ -214,9 +244,19 @@ def _execute(
         at=env.now,
         policy_reason=tool.policy_reason,
         secret=sorted(tool.secret_params & args.keys()),
+        tool_version=_version_run(env, task, tool),
     )
     beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
     return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
+
+
+def _version_run(env: Env, task: Task, tool: Tool) -> str:
+    """The version an attempt of ``task`` on ``tool`` runs on: the tool's own, or for a
+    compensation the version of the tool whose compensation it is."""
+    if task.compensates is None:
+        return tool.version
+    registered = registered_for(env.tools, task)
+    return registered.version if registered is not None else tool.version
 
 
 def _retry_blocker(env: Env, task: Task) -> str:
@@ -279,7 +319,7 @@ def _call_off(
             continue
         if task.phase == "executing":
             executing = True
-            tool = env.tools.get(task.tool_name)
+            tool = registered_for(env.tools, task)
             stoppable = tool is not None and tool.cancellable
             if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
                 effects.append(CancelTool(task.call_id))

@@ -26,9 +26,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+import attrs
 import trio
 
 from perdure import retention
+from perdure.actors.context import ActorContext
 from perdure.actors.decide import sessions
 from perdure.actors.decide.sessions import NewSession
 from perdure.actors.protocol import Forked, Submit
@@ -38,9 +40,11 @@ from perdure.actors.session import (
     Query,
     Reply,
     SessionActor,
+    WaitIdle,
     allowed_tools,
 )
 from perdure.actors.state import SessionState
+from perdure.actors.supervisor.agents import SubAgents
 from perdure.actors.supervisor.base import OUTAGE_BACKOFF, RESTART_BACKOFF, _refuse_queued
 from perdure.actors.supervisor.memory import dormant_state
 from perdure.actors.supervisor.ownership import Ownership, _Lost
@@ -64,6 +68,7 @@ from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import (
     Budget,
     Committed,
+    RunFinished,
     SessionParked,
 )
 
@@ -107,6 +112,12 @@ class _Unreachable:
 
 
 class Supervisor(Ownership):
+    def __init__(self, ctx: ActorContext, caller_trace: Callable[[], str] | None = None) -> None:
+        # The actors run sub-agents through this supervisor's job, which owns the
+        # sessions (the context the runtime built is not changed).
+        self.agents = SubAgents(self, caller_trace)
+        super().__init__(attrs.evolve(ctx, agents=self.agents.run))
+
     """Owns the session actors of this process (the jobs: ``base``'s docstring)."""
 
     async def mailbox(self, session_id: str, records: list[Committed] | None = None) -> Mailbox:
@@ -237,7 +248,8 @@ class Supervisor(Ownership):
                     continue
                 outages = 0
                 now = self.ctx.clock()
-                failures = [t for t in failures if now - t < self.ctx.restart_window] + [now]
+                window = self.ctx.settings.restart_window
+                failures = [t for t in failures if now - t < window] + [now]
                 summary = _summary(exc)
                 # A damaged record is one clear line (the error names its seq), and a
                 # crash that repeats is told once with its traceback, then in one line.
@@ -255,12 +267,12 @@ class Supervisor(Ownership):
                     "session %s actor crashed (%d in %.0fs): %s%s",
                     session_id,
                     len(failures),
-                    self.ctx.restart_window,
+                    self.ctx.settings.restart_window,
                     summary,
                     detail,
                 )
                 actor.fail_pending(SessionRestarting(session_id, summary))
-                if len(failures) > self.ctx.max_restarts:
+                if len(failures) > self.ctx.settings.max_restarts:
                     reason = f"its actor crashed {len(failures)} times; last error: {summary}"
                     await self._park(session_id, reason)
                     if not actor.started:
@@ -416,6 +428,15 @@ class Supervisor(Ownership):
                 f"session {session_id} is no longer run by this node: {reason}"
             ) from None
         return await message.reply.wait()
+
+    async def wait_idle(self, session_id: str) -> RunFinished | None:
+        """Wait until no run is in progress and no input is queued; the last outcome."""
+        asleep = self.dormant.get(session_id)
+        if asleep is not None:  # hibernated, so idle: no actor is woken to say so
+            outcome = (await dormant_state(asleep)).last_outcome
+            await trio.lowlevel.checkpoint()
+            return outcome
+        return await self.ask(session_id, WaitIdle)
 
     async def peek(self, session_id: str, fn: Callable[[SessionState], T]) -> tuple[bool, T | None]:
         """``(True, fn(state))`` on the state in memory, if the session has one: the live

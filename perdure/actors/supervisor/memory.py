@@ -106,7 +106,7 @@ class Memory(SupervisorBase):
             return  # a new actor is starting (or running) and holds the lease
         if actor.hibernated:
             self.hibernations += 1
-            timeout, hibernate = self.ctx.idle_timeout, self.ctx.hibernate_after
+            timeout, hibernate = self.ctx.settings.idle_timeout, self.ctx.settings.hibernate_after
             rest = float("inf") if timeout is None else timeout - (hibernate or 0.0)
             self.dormant[session_id] = _Dormant(actor.state, trio.current_time() + rest)
             return  # the lease stays with the state (a single-owner log grants all)
@@ -124,8 +124,8 @@ class Memory(SupervisorBase):
 
     async def _evict_dormant(self) -> None:
         """Evict hibernated sessions once they have been idle for ``idle_timeout``."""
-        assert self.ctx.idle_timeout is not None
-        period = min(max(self.ctx.idle_timeout / 8, 0.01), 5.0)
+        assert self.ctx.settings.idle_timeout is not None
+        period = min(max(self.ctx.settings.idle_timeout / 8, 0.01), 5.0)
         while True:
             await trio.sleep(period)
             now = trio.current_time()

@@ -17,7 +17,7 @@ heartbeat says so, or a commit is fenced) has its actor stopped at once, its
 callers refused, and nothing else is touched. Losing ownership of the whole log
 (``LogFenced``) stops the runtime at once.
 
-Rebalancing (multi-node, ``ctx.rebalance``): each period the second task also takes
+Rebalancing (multi-node, ``ctx.settings.rebalance``): each period the second task also takes
 the sessions peers handed to it (``accept``), surveys the cluster, and sheds what
 ``perdure.actors.balance.plan`` gives it. A session to shed is asked to hand over
 (``HandOver``): its actor finishes the current step, starts nothing new, and stops
@@ -88,9 +88,9 @@ class Ownership(Memory):
                 await trio.lowlevel.checkpoint()
             self.recovered = claimed
             task_status.started()
-            if self.ctx.hibernate_after is not None:
-                nursery.start_soon(self._freeze_dormant, self.ctx.hibernate_after)
-                if self.ctx.idle_timeout is not None:
+            if self.ctx.settings.hibernate_after is not None:
+                nursery.start_soon(self._freeze_dormant, self.ctx.settings.hibernate_after)
+                if self.ctx.settings.idle_timeout is not None:
                     nursery.start_soon(self._evict_dormant)
             if self.journal.log.multi_node:
                 nursery.start_soon(self._keep_leases)
@@ -198,7 +198,7 @@ class Ownership(Memory):
             if self._draining:
                 continue  # shutting down: keep what we hold, take nothing new
             try:
-                received = await self.journal.accept() if self.ctx.rebalance else []
+                received = await self.journal.accept() if self.ctx.settings.rebalance else []
                 claimed = await self.journal.claim()
             except LogError as exc:
                 log.warning("claiming sessions failed (%s); retrying", exc)
@@ -214,7 +214,7 @@ class Ownership(Memory):
                 log.info("took over sessions %s", claimed)
                 self.taken_over += claimed
                 self._nursery_start(self._boot, claimed)
-            if self.ctx.rebalance:
+            if self.ctx.settings.rebalance:
                 await self._rebalance()
 
     async def _rebalance(self) -> None:
