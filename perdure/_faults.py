@@ -9,6 +9,9 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
                  called
 ``workspace.after``  a workspace call's tool returned and its after-snapshot is durable;
                  its result is not yet committed
+``workspace.restore``  a rewind is durable (``WorkspaceRestoreStarted``); no file is
+                 touched yet
+``workspace.restored``  a rewind put the files back; that is not yet recorded
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
 
@@ -31,7 +34,16 @@ import sys
 from typing import Final
 
 POINTS: Final = frozenset(
-    {"commit", "tool.before", "tool.after", "model.after", "workspace.before", "workspace.after"}
+    {
+        "commit",
+        "tool.before",
+        "tool.after",
+        "model.after",
+        "workspace.before",
+        "workspace.after",
+        "workspace.restore",
+        "workspace.restored",
+    }
 )
 
 

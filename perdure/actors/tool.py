@@ -518,6 +518,8 @@ async def run_restore(
     else:
         history = WorkspaceHistory(ctx.workspace)
         keep = ref_name(session_id, f"rewind/{effect.request_id}/before")
+        if _faults.ACTIVE:
+            _faults.hit("workspace.restore")
         try:
             async with ctx.workspace_calls:
                 before = await _threads.run_sync(history.restore, effect.tree, keep)
@@ -525,4 +527,6 @@ async def run_restore(
             finished = attrs.evolve(finished, error=str(exc))
         else:
             finished = attrs.evolve(finished, before=before.tree)
+            if _faults.ACTIVE:
+                _faults.hit("workspace.restored")
     await report_last(outbox, finished)

@@ -313,11 +313,16 @@ class WorkspaceHistory:
         """
         with self._locked():
             self.verify(tree, locked=True)
-            current = self._snapshot(keep_current_as)
+            # A restore repeated after a crash keeps what the first attempt saw as "before".
+            kept = None
+            if keep_current_as is not None:
+                out = self._git("rev-parse", "--verify", "--quiet", keep_current_as, check=False)
+                kept = out.decode().strip() or None
+            current = self._snapshot(None if kept else keep_current_as)
             # --reset: the index is the workspace (just snapshotted), so git removes
             # what the target lacks and writes what differs; -u updates the files.
             self._git("read-tree", "--reset", "-u", tree)
-            return current
+            return Snapshot(kept, current.skipped) if kept else current
 
     def verify(self, tree: str, *, locked: bool = False) -> None:
         """Raise ``HistoryError`` unless ``tree`` and every object below it are whole."""
