@@ -119,6 +119,8 @@ def test_a_call_in_flight_on_v1_finishes_on_v1_and_on_the_newest_once_v1_is_gone
     assert "charge version 1: none; it can be removed" in after.stdout, after.stdout
 
     # Restart with version 2 alone: today's rule for a changed definition, said so.
+    gone = perdure_tools(v2_only["log"], "V2").stdout
+    assert f"charge version 1: s1/{call} (executing) (not registered here: recovery" in gone
     alone = run_child(v2_only)
     assert alone.outcome("s1")["status"] == "completed"
     assert_sound(v2_only)
