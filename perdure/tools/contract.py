@@ -186,8 +186,10 @@ class OutcomeUnknown(Exception):
 
     For example the connection to the service broke after the request was sent and
     before its answer came back. The runtime records ``ToolOutcomeUnknown`` with
-    ``reason`` and tells the model, whatever the tool's replay policy: it is never
-    reported as a plain error, which would tell the model that nothing happened.
+    ``reason`` and tells the model, whatever the tool's replay policy (a tool declared
+    ``unknown_outcome="ask_person"`` waits for a person to say what happened instead):
+    it is never reported as a plain error, which would tell the model that nothing
+    happened.
     """
 
     def __init__(self, reason: str) -> None:
