@@ -41,11 +41,12 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn, cast
 
 import click
 from attrs import frozen
 
+Resolution = Literal["retry", "skip", "fail"]
 Kind = Literal["cancel", "approve", "deny", "resolve", "pause", "resume", "revise"]
 
 EXIT_REFUSED: Final = 1  # also: nobody to deliver it to (as a log owned by a live process)
@@ -66,7 +67,7 @@ class Order:
     session_id: str
     call_id: str = ""
     text: str = ""  # revise: the new request; approve and deny: the note
-    action: Literal["retry", "skip", "fail"] = "retry"  # resolve
+    action: Resolution = "retry"  # resolve
     result: Any = None  # resolve: what skip records, or what fail tells the model
     request_id: str | None = None
 
@@ -456,20 +457,30 @@ approve = _decision("approve", "Approve tool call CALL of SESSION, which awaits 
 deny = _decision("deny", "Deny tool call CALL of SESSION (the model is told it was denied).")
 
 
+_RESOLUTIONS: tuple[Resolution, ...] = ("retry", "skip", "fail")
+# A call whose outcome is unknown: what the person says happened, as the action it means.
+OUTCOME_ANSWERS: dict[str, Resolution] = {
+    "applied": "skip",
+    "not-applied": "retry",
+    "failed": "fail",
+}
+
+
 @click.command(epilog=_EPILOG)
 @click.argument("session")
 @click.argument("call")
-@click.argument("action", type=click.Choice(["retry", "skip", "fail"]))
+@click.argument("action", type=click.Choice([*_RESOLUTIONS, *OUTCOME_ANSWERS]))
 @click.option(
     "--result",
     default=None,
-    help="skip: the result to record; fail: what the model is told (JSON, else text).",
+    help="skip/applied: the result to record; fail/failed: what the model is told "
+    "(JSON, else text).",
 )
 @_common
 def resolve(
     session: str,
     call: str,
-    action: Literal["retry", "skip", "fail"],
+    action: str,
     result: str | None,
     log_dir: str,
     url: str | None,
@@ -477,7 +488,12 @@ def resolve(
     request_id: str | None,
 ) -> None:
     """Answer tool call CALL of SESSION, which waits for a person: run it again
-    (retry, with the same idempotency key), record a result (skip), or fail it."""
+    (retry, with the same idempotency key), record a result (skip), or fail it.
+
+    For a call whose outcome is unknown, say what happened in the same words or in
+    these: applied (= skip, with --result), not-applied (= retry: run it once more,
+    same key) or failed (= fail)."""
+    action = OUTCOME_ANSWERS.get(action, action)
     if action == "retry" and result is not None:
         _fail("--result goes with skip or fail; a retry runs the call again", EXIT_USAGE)
     value: Any = result
@@ -490,7 +506,7 @@ def resolve(
         kind="resolve",
         session_id=session,
         call_id=call,
-        action=action,
+        action=cast(Resolution, action),
         result=value,
         request_id=request_id,
     )

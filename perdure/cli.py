@@ -938,7 +938,9 @@ class Live:
         if isinstance(rec, r.ToolAwaitingApproval):
             await self._approve(rec.call_id, rec.reason)
         elif isinstance(rec, r.ToolAwaitingHuman):
-            await _resolve_at_the_terminal(self.rt, self.session_id, rec.call_id)
+            await _resolve_at_the_terminal(
+                self.rt, self.session_id, rec.call_id, unknown_outcome=rec.unknown_outcome
+            )
         elif isinstance(rec, r.RunFinished) and rec.status != "interrupted":
             return rec.status
         return None
@@ -971,15 +973,34 @@ def event_committed(event: Any) -> Any:
     return Committed(seq=event.seq, record=event.record)
 
 
-async def _resolve_at_the_terminal(rt: Any, sid: str, call_id: str) -> None:
-    """Ask at the terminal what to do with a call that needs a person; without one, fail it
-    (the model is told). A call already resolved (e.g. by an earlier run) is left alone."""
+async def _resolve_at_the_terminal(
+    rt: Any, sid: str, call_id: str, *, unknown_outcome: bool = False
+) -> None:
+    """Ask at the terminal what to do with a call that needs a person (for one whose
+    outcome is unknown: whether it was applied); without a terminal, fail it (the model
+    is told). A call already resolved (e.g. by an earlier run) is left alone."""
     import trio
 
+    from perdure._cli_control import OUTCOME_ANSWERS
     from perdure.errors import Refused
 
-    action, result = "fail", None
-    if sys.stdin.isatty():
+    action: str = "fail"
+    result: Any = None
+    if sys.stdin.isatty() and unknown_outcome:
+        answers = click.Choice(list(OUTCOME_ANSWERS))
+        said = await trio.to_thread.run_sync(
+            lambda: click.prompt(
+                f"did {call_id} take effect? applied, not-applied (run it once more) or failed",
+                type=answers,
+                default="failed",
+            )
+        )
+        action = OUTCOME_ANSWERS[said]
+        if action == "skip":
+            result = await trio.to_thread.run_sync(
+                lambda: click.prompt("its result, for the model", default="")
+            )
+    elif sys.stdin.isatty():
         choices = click.Choice(["retry", "skip", "fail"])
         action = await trio.to_thread.run_sync(
             lambda: click.prompt("retry, skip or fail it?", type=choices, default="fail")
@@ -1106,18 +1127,39 @@ def _where(log_dir: str) -> str:
     metavar="SECONDS",
     help="With --stuck: how long without a committed record makes a session stuck.",
 )
-def sessions(log_dir: str, stuck: bool, stuck_after: float) -> None:
-    """List the sessions of a log (read-only)."""
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="A page of at most N sessions, in session-id order (a big log: page through it).",
+)
+@click.option(
+    "--after",
+    default=None,
+    metavar="SESSION",
+    help="The page after this session id (the last id of the page before).",
+)
+def sessions(
+    log_dir: str, stuck: bool, stuck_after: float, limit: int | None, after: str | None
+) -> None:
+    """List the sessions of a log (read-only): every one in order of creation, or with
+    --limit/--after a page in session-id order."""
     log = _open_readonly(log_dir)
+    paged = limit is not None or after is not None
     try:
-        infos = sorted(log.sessions(), key=lambda i: i.first_seq)
-        if stuck:
+        if stuck:  # only the sessions with unfinished work are read
+            infos = log.sessions(active=True, after=after or "", limit=limit)
             _stuck_sessions(log, infos, stuck_after, log_dir)
             return
+        if paged:
+            infos = log.sessions(after=after or "", limit=limit)
+        else:
+            infos = sorted(log.sessions(), key=lambda i: i.first_seq)
     finally:
         log.close()
     if not infos:
-        echo(f"no sessions in {_where(log_dir)}")
+        echo(f"no sessions {'in this page of' if paged else 'in'} {_where(log_dir)}")
         return
     width = max(7, *(len(i.session_id) for i in infos))
     echo(f"{'SESSION':<{width}}  {'RECORDS':>7}  {'FIRST':>7}  {'LAST':>7}  REV  OPEN", "title")

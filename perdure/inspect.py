@@ -125,6 +125,7 @@ def _task(task: Task) -> dict[str, Any]:
         "stale": task.stale,
         "input": masked(task.input, task.secret),
         "replay": ex.replay if ex else None,
+        "version": task.pinned_version,  # the tool version it runs on (None: not started)
         "attempt": task.attempt,
         "idempotency_key": ex.idempotency_key if ex else None,
         "result": _result(task),

@@ -173,10 +173,15 @@ class Timeline:
                 f"({_short(r.error, 80)}); retry in {wait:.1f}s with the same key",
             )
         elif isinstance(r, ToolAwaitingHuman):
+            answers = (
+                "applied, not-applied or failed"
+                if r.unknown_outcome
+                else "answer with retry, skip or fail"
+            )
             add(
                 "warning",
                 f"{tools.get(r.call_id, '?')} [{r.call_id}] NEEDS A PERSON: {_short(r.reason)} "
-                f"(answer with retry, skip or fail)",
+                f"({answers})",
             )
         elif isinstance(r, ResolutionDecided):
             said = {"retry": "run it again", "skip": "skip it", "fail": "fail it"}[r.action]

@@ -17,6 +17,7 @@ from perdure.actors.state import (
     Note,
     Revision,
     SessionState,
+    Task,
     UserTurn,
 )
 from perdure.providers.base import (
@@ -70,7 +71,12 @@ def _settled(s: SessionState, item: ConversationItem) -> bool:
         assert reply is not None
         return all(s.tasks[c.call_id].result is not None for c in reply.tool_calls)
     if isinstance(item, Revision):
-        return all(s.tasks[call_id].terminal for call_id in item.call_ids)
+        listed = [s.tasks[c] for c in (*item.call_ids, *item.earlier)]
+        reruns = [s.tasks[t.reruns[item.goal_rev]] for t in listed if item.goal_rev in t.reruns]
+        # Re-runs may still be added until a turn of this revision has started.
+        gen = s.current_generation()
+        rerunning = gen is not None and gen.goal_rev < item.goal_rev
+        return not rerunning and all(t.terminal for t in (*listed, *reruns))
     return True
 
 
@@ -154,8 +160,32 @@ def revision_text(s: SessionState, rev: Revision) -> str:
         lines.append("Actions that were unfinished when the request changed:")
         for call_id in rev.call_ids:
             task = s.tasks[call_id]
-            lines.append(f"- {task.tool_name} ({call_id}): {_fate(task.phase, task.stale)}")
+            fate = _fate(task.phase, task.stale) + _rerun_words(s, task, rev.goal_rev)
+            lines.append(f"- {task.tool_name} ({call_id}): {fate}")
+    if rev.earlier:
+        lines.append(
+            "Results already given above, and the revision of the request each one "
+            "answered (one of an earlier revision may not fit the request as it reads now):"
+        )
+        for call_id in rev.earlier:
+            task = s.tasks[call_id]
+            rerun = _rerun_words(s, task, rev.goal_rev)
+            lines.append(f"- {task.tool_name} ({call_id}): revision {task.result_rev}{rerun}")
     return "\n".join(lines) + "]"
+
+
+def _rerun_words(s: SessionState, task: Task, goal_rev: int) -> str:
+    """What became of ``task``'s re-run under ``goal_rev``, if its tool asked for one."""
+    rerun = s.tasks.get(task.reruns.get(goal_rev, ""))
+    if rerun is None:
+        return ""
+    said = f"; its result depends on the request, so it was run again under revision {goal_rev}"
+    result = rerun.result
+    if result is None:
+        return said + " (still running)"
+    if isinstance(result, ToolCompleted) and not result.is_error:
+        return f"{said}, and the new result ({rerun.call_id}) is: {result.output}"
+    return f"{said}, and that failed ({rerun.call_id}): {result.output}"
 
 
 def _fate(phase: str, stale: bool) -> str:

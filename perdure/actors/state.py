@@ -101,6 +101,10 @@ class Task:
     last_error: str = ""
     not_before: float | None = None
     retry_by_human: bool = False  # the pending retry was a person's choice
+    # awaiting_human because its outcome is unknown (not because it raised NeedsHuman)
+    unknown_outcome: bool = False
+    rerun_of: str | None = None  # a goal-dependent call run again under a newer revision
+    reruns: dict[int, str] = field(factory=dict)  # revision -> the call run again under it
     last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
     children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
     # The tool version the call is pinned to: its executing record's, or for a
@@ -115,6 +119,12 @@ class Task:
     @property
     def attempt(self) -> int:
         return self.executing.attempt if self.executing else 0
+
+    @property
+    def result_rev(self) -> int:
+        """The goal revision the call's result answers (its call's, in older logs)."""
+        recorded = getattr(self.result, "goal_rev", None)
+        return recorded if isinstance(recorded, int) else self.goal_rev
 
 
 @define
@@ -199,11 +209,13 @@ class Note:
 
 @define
 class Revision:
-    """The user revised the request; ``call_ids`` were unfinished at that moment."""
+    """The user revised the request; ``call_ids`` were unfinished at that moment, and
+    ``earlier`` had their results already (under the revision each call names)."""
 
     goal_rev: int
     text: str
     call_ids: list[str]
+    earlier: list[str] = field(factory=list)
 
 
 ConversationItem = UserTurn | AssistantTurn | Note | Revision
@@ -570,7 +582,14 @@ class SessionState:
             lineage=gen.submission_id if gen is not None else "compensation",
             compensates=r.compensates,
             secret=r.secret,
+            rerun_of=r.rerun_of,
         )
+        if r.rerun_of is not None:
+            # Run again beside the calls of its turn, so that the turn (and the
+            # revision) waits for it and recovery finds it among the open calls.
+            self.tasks[r.rerun_of].reruns[r.goal_rev] = r.call_id
+            if gen is not None:
+                gen.call_ids = (*gen.call_ids, r.call_id)
         if r.compensates is not None and r.compensates in self.tasks:
             self.tasks[r.call_id].pinned_version = self.tasks[r.compensates].pinned_version
 
@@ -613,6 +632,7 @@ class SessionState:
     def _tool_awaiting_human(self, r: ToolAwaitingHuman) -> None:
         task = self._move_task(r.call_id, "ToolAwaitingHuman")
         task.last_error = r.reason
+        task.unknown_outcome = r.unknown_outcome
 
     def _resolution_decided(self, r: ResolutionDecided) -> None:
         task = self._move_task(r.call_id, f"ResolutionDecided({r.action})")
@@ -637,9 +657,10 @@ class SessionState:
 
     def _goal_revised(self, r: GoalRevised) -> None:
         open_calls = [t.call_id for t in self.open_tasks()]
+        earlier = self._results_of_the_request()
         self.goal_rev = r.goal_rev
         self.revisions.append(r)
-        self.conversation.append(Revision(r.goal_rev, r.text, open_calls))
+        self.conversation.append(Revision(r.goal_rev, r.text, open_calls, earlier))
         if r.budget is not None:
             self.budget = r.budget
         body = with_budget_hash(r.text, r.budget)
@@ -648,6 +669,18 @@ class SessionState:
             self.requests[r.request_id] = RequestSeen(Submit.kind, body, ref, disposition="steered")
         else:
             self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
+
+    def _results_of_the_request(self) -> list[str]:
+        """The calls of the running request that have their result, in call order."""
+        if self.run is None:
+            return []
+        sub = self.submissions[self.run.submission_id]
+        return [
+            c
+            for g in sub.generations
+            for c in self.generations[g].call_ids
+            if self.tasks[c].result is not None
+        ]
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True

@@ -291,6 +291,9 @@ class ToolTaskCreated:
     goal_rev: int
     compensates: str | None = None  # the call id this task undoes (a compensation)
     secret: list[str] = field(factory=list)  # the input's secret parameters (redacted)
+    # A goal-dependent call run again under a newer revision (``goal_rev``): the call
+    # whose earlier result it replaces for the model. None for a call of the model.
+    rerun_of: str | None = None
     at: float
 
 
@@ -387,12 +390,21 @@ class ToolRetryPending:
 
 @frozen(kw_only=True)
 class ToolAwaitingHuman:
-    """An attempt ended with ``NeedsHuman``: the call waits for ``rt.resolve``."""
+    """The call waits for ``rt.resolve``: an attempt ended with ``NeedsHuman``, or (with
+    ``unknown_outcome``) its outcome is unknown and its tool asks a person to say it.
+
+    For an unknown outcome the person's three answers are the usual actions: the call
+    was *applied* (``skip``, with the result they state), *not applied* (``retry``: run
+    once more with the same key), or *failed* (``fail``).
+    """
 
     session_id: str
     call_id: str
-    attempt: int  # the attempt that asked
+    attempt: int  # the attempt that asked (or whose outcome is unknown)
     reason: str
+    # Interrupted, timed out, or a reconcile that could not tell, under a tool declared
+    # ``unknown_outcome="ask_person"``. False in logs written before it existed.
+    unknown_outcome: bool = False
     at: float
 
 
@@ -422,6 +434,9 @@ class ToolCompleted:
     attempt: int = 1
     duration: float = 0.0
     terminate: bool = False  # the tool ended the run with this result
+    # The goal revision the result answers (its call's). None in logs written before it
+    # was recorded: the call's ToolTaskCreated says the same.
+    goal_rev: int | None = None
     at: float
 
 

@@ -57,6 +57,9 @@ class ReplayPolicy(enum.Enum):
 HostRunner = Callable[[Callable[[], Coroutine[Any, Any, Any]]], Awaitable[Any]]
 
 Loop = Literal["trio", "asyncio"]
+# Who hears of an outcome perdure cannot know: the model (the default), or a person.
+UnknownOutcome = Literal["tell_model", "ask_person"]
+UNKNOWN_OUTCOME_CHOICES: tuple[UnknownOutcome, ...] = ("tell_model", "ask_person")
 
 
 class NeedsAsyncio(RuntimeError):
@@ -183,8 +186,10 @@ class OutcomeUnknown(Exception):
 
     For example the connection to the service broke after the request was sent and
     before its answer came back. The runtime records ``ToolOutcomeUnknown`` with
-    ``reason`` and tells the model, whatever the tool's replay policy: it is never
-    reported as a plain error, which would tell the model that nothing happened.
+    ``reason`` and tells the model, whatever the tool's replay policy (a tool declared
+    ``unknown_outcome="ask_person"`` waits for a person to say what happened instead):
+    it is never reported as a plain error, which would tell the model that nothing
+    happened.
     """
 
     def __init__(self, reason: str) -> None:
@@ -329,6 +334,11 @@ class Tool:
     retry: RetryPolicy | None = None  # transient failures retried (SAFE and KEYED only)
     heartbeat_timeout: float | None = None  # silent this long: hung, cancelled
     needs_human_on: tuple[type[Exception], ...] = ()  # exceptions that wait for a person
+    # An unknown outcome (interrupted, timed out, a reconcile that cannot tell): told to
+    # the model ("tell_model"), or the call waits for a person to say what happened.
+    unknown_outcome: UnknownOutcome = "tell_model"
+    # A SAFE read whose result depends on the request: run again under a revision.
+    depends_on_goal: bool = False
     version: str = "1"
     # The other versions of this tool registered beside it (oldest first), when this one
     # is the newest: calls that started on one of them finish on it (``at_version``).
@@ -358,6 +368,7 @@ class Tool:
         _check_failure_options(
             self.name, self.replay, self.retry, self.heartbeat_timeout, self.needs_human_on
         )
+        _check_outcome_options(self.name, self.replay, self.unknown_outcome, self.depends_on_goal)
 
     def at_version(self, version: str) -> Tool | None:
         """This tool as registered in ``version`` (itself or one of ``earlier``), or None
@@ -497,6 +508,8 @@ def _build(
     needs_human_on: tuple[type[Exception], ...],
     version: str | int,
     runs_on: Loop | None = None,
+    unknown_outcome: UnknownOutcome = "tell_model",
+    depends_on_goal: bool = False,
 ) -> Tool:
     if not callable(fn) or isinstance(fn, Tool):
         raise TypeError(f"@tool needs a function, not {fn!r}")
@@ -516,6 +529,7 @@ def _build(
     # Checked before the timeout is made a float below (float("5") or float(True) would
     # let a wrong value through); the Tool checks again, for attrs.evolve.
     _check_failure_options(tool_name, replay, retry, heartbeat_timeout, needs_human_on)
+    _check_outcome_options(tool_name, replay, unknown_outcome, depends_on_goal)
     summary, parameters = describe(tool_name, fn, skip_first=takes_context)
     schema = parameters.schema
     hints = typing.get_type_hints(fn, include_extras=True)
@@ -547,6 +561,8 @@ def _build(
         retry=retry,
         heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout),
         needs_human_on=needs_human_on,
+        unknown_outcome=unknown_outcome,
+        depends_on_goal=depends_on_goal,
         version=version,
         takes_context=takes_context,
         param_types=param_types,
@@ -658,6 +674,25 @@ def _check_failure_options(
     _exception_types(f"tool {name}: needs_human_on")(None, None, needs_human_on)
 
 
+def _check_outcome_options(
+    name: str, replay: ReplayPolicy, unknown_outcome: str, depends_on_goal: bool
+) -> None:
+    """Refuse, at definition time, an unknown-outcome choice or goal dependency that
+    could not be honoured."""
+    if unknown_outcome not in UNKNOWN_OUTCOME_CHOICES:
+        raise ValueError(
+            f"tool {name}: unknown_outcome must be one of "
+            f"{', '.join(UNKNOWN_OUTCOME_CHOICES)}, not {unknown_outcome!r}"
+        )
+    if not isinstance(depends_on_goal, bool):
+        raise TypeError(f"tool {name}: depends_on_goal must be True or False")
+    if depends_on_goal and replay is not ReplayPolicy.SAFE:
+        raise ValueError(
+            f"tool {name}: depends_on_goal=True needs replay=SAFE: the call is run again "
+            "under a revised request, which only a call without side effects may be"
+        )
+
+
 def _compensation_tool(
     name: str, compensate: Tool | Callable[..., Awaitable[Any]] | None, timeout: float | None
 ) -> Tool | None:
@@ -714,6 +749,8 @@ def tool(
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str | int = "1",
     runs_on: Loop | None = None,
+    unknown_outcome: UnknownOutcome = "tell_model",
+    depends_on_goal: bool = False,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -737,6 +774,8 @@ def tool(
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str | int = "1",
     runs_on: Loop | None = None,
+    unknown_outcome: UnknownOutcome = "tell_model",
+    depends_on_goal: bool = False,
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function as a tool.
 
@@ -758,6 +797,14 @@ def tool(
     ``ctx.heartbeat`` for that long, then treats it as a timeout (retried by the
     policy, or an unknown outcome for a NEVER tool); ``needs_human_on`` lists
     exceptions that, like ``perdure.NeedsHuman``, make the call wait for a person.
+    ``unknown_outcome="ask_person"`` sends an outcome perdure cannot know (a NEVER
+    call interrupted or timed out, a reconcile answering unknown) to a person instead
+    of the model: the call waits for ``rt.resolve`` (applied: ``skip`` with the
+    result; not applied: ``retry``, same key; failed: ``fail``).
+
+    ``depends_on_goal=True`` (SAFE tools only) says the result depends on the request:
+    when the request is revised, a completed call is run once more under the new
+    revision before the model continues, and the model reads both results.
 
     A plain ``def`` runs in a worker thread. An ``async def`` runs on the runtime's
     trio loop, except under ``perdure.embed``, where a tool written for asyncio is
@@ -785,6 +832,8 @@ def tool(
             needs_human_on=needs_human_on,
             version=version,
             runs_on=runs_on,
+            unknown_outcome=unknown_outcome,
+            depends_on_goal=depends_on_goal,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -22,6 +22,7 @@ import pytest
 import perdure
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import Reconcile, RunTool, Step
+from perdure.inspect import summarize
 from perdure.storage import codec
 from perdure.storage.records import (
     RecoveryDecision,
@@ -186,6 +187,16 @@ def test_a_never_call_on_v1_asks_v1s_reconcile() -> None:
     assert "no blind re-run; it stays on version 1" in decision.reason
 
 
+def test_a_reconcile_that_finds_it_not_applied_runs_it_once_more_on_v1() -> None:
+    s = charging(NEVER_V1)
+    s.tools = tools(NEVER_V1, NEVER_V2)
+    s.restart()
+    step = s.result(protocol.ReconcileFinished(call_id="c1", status="not_applied"))
+    rerun = run_of(step, "c1")
+    assert rerun.tool is NEVER_V1 and rerun.executing.tool_version == "1"
+    assert rerun.executing.args == {"cents": 5}
+
+
 def test_a_retry_pending_on_v1_runs_its_next_attempt_on_v1() -> None:
     retrying = perdure.tool(name="charge", replay=KEYED, retry=perdure.RetryPolicy(initial=1.0))(
         _charge_v1
@@ -308,3 +319,14 @@ def test_decide_exports_the_registered_version_of_a_call() -> None:
     registered = tools(V1, V2)
     assert decide.registered_for(registered, s.state.tasks["c1"]) is V1
     assert decide.tool_for(registered, s.state.tasks["c1"]) is V1
+
+
+def test_a_sessions_summary_names_the_version_each_call_runs_on() -> None:
+    s = charging(V1)
+    s.tools = tools(V1, V2)
+    s.restart()
+    s.finish_tool("c1", "v1 charged 5")
+    s.reply("again", ("c2", "charge", {"cents": 7}))
+    versions = {t["call_id"]: t["version"] for t in summarize(s.state)["tasks"]}
+    assert versions == {"c1": "1", "c2": "2"}
+    assert [t.call_id for t in s.state.pinned_calls()] == ["c2"], "c1 is finished"

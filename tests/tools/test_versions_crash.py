@@ -12,7 +12,8 @@ tool runs. The log is copied, and restarted twice:
   version 1 is no longer registered.
 
 ``perdure tools --log`` is run on the real log in between and after: it lists the
-call pinned to version 1, and then that version 1 can be removed.
+call pinned to version 1, and then that version 1 can be removed. In process: the
+model is offered one ``charge``, the newest.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import trio
+
+import perdure
+from perdure.providers.base import Emit, ModelReply, ModelRequest
+from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import RecoveryDecision, ToolExecuting
 from tests.support.checker import assert_sound, read_log
 from tests.support.ledger_tools import read_ledger
 from tests.support.procs import ROOT, run_child
+from tests.tools.versioned_tools import BOTH
 
 SCRIPT = [
     {"text": "charging", "tool_uses": [{"name": "charge", "input": {"cents": 5}}]},
@@ -112,6 +119,8 @@ def test_a_call_in_flight_on_v1_finishes_on_v1_and_on_the_newest_once_v1_is_gone
     assert "charge version 1: none; it can be removed" in after.stdout, after.stdout
 
     # Restart with version 2 alone: today's rule for a changed definition, said so.
+    gone = perdure_tools(v2_only["log"], "V2").stdout
+    assert f"charge version 1: s1/{call} (executing) (not registered here: recovery" in gone
     alone = run_child(v2_only)
     assert alone.outcome("s1")["status"] == "completed"
     assert_sound(v2_only)
@@ -123,3 +132,44 @@ def test_a_call_in_flight_on_v1_finishes_on_v1_and_on_the_newest_once_v1_is_gone
         "takes it under the rule for a changed definition; the tool's definition changed"
     ) in decision.reason
     assert decision.reason.endswith("the recorded arguments still fit it")
+
+
+class Offered(ScriptedProvider):
+    """A scripted model that keeps the tool definitions each request offered it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offered: list[list[tuple[str, list[str]]]] = []
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        self.offered.append([(t.name, sorted(t.input_schema["properties"])) for t in request.tools])
+        return await super().complete(request, emit)
+
+
+async def test_the_model_is_offered_the_newest_version_alone(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    script = Offered([Reply(text="charging", tool_uses=[ToolUse("charge", {"cents": 3})]), Reply()])
+    async with perdure.open_runtime(
+        tmp_path / "log", provider=script, tools=BOTH, workspace=tmp_path / "ws"
+    ) as rt:
+        assert rt.tools["charge"].versions == ("1", "2")
+        await rt.create_session("s1")
+        await rt.submit("s1", "go", request_id="r1")
+        with trio.fail_after(20):
+            await rt.wait_idle("s1")
+    assert script.offered == [[("charge", ["cents", "currency"])]] * 2
+    assert [e["version"] for e in read_ledger(tmp_path / "ws") if e["event"] == "effect"] == ["2"]
+
+
+async def test_conformance_runs_the_version_under_test_alone(tmp_path: Path) -> None:
+    """``perdure conformance`` over a list holding two versions of one tool checks each
+    on its own: its child registers only the version under test (else the call would
+    run on the newest whatever version the report names)."""
+    from perdure.conformance import _child_main, _plan
+    from tests.tools.versioned_tools import charge_v1
+
+    (tmp_path / "ws").mkdir()
+    plan = _plan(tmp_path, f"{MODULE}:BOTH", charge_v1, {"cents": 1})
+    summary = await _child_main(plan)
+    assert summary["result"] == "completed"
+    assert [e["version"] for e in read_ledger(tmp_path / "ws") if e["event"] == "effect"] == ["1"]

@@ -45,11 +45,14 @@ from perdure.actors.protocol import (
 from perdure.actors.state import Generation, SessionState, Task
 from perdure.storage.records import (
     CompensationFinished,
+    Record,
     RunStarted,
     ToolAwaitingApproval,
     ToolCompleted,
     ToolResultKind,
+    ToolTaskCreated,
 )
+from perdure.tools.contract import ReplayPolicy
 
 
 def advance(s: SessionState, env: Env, view: View) -> Step:
@@ -186,22 +189,89 @@ def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> S
 
     Its model call is abandoned; its tasks that have not started are cancelled
     before dispatch; executing ones are stopped where the tool allows it, or left
-    to finish. Once all are terminal the next turn starts under the new revision,
-    and the model reads the revision with the fate of every earlier action.
+    to finish. Once all are terminal, the completed calls of goal-dependent tools
+    are run again under the new revision (``_rerun_for_revision``); once those are
+    terminal too the next turn starts under the new revision, and the model reads
+    the revision with the fate of every earlier action and the revision each earlier
+    result came under.
     """
     assert s.run is not None
-    if gen.phase != "completed":
-        stop = (CancelModel(gen.generation_id),) if gen.generation_id in view.models else ()
-        if _holding(s, view):
-            return Step((), stop)
-        return Step((), stop) + _continue_turn(s, env, s.run.run_id, s.run.submission_id)
-    tasks = s.tasks_of(gen)
-    records, effects, _ = _call_off(s, env, view, tasks, "the request was revised before it ran")
+    in_flight = gen.phase != "completed" and gen.generation_id in view.models
+    stop = Step((), (CancelModel(gen.generation_id),)) if in_flight else NOTHING
+    # The re-runs of this revision hang on ``gen`` too; they are not called off.
+    old = [t for t in s.tasks_of(gen) if t.goal_rev < s.goal_rev]
+    records, effects, _ = _call_off(s, env, view, old, "the request was revised before it ran")
     if records or effects:
-        return Step(tuple(records), tuple(effects))
-    if not all(t.terminal for t in tasks) or _holding(s, view):
-        return NOTHING
-    return _continue_turn(s, env, s.run.run_id, s.run.submission_id)
+        return stop + Step(tuple(records), tuple(effects))
+    if not all(t.terminal for t in old) or _holding(s, view):
+        return stop
+    rerunning = _rerun_for_revision(s, env, view, gen)
+    if rerunning is not None:
+        return stop + rerunning
+    return stop + _continue_turn(s, env, s.run.run_id, s.run.submission_id)
+
+
+def rerun_id(call_id: str, goal_rev: int) -> str:
+    """The id of ``call_id`` run again under revision ``goal_rev`` (derived: a restart
+    decides the same)."""
+    return f"{call_id}@rev{goal_rev}"
+
+
+def _rerun_for_revision(s: SessionState, env: Env, view: View, gen: Generation) -> Step | None:
+    """Run again, under the revision in force, each completed call of the request whose
+    tool declares ``depends_on_goal`` (SAFE, as recorded and as registered).
+
+    The re-run is a task of its own (``ToolTaskCreated{rerun_of}``) beside the calls of
+    ``gen``, so the turn waits for it and recovery finds it. None once every re-run is
+    terminal (the next turn may start); else the step that creates or advances them
+    (NOTHING while they run).
+    """
+    assert s.run is not None
+    created: list[Record] = []
+    for task in _goal_dependent_results(s, env):
+        created.append(
+            ToolTaskCreated(
+                session_id=s.session_id,
+                generation_id=gen.generation_id,
+                call_id=rerun_id(task.call_id, s.goal_rev),
+                tool_name=task.tool_name,
+                input=task.input,
+                goal_rev=s.goal_rev,
+                secret=task.secret,
+                rerun_of=task.call_id,
+                at=env.now,
+            )
+        )
+    if created:
+        return Step(tuple(created))
+    open_reruns = [
+        t
+        for t in s.tasks_of(gen)
+        if t.rerun_of is not None and t.goal_rev == s.goal_rev and not t.terminal
+    ]
+    if not open_reruns:
+        return None
+    return _advance_tasks(s, env, view, open_reruns)
+
+
+def _goal_dependent_results(s: SessionState, env: Env) -> list[Task]:
+    """The request's completed calls, made under an older revision, that ran a
+    goal-dependent SAFE tool and were not run again since (the latest re-run stands
+    for its call)."""
+    assert s.run is not None
+    found: list[Task] = []
+    for generation_id in s.submissions[s.run.submission_id].generations:
+        for call_id in s.generations[generation_id].call_ids:
+            task = s.tasks[call_id]
+            if task.phase != "completed" or task.executing is None or task.reruns:
+                continue
+            if task.goal_rev >= s.goal_rev:
+                continue
+            tool = tool_for(env.tools, task)
+            recorded_safe = task.executing.replay == ReplayPolicy.SAFE.value
+            if tool is not None and tool.depends_on_goal and recorded_safe:
+                found.append(task)
+    return found
 
 
 def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
@@ -255,6 +325,7 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
             output=output,
             is_error=True,
             kind=kind,
+            goal_rev=task.goal_rev,
             at=env.now,
         )
         return Step((record,))
@@ -322,5 +393,6 @@ def _not_retried(s: SessionState, env: Env, task: Task, why: str) -> ToolComplet
         is_error=True,
         kind="error",
         attempt=task.attempt,
+        goal_rev=task.goal_rev,
         at=env.now,
     )

@@ -189,7 +189,11 @@ def _approve(s: SessionState, env: Env, cmd: Approve) -> tuple[Step, Answer]:
 
 
 def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
-    """A person answers a call awaiting one: retry it (same key), skip it, or fail it."""
+    """A person answers a call awaiting one: retry it (same key), skip it, or fail it.
+
+    For a call whose outcome was unknown the same three answers say what happened: not
+    applied (retry: run once more, same key), applied (skip: record the result they
+    state), or failed."""
     task = s.tasks.get(cmd.call_id)
     if task is None:
         raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
@@ -207,12 +211,24 @@ def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
         output, is_error = render_result(cmd.result), False
     else:
         told = f" They said: {render_result(cmd.result)}" if cmd.result is not None else ""
-        output = (
-            f"perdure: this call needed a person ({task.last_error}); they chose to fail it.{told}"
-        )
+        if task.unknown_outcome:  # the person says what happened: it failed
+            output = (
+                f"perdure: this call's outcome was unknown ({task.last_error}); a person "
+                f"checked and said it failed.{told}"
+            )
+        else:
+            output = (
+                f"perdure: this call needed a person ({task.last_error}); they chose to fail "
+                f"it.{told}"
+            )
         is_error = True
     done = ToolCompleted(
-        output=output, is_error=is_error, kind="resolved", attempt=task.attempt, **common
+        output=output,
+        is_error=is_error,
+        kind="resolved",
+        attempt=task.attempt,
+        goal_rev=task.goal_rev,
+        **common,
     )
     return Step((decided, done)), Done(cmd.call_id)
 

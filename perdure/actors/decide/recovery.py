@@ -16,13 +16,17 @@ from collections.abc import Callable, Sequence
 from attrs import frozen
 
 from perdure.actors.decide.verbs import (
+    ASK_A_PERSON,
+    _called_off,
     _definition_change,
     _execute,
     _finish,
     _retry_blocker,
-    _task_result_cancelled,
     _unknown,
+    _unknown_or_ask,
+    asks_a_person,
     every_phase_has_a_row,
+    interrupted_text,
     registered_for,
     tool_for,
     version_words,
@@ -92,11 +96,15 @@ def recover(s: SessionState, env: Env) -> Step:
         return compensating + _recover_cancelled(s, env, decision)
     if not in_flight:
         approvals = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
-        people = [t.call_id for t in open_tasks if t.phase == "awaiting_human"]
-        if approvals or people:
+        waiting = [t for t in open_tasks if t.phase == "awaiting_human"]
+        people = [t.call_id for t in waiting if not t.unknown_outcome]
+        unknown = [t.call_id for t in waiting if t.unknown_outcome]
+        if approvals or waiting:
             found = "; ".join(
                 [f"awaiting approval of {', '.join(approvals)}"] * bool(approvals)
                 + [f"awaiting a person to resolve {', '.join(people)}"] * bool(people)
+                + [f"awaiting a person to say whether {', '.join(unknown)} took effect"]
+                * bool(unknown)
             )
             action = "keep waiting"
         elif s.paused:
@@ -233,13 +241,15 @@ def _recover_retry(s: SessionState, env: Env, task: Task, r: _Recovering) -> Ste
 
 
 def _recover_human(s: SessionState, env: Env, task: Task, r: _Recovering) -> Step:
-    """Waiting for a person's resolution (``NeedsHuman``): keep waiting."""
-    decided = r.decide(
-        task.call_id,
-        "awaiting a person (NeedsHuman)",
-        "keep waiting for rt.resolve: retry, skip or fail",
-        task.last_error or "no resolution yet",
-    )
+    """Waiting for a person's resolution (``NeedsHuman``, or an unknown outcome its
+    tool sends to a person): keep waiting."""
+    if task.unknown_outcome:
+        found = "awaiting a person (outcome unknown)"
+        action = "keep waiting to " + ASK_A_PERSON
+    else:
+        found = "awaiting a person (NeedsHuman)"
+        action = "keep waiting for rt.resolve: retry, skip or fail"
+    decided = r.decide(task.call_id, found, action, task.last_error or "no resolution yet")
     return Step((decided,))
 
 
@@ -297,12 +307,15 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
             (r.decide(task.call_id, "executing", f"ask the tool's reconcile(){on}", why),),
             (Reconcile(task.executing, tool),),
         )
-    return Step(
-        (
-            r.decide(task.call_id, "executing", "report outcome unknown", why + "; no reconcile"),
-            _unknown(s, env, task, "interrupted before its result was saved; not re-run"),
-        )
+    action = ASK_A_PERSON if asks_a_person(s, env, task) else "report outcome unknown"
+    outcome = _unknown_or_ask(
+        s,
+        env,
+        task,
+        reason="interrupted before its result was saved; not re-run",
+        output=interrupted_text(task.tool_name),
     )
+    return Step((r.decide(task.call_id, "executing", action, why + "; no reconcile"), outcome))
 
 
 def _version_of(env: Env, task: Task) -> str:
@@ -364,6 +377,6 @@ def _close_open_tasks(s: SessionState, env: Env, *, unknown: str, cancelled: str
     return [
         _unknown(s, env, task, unknown)
         if task.phase == "executing"
-        else _task_result_cancelled(s, env, task, cancelled)
+        else _called_off(s, env, task, cancelled)
         for task in s.open_tasks()
     ]

@@ -15,10 +15,13 @@ from typing import Any
 from attrs import evolve
 
 from perdure.actors.decide.verbs import (
+    ASK_A_PERSON,
     _execute,
     _finish,
     _run_id,
     _task_result_cancelled,
+    _unknown_or_ask,
+    asks_a_person,
     interrupted_text,
     retry_delay,
     tool_for,
@@ -50,7 +53,6 @@ from perdure.storage.records import (
     ToolCancelled,
     ToolCompleted,
     ToolHeartbeat,
-    ToolOutcomeUnknown,
     ToolResultKind,
     ToolRetryPending,
     ToolTaskCreated,
@@ -187,16 +189,20 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             **common,
         )
     elif msg.outcome == "unknown":
-        record = ToolOutcomeUnknown(
-            output=unknown_outcome_text(task.tool_name, f"could not tell ({msg.output})"),
+        record = _unknown_or_ask(
+            s,
+            env,
+            task,
             reason="the tool could not tell: " + msg.output,
-            **common,
+            output=unknown_outcome_text(task.tool_name, f"could not tell ({msg.output})"),
         )
     elif msg.outcome == "timeout" and never:
-        record = ToolOutcomeUnknown(
+        record = _unknown_or_ask(
+            s,
+            env,
+            task,
+            reason=f"timeout ({msg.output})" if asks_a_person(s, env, task) else "timeout",
             output=unknown_outcome_text(task.tool_name, f"timed out ({msg.output})"),
-            reason="timeout",
-            **common,
         )
     else:
         record = ToolCompleted(
@@ -206,6 +212,7 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             attempt=msg.attempt,
             duration=msg.duration,
             terminate=msg.terminate,
+            goal_rev=task.goal_rev,
             **common,
         )
     return Step((record,))
@@ -244,6 +251,7 @@ def _retry_failed_attempt(s: SessionState, env: Env, task: Task, msg: ToolFinish
             kind=_RESULT_KIND[msg.outcome],
             attempt=msg.attempt,
             duration=msg.duration,
+            goal_rev=task.goal_rev,
             **common,
         )
         return Step((gave_up,))
@@ -317,6 +325,7 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
             terminate=msg.terminate,
             kind="reconciled",
             attempt=task.attempt,
+            goal_rev=task.goal_rev,
             at=env.now,
         )
         return Step((decision("record the real result", "the effect had happened"), done))
@@ -340,19 +349,16 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
         why = "the effect had not happened, but its tool is no longer registered"
     else:
         why = msg.reason or "reconcile could not tell"
-    return Step(
-        (
-            decision("report outcome unknown", why),
-            ToolOutcomeUnknown(
-                session_id=s.session_id,
-                call_id=task.call_id,
-                # The model reads what the check found (e.g. "still running as pid N").
-                output=interrupted_text(task.tool_name) + f" The tool's own check found: {why}",
-                reason="reconcile: " + why,
-                at=env.now,
-            ),
-        )
+    action = ASK_A_PERSON if asks_a_person(s, env, task) else "report outcome unknown"
+    outcome = _unknown_or_ask(
+        s,
+        env,
+        task,
+        reason="reconcile: " + why,
+        # The model reads what the check found (e.g. "still running as pid N").
+        output=interrupted_text(task.tool_name) + f" The tool's own check found: {why}",
     )
+    return Step((decision(action, why), outcome))
 
 
 RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {

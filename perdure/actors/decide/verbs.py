@@ -40,6 +40,7 @@ from perdure.storage.records import (
     Record,
     RunFinished,
     RunStatus,
+    ToolAwaitingHuman,
     ToolCancelled,
     ToolExecuting,
     ToolOutcomeUnknown,
@@ -300,6 +301,68 @@ def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeU
     )
 
 
+# What a person is asked to say about a call whose outcome is unknown, in the words of
+# rt.resolve: the decision records and the person's views name them alike.
+ASK_A_PERSON: Final = (
+    "ask a person: applied (resolve skip, with the result), not applied (resolve retry: "
+    "run once more, same key) or failed (resolve fail)"
+)
+
+
+def asks_a_person(s: SessionState, env: Env, task: Task) -> bool:
+    """Whether an unknown outcome of ``task`` goes to a person rather than the model.
+
+    Its tool, as registered now, must say so (``unknown_outcome="ask_person"``); and a
+    call of a run that is being cancelled is not held for anyone (the cancel would
+    wait on the person): its outcome is told to the model as unknown.
+    """
+    tool = tool_for(env.tools, task)
+    if tool is None or tool.unknown_outcome != "ask_person":
+        return False
+    winding_down = s.run is not None and s.run.cancel_requested and task.compensates is None
+    return not winding_down
+
+
+def _unknown_or_ask(
+    s: SessionState, env: Env, task: Task, *, reason: str, output: str
+) -> ToolOutcomeUnknown | ToolAwaitingHuman:
+    """An unknown outcome: told to the model (``output``), or, if the tool asks for
+    one, the call waits for a person, who reads ``reason``."""
+    if asks_a_person(s, env, task):
+        return ToolAwaitingHuman(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            attempt=task.attempt,
+            reason=f"its outcome is unknown: {reason}",
+            unknown_outcome=True,
+            at=env.now,
+        )
+    return ToolOutcomeUnknown(
+        session_id=s.session_id, call_id=task.call_id, output=output, reason=reason, at=env.now
+    )
+
+
+def _called_off(
+    s: SessionState, env: Env, task: Task, reason: str
+) -> ToolCancelled | ToolOutcomeUnknown:
+    """The result of a call a cancel, a revision or a spent resume budget ends before it
+    runs (again). One that waited for a person to say whether it took effect keeps its
+    outcome unknown: the model is told so, never that it did not run."""
+    if task.phase == "awaiting_human" and task.unknown_outcome:
+        why = (
+            f"was waiting for a person to say whether it took effect ({task.last_error}); "
+            f"nobody had answered when it was called off ({reason})"
+        )
+        return ToolOutcomeUnknown(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=unknown_outcome_text(task.tool_name, why),
+            reason=f"called off while waiting for a person: {reason}",
+            at=env.now,
+        )
+    return _task_result_cancelled(s, env, task, reason)
+
+
 def _call_off(
     s: SessionState, env: Env, view: View, tasks: Sequence[Task], reason: str
 ) -> tuple[list[Record], list[Effect], bool]:
@@ -324,7 +387,7 @@ def _call_off(
             if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
                 effects.append(CancelTool(task.call_id))
         else:
-            records.append(_task_result_cancelled(s, env, task, reason))
+            records.append(_called_off(s, env, task, reason))
             if task.call_id in view.waiting:
                 effects.append(StopBackOff(task.call_id))
     return records, effects, executing

@@ -1,6 +1,7 @@
 // perdure's web page: sessions, a live transcript per session (with the model's
 // reasoning as it streams, and tokens and cost per turn and per run), approvals,
-// calls that wait for a person (retry, skip or fail them), calls whose outcome is
+// calls that wait for a person (retry, skip or fail them; applied, not applied or failed
+// for one whose outcome is unknown), calls whose outcome is
 // unknown (look, or tell the agent), and the undo of completed calls whose tool has
 // one (offered where a cancel or a revision lists the call as compensable).
 // Plain JS, no build step. Auth rides on the HttpOnly cookie set by GET /?token=...,
@@ -254,7 +255,9 @@ function approvalButtons(callId) {
 }
 
 // The answer to a call that raised NeedsHuman: run it again, record a result, or fail it.
-function resolutionButtons(callId) {
+// For a call whose outcome is unknown the same three answers say what happened: not
+// applied (run it once more, same key), applied (with its result), or failed.
+function resolutionButtons(callId, unknownOutcome) {
   const card = view.calls.get(callId);
   if (!card || card.querySelector(".actions")) return;
   const actions = el("div", "actions");
@@ -275,7 +278,11 @@ function resolutionButtons(callId) {
       for (const b of actions.querySelectorAll("button")) b.disabled = false;
     }
   };
-  const buttons = [
+  const buttons = unknownOutcome ? [
+    ["skip", "Applied…", "It took effect. Its result, for the model (JSON or plain text):"],
+    ["retry", "Not applied: run once more", null],
+    ["fail", "Failed…", "What should the model be told? (optional)"],
+  ] : [
     ["retry", "Retry", null],
     ["skip", "Skip…", "The result to record for this call (JSON or plain text):"],
     ["fail", "Fail…", "What should the model be told? (optional)"],
@@ -369,8 +376,10 @@ function onRecord(type, r, seq) {
       break;
     }
     case "ToolAwaitingHuman":
-      setPhase(r.call_id, "awaiting_human", `needs a person: ${r.reason}`);
-      resolutionButtons(r.call_id);
+      setPhase(r.call_id, "awaiting_human", r.unknown_outcome
+        ? `a person must say whether it took effect: ${r.reason}`
+        : `needs a person: ${r.reason}`);
+      resolutionButtons(r.call_id, r.unknown_outcome === true);
       break;
     case "ResolutionDecided":
       if (r.action === "retry") {
