@@ -283,8 +283,16 @@ class Runtime:
             await self._sup.mailbox(forked.session_id)  # its pending work starts now
         return forked
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self._journal.sessions()
+    async def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The log's summaries of its sessions, in session-id order: a page of at most
+        ``limit`` after the id ``after`` ("": from the start), or every session (each
+        call then reads every summary: page through a big log instead); ``active``:
+        only the sessions with unfinished work, read from the log's index of them."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be 0 or more, not {limit!r}")
+        return await self._journal.sessions(after=after, limit=limit, active=active)
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         """The log's summary of one session, or None if there is no such session."""
@@ -295,18 +303,23 @@ class Runtime:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self._ctx.settings.stuck_after
 
-    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+    async def stuck_runs(
+        self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None
+    ) -> list[StuckRun]:
         """The sessions with unfinished work and no record committed for ``after``
-        seconds (default: ``open_runtime(stuck_after=)``), each with what it waits for.
+        seconds (default: ``open_runtime(stuck_after=)``), each with what it waits for;
+        ``among``: only those of these summaries (a page of ``sessions``).
 
-        Computed now, from the log's index of active sessions, each one's latest record
-        and its state (read where it lives; no actor is woken): nothing is kept per turn.
+        Computed now, from the log's index of active sessions (never every session's
+        summary), each one's latest record and its state (read where it lives; no actor
+        is woken): nothing is kept per turn.
         """
         threshold = self.stuck_after if after is None else after
         if threshold < 0:
             raise ValueError(f"after must be 0 seconds or more, not {threshold!r}")
         found: list[StuckRun] = []
-        for info in await self._journal.sessions():
+        infos = await self._journal.sessions(active=True) if among is None else among
+        for info in infos:
             if not info.open_submissions:
                 continue
             latest = await self._journal.read_session(info.session_id, after=info.last_seq - 1)

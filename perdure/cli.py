@@ -1127,18 +1127,39 @@ def _where(log_dir: str) -> str:
     metavar="SECONDS",
     help="With --stuck: how long without a committed record makes a session stuck.",
 )
-def sessions(log_dir: str, stuck: bool, stuck_after: float) -> None:
-    """List the sessions of a log (read-only)."""
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="A page of at most N sessions, in session-id order (a big log: page through it).",
+)
+@click.option(
+    "--after",
+    default=None,
+    metavar="SESSION",
+    help="The page after this session id (the last id of the page before).",
+)
+def sessions(
+    log_dir: str, stuck: bool, stuck_after: float, limit: int | None, after: str | None
+) -> None:
+    """List the sessions of a log (read-only): every one in order of creation, or with
+    --limit/--after a page in session-id order."""
     log = _open_readonly(log_dir)
+    paged = limit is not None or after is not None
     try:
-        infos = sorted(log.sessions(), key=lambda i: i.first_seq)
-        if stuck:
+        if stuck:  # only the sessions with unfinished work are read
+            infos = log.sessions(active=True, after=after or "", limit=limit)
             _stuck_sessions(log, infos, stuck_after, log_dir)
             return
+        if paged:
+            infos = log.sessions(after=after or "", limit=limit)
+        else:
+            infos = sorted(log.sessions(), key=lambda i: i.first_seq)
     finally:
         log.close()
     if not infos:
-        echo(f"no sessions in {_where(log_dir)}")
+        echo(f"no sessions {'in this page of' if paged else 'in'} {_where(log_dir)}")
         return
     width = max(7, *(len(i.session_id) for i in infos))
     echo(f"{'SESSION':<{width}}  {'RECORDS':>7}  {'FIRST':>7}  {'LAST':>7}  REV  OPEN", "title")

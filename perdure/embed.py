@@ -426,8 +426,13 @@ class AsyncioRuntime:
     async def children(self, session_id: str) -> list[str]:
         return await self.run(self.trio_runtime.children, session_id)
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self.run(self.trio_runtime.sessions)
+    async def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The log's session summaries, or a page of them (``Runtime.sessions``)."""
+        return await self.run(
+            partial(self.trio_runtime.sessions, after=after, limit=limit, active=active)
+        )
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)
@@ -437,9 +442,11 @@ class AsyncioRuntime:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self.trio_runtime.stuck_after
 
-    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+    async def stuck_runs(
+        self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None
+    ) -> list[StuckRun]:
         """The sessions stuck for ``after`` seconds (``Runtime.stuck_runs``)."""
-        return await self.run(partial(self.trio_runtime.stuck_runs, after))
+        return await self.run(partial(self.trio_runtime.stuck_runs, after, among=among))
 
     async def restarts(self) -> list[Committed]:
         return await self.run(self.trio_runtime.restarts)

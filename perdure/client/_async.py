@@ -89,8 +89,12 @@ class AsyncPerdureClient:
     async def stats(self) -> m.Stats:
         return await self._send(m.stats())
 
-    async def sessions(self) -> list[m.SessionInfo]:
-        return await self._send(m.sessions())
+    async def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[m.SessionInfo]:
+        """Every session in order of creation, or with ``after``, ``limit`` (at most
+        10,000) or ``active`` a page in session-id order (``GET /v1/sessions``)."""
+        return await self._send(m.sessions(after, limit, active))
 
     async def state(self, session_id: str) -> m.SessionState:
         return await self._send(m.state(session_id))

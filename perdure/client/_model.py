@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from attrs import field, frozen
 
@@ -275,10 +275,20 @@ def stats() -> Call[Stats]:
     )
 
 
-def sessions() -> Call[list[SessionInfo]]:
+def sessions(
+    after: str = "", limit: int | None = None, active: bool = False
+) -> Call[list[SessionInfo]]:
+    # Nothing asked: no query, the whole list in order of creation.
+    query: dict[str, str] = {}
+    if after or limit is not None or active:
+        query["after"] = after
+        if limit is not None:
+            query["limit"] = str(limit)
+        if active:
+            query["active"] = "1"
     return Call(
         "GET",
-        "/v1/sessions",
+        "/v1/sessions" + ("?" + urlencode(query) if query else ""),
         lambda d: [
             SessionInfo(
                 s["session_id"],

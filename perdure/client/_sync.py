@@ -84,8 +84,12 @@ class PerdureClient:
     def stats(self) -> m.Stats:
         return self._send(m.stats())
 
-    def sessions(self) -> list[m.SessionInfo]:
-        return self._send(m.sessions())
+    def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[m.SessionInfo]:
+        """Every session in order of creation, or with ``after``, ``limit`` (at most
+        10,000) or ``active`` a page in session-id order (``GET /v1/sessions``)."""
+        return self._send(m.sessions(after, limit, active))
 
     def state(self, session_id: str) -> m.SessionState:
         return self._send(m.state(session_id))

@@ -73,6 +73,8 @@ from perdure.server.openapi import (
     HEALTH,
     HTML,
     SESSION_LIST,
+    SESSION_LIST_DOC,
+    SESSION_LIST_PARAMS,
     SESSION_SUMMARY,
     SSE,
     TRACEPARENT,
@@ -112,6 +114,7 @@ from perdure.server.payloads import (
     read_body,
     read_json,
     session_list,
+    session_page,
     stream_start,
 )
 from perdure.server.streams import EventStreamResponse, FrameCache, Streams
@@ -373,14 +376,28 @@ class Api:
 
     @documented(
         Operation(
-            summary="Every session of the log, in order of creation",
+            summary="The sessions of the log: every one in order of creation, or a page",
+            description=SESSION_LIST_DOC,
             tag="sessions",
             answers={200: Body(schema=SESSION_LIST)},
+            errors=(400,),
+            params=SESSION_LIST_PARAMS,
         )
     )
     async def list_sessions(self, request: Request) -> Response:
-        infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
-        return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
+        page = session_page(request)
+        if page is None:
+            infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
+            return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
+        after, limit, active = page
+        # One more than asked: whether a next page exists, without a second read.
+        infos = await self.rt.sessions(after=after, limit=limit + 1, active=active)
+        more = len(infos) > limit
+        infos = infos[:limit]
+        stuck = await self.rt.stuck_runs(among=infos)
+        return JSONResponse(
+            session_list(infos, stuck, next_after=infos[-1].session_id if more else None)
+        )
 
     @documented(
         Operation(

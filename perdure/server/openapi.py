@@ -552,10 +552,44 @@ STUCK: Final = {
     },
 }
 
+SESSION_LIST_PARAMS: Final = (
+    Param(
+        "limit",
+        "query",
+        {"type": "integer", "minimum": 1, "maximum": 10_000},
+        "a page of at most this many sessions, in session-id order",
+    ),
+    Param(
+        "after",
+        "query",
+        {"type": "string"},
+        "the page after this session id (the `next` of the page before)",
+    ),
+    Param(
+        "active",
+        "query",
+        {"enum": ["1", "0", "true", "false"]},
+        "`1` or `true`: only the sessions with unfinished work (read from the log's index of them)",
+    ),
+)
+
+SESSION_LIST_DOC: Final = """\
+Without `limit`, `after` or `active`: every session, in order of creation (each call
+reads every session's summary). With any of them: a page in session-id order, at most
+`limit` sessions (10,000 when left out) after the id `after` (with `active=1` only
+sessions with unfinished work), and `next`, the `after` of the next page (null after
+the last page); a page reads only its own sessions' summaries, and `stuck` only for
+its sessions with unfinished work."""
+
 SESSION_LIST: Final = {
     "type": "object",
     "required": ["sessions"],
     "properties": {
+        "next": {
+            "description": "a page's answer only: the `after` of the next page, or null "
+            "after the last",
+            "anyOf": [{"type": "null"}, {"type": "string"}],
+        },
         "sessions": {
             "type": "array",
             "items": {
@@ -576,7 +610,7 @@ SESSION_LIST: Final = {
                     },
                 ]
             },
-        }
+        },
     },
 }
 
