@@ -598,10 +598,11 @@ class SessionState:
             secret=r.secret,
             rerun_of=r.rerun_of,
         )
-        if r.rerun_of is not None:
+        original = self.tasks.get(r.rerun_of) if r.rerun_of is not None else None
+        if original is not None:
             # Run again beside the calls of its turn, so that the turn (and the
             # revision) waits for it and recovery finds it among the open calls.
-            self.tasks[r.rerun_of].reruns[r.goal_rev] = r.call_id
+            original.reruns[r.goal_rev] = r.call_id
             if gen is not None:
                 gen.call_ids = (*gen.call_ids, r.call_id)
         if r.compensates is not None and r.compensates in self.tasks:

@@ -175,7 +175,8 @@ def parent_call(first: Sequence[Committed]) -> tuple[str, str] | None:
     created = first[0].record if first else None
     if not isinstance(created, SessionCreated) or not created.parent:
         return None
-    parent, _, call_id = created.parent.rpartition("/")
+    # A session id never holds "/" (``check_session_id``); a model's call id may.
+    parent, _, call_id = created.parent.partition("/")
     return parent, call_id
 
 
