@@ -30,6 +30,7 @@ from perdure.actors.protocol import (
     Resolve,
     Resume,
     Revise,
+    Rewind,
     Submit,
     with_budget_hash,
 )
@@ -73,6 +74,9 @@ from perdure.storage.records import (
     ToolRetryPending,
     ToolTaskCreated,
     Usage,
+    WorkspaceCheckpointed,
+    WorkspaceRestored,
+    WorkspaceRestoreStarted,
 )
 from perdure.view import (
     GenerationView,
@@ -293,16 +297,23 @@ class SessionState:
     # the model that answered; 0 once a compaction changed what the model is sent.
     last_input_tokens: int = 0
     last_model: str = ""
+    # Workspace history: each workspace call's checkpoints, in order, and a rewind of
+    # the files under way (its restore is performed again after a crash).
+    checkpoints: list[WorkspaceCheckpointed] = field(factory=list)
+    restoring: WorkspaceRestoreStarted | None = None
+    restores: dict[str, WorkspaceRestored] = field(factory=dict)  # by request id
 
     # -- queries ----------------------------------------------------------------------
 
     @property
     def idle(self) -> bool:
-        """No run in progress, no input waiting, no compensation or compaction unfinished."""
+        """No run in progress, no input waiting, no compensation, rewind or compaction
+        unfinished."""
         return (
             self.run is None
             and not self.queue
             and not self.compensations
+            and self.restoring is None
             and self.compacting is None
         )
 
@@ -634,10 +645,11 @@ class SessionState:
             secret=r.secret,
             rerun_of=r.rerun_of,
         )
-        if r.rerun_of is not None:
+        original = self.tasks.get(r.rerun_of) if r.rerun_of is not None else None
+        if original is not None:
             # Run again beside the calls of its turn, so that the turn (and the
             # revision) waits for it and recovery finds it among the open calls.
-            self.tasks[r.rerun_of].reruns[r.goal_rev] = r.call_id
+            original.reruns[r.goal_rev] = r.call_id
             if gen is not None:
                 gen.call_ids = (*gen.call_ids, r.call_id)
         if r.compensates is not None and r.compensates in self.tasks:
@@ -836,6 +848,19 @@ class SessionState:
         self.abandoned_at = len(self.conversation)
         self.compacting = None
 
+    def _checkpointed(self, r: WorkspaceCheckpointed) -> None:
+        self.checkpoints.append(r)
+
+    def _restore_started(self, r: WorkspaceRestoreStarted) -> None:
+        self.restoring = r
+        body = Rewind.hash_of(r.position, r.tree)
+        self.requests[r.request_id] = RequestSeen(Rewind.kind, body, r.tree)
+
+    def _restored(self, r: WorkspaceRestored) -> None:
+        if self.restoring is not None and self.restoring.request_id == r.request_id:
+            self.restoring = None
+        self.restores[r.request_id] = r
+
     def _recovery_decision(self, r: RecoveryDecision) -> None:
         self.decisions.append(r)
 
@@ -879,6 +904,9 @@ _HANDLERS: dict[type, Any] = {
     SessionParked: SessionState._parked,
     CompensationRequested: SessionState._compensation_requested,
     CompensationFinished: SessionState._compensation_finished,
+    WorkspaceCheckpointed: SessionState._checkpointed,
+    WorkspaceRestoreStarted: SessionState._restore_started,
+    WorkspaceRestored: SessionState._restored,
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }

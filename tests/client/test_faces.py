@@ -231,6 +231,8 @@ SAMPLES: dict[str, Any] = {
     "ttl_s": 60,
     "tools": ["lookup"],
     "history": True,
+    "files": True,
+    "to": "call-7",
     "after": "sess-0",
     "limit": 5,
     "active": True,

@@ -163,3 +163,25 @@ def test_a_paused_session_runs_nothing_again_until_it_is_resumed() -> None:
     assert not runs(step) and not only(step.records, ToolTaskCreated)
     step, _ = s.command(protocol.Resume("p2"))
     assert runs(step) == [("c1@rev1", 1)]
+
+
+def test_the_revision_text_says_a_rerun_still_runs_or_failed() -> None:
+    s = searched_then()
+    s.command(protocol.Revise("v1", "Bergen"))
+    rev = next(i for i in s.state.conversation if isinstance(i, Revision))
+    assert revision_text(s.state, rev).count("run again under revision 1 (still running)") == 1
+    s.finish_tool("c1@rev1", output="the search service is down", outcome="error", is_error=True)
+    assert (
+        "so it was run again under revision 1, and that failed (c1@rev1): "
+        "the search service is down"
+    ) in revision_text(s.state, rev)
+
+
+def test_a_failed_goal_dependent_call_is_run_again_too_a_denied_one_is_not() -> None:
+    s = Session(TOOLS_WITH_SEARCH)
+    s.command(protocol.Submit("r1", "fly"))
+    s.reply("x", ("c1", "search", {"route": "A"}), ("c2", "search", {"route": 5}))
+    s.finish_tool("c1", output="timeout upstream", outcome="error", is_error=True)
+    assert s.state.tasks["c2"].executing is None, "invalid arguments: it never ran"
+    step, _ = s.command(protocol.Revise("v1", "fly elsewhere"))
+    assert [c.call_id for c in only(step.records, ToolTaskCreated)] == ["c1@rev1"]

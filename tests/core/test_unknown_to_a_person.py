@@ -262,3 +262,13 @@ def test_the_options_are_checked_when_the_tool_is_declared() -> None:
     with pytest.raises(ValueError, match="depends_on_goal=True needs replay=SAFE"):
         perdure.tool(replay=perdure.ReplayPolicy.KEYED, depends_on_goal=True)(wire_plain.fn)
     assert perdure.tool(wire_plain.fn).unknown_outcome == "tell_model", "the default"
+
+
+def test_a_timeout_of_a_call_the_request_was_revised_past_is_told_to_the_model() -> None:
+    s = Session(ASKING)
+    s.command(protocol.Submit("r1", "pay"))
+    s.reply("paying", ("c1", "wire", {"amount": 5}))
+    s.command(protocol.Revise("v1", "pay half"))  # the NEVER call is left to finish
+    step = s.finish_tool("c1", output="no answer", outcome="timeout")
+    assert not only(step.records, ToolAwaitingHuman), "a revision would call the wait off"
+    assert [u.reason for u in only(step.records, ToolOutcomeUnknown)] == ["timeout"]

@@ -159,3 +159,17 @@ async def test_the_model_is_offered_the_newest_version_alone(tmp_path: Path) -> 
             await rt.wait_idle("s1")
     assert script.offered == [[("charge", ["cents", "currency"])]] * 2
     assert [e["version"] for e in read_ledger(tmp_path / "ws") if e["event"] == "effect"] == ["2"]
+
+
+async def test_conformance_runs_the_version_under_test_alone(tmp_path: Path) -> None:
+    """``perdure conformance`` over a list holding two versions of one tool checks each
+    on its own: its child registers only the version under test (else the call would
+    run on the newest whatever version the report names)."""
+    from perdure.conformance import _child_main, _plan
+    from tests.tools.versioned_tools import charge_v1
+
+    (tmp_path / "ws").mkdir()
+    plan = _plan(tmp_path, f"{MODULE}:BOTH", charge_v1, {"cents": 1})
+    summary = await _child_main(plan)
+    assert summary["result"] == "completed"
+    assert [e["version"] for e in read_ledger(tmp_path / "ws") if e["event"] == "effect"] == ["1"]

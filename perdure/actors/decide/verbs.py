@@ -313,14 +313,17 @@ def asks_a_person(s: SessionState, env: Env, task: Task) -> bool:
     """Whether an unknown outcome of ``task`` goes to a person rather than the model.
 
     Its tool, as registered now, must say so (``unknown_outcome="ask_person"``); and a
-    call of a run that is being cancelled is not held for anyone (the cancel would
-    wait on the person): its outcome is told to the model as unknown.
+    call of a run that is being cancelled, or of a request revised since, is not held
+    for anyone (the cancel or the revision would call the wait off at once): its
+    outcome is told to the model as unknown.
     """
     tool = tool_for(env.tools, task)
     if tool is None or tool.unknown_outcome != "ask_person":
         return False
-    winding_down = s.run is not None and s.run.cancel_requested and task.compensates is None
-    return not winding_down
+    if task.compensates is not None:
+        return True  # a compensation lives beside runs: no cancel or revision ends it
+    winding_down = s.run is not None and s.run.cancel_requested
+    return not winding_down and task.goal_rev >= s.goal_rev
 
 
 def _unknown_or_ask(
