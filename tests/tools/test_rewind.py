@@ -228,3 +228,31 @@ def _no_model(tmp_path: Path) -> Path:
     path = tmp_path / "script.json"
     path.write_text(json.dumps([{"text": "unused"}]))
     return path
+
+
+async def test_two_sessions_on_one_workspace_are_detected(tmp_path: Path, ws: Path) -> None:
+    """What another session changed between two calls of this one is named on the
+    second call's checkpoint (``outside``)."""
+
+    def writes(path: str) -> list[Reply]:
+        return [
+            Reply(tool_uses=[ToolUse("write_file", {"path": path, "content": path})]),
+            Reply(text="done"),
+        ]
+
+    by_system = {"one": writes("a.txt") + writes("c.txt"), "two": writes("b.txt")}
+    provider = ScriptedProvider([], by_system=by_system)
+    async with perdure.open_runtime(
+        tmp_path / "log", provider=provider, tools=TOOLS, workspace=ws
+    ) as rt:
+        await rt.create_session("s1", system="one")
+        await rt.create_session("s2", system="two")
+        for sid, rid in (("s1", "r1"), ("s2", "r1"), ("s1", "r2")):
+            await rt.submit(sid, "go", request_id=rid)
+            with trio.fail_after(30):
+                await rt.wait_idle(sid)
+        first, second = (await rt.load_state("s1")).checkpoints
+        (other,) = (await rt.load_state("s2")).checkpoints
+    assert (first.changed, first.outside) == (["a.txt"], [])
+    assert (other.changed, other.outside) == (["b.txt"], [])  # s2 had no earlier call
+    assert (second.changed, second.outside) == (["c.txt"], ["b.txt"])
