@@ -910,6 +910,9 @@ def diff(session: str, call: str | None, workspace: Path, log_dir: str, stat: bo
         name = task.tool_name if task is not None else "?"
         files = ", ".join(mark.changed) if mark.changed else "no file changed"
         echo(f"call {mark.call_id} ({name}, attempt {mark.attempt}): {files}", "title")
+        if mark.outside:
+            others = ", ".join(mark.outside)
+            echo(f"  changed before it by others (another session, a person): {others}", "warning")
         if mark.skipped:
             echo(f"  not in the checkpoints (over the size limit): {', '.join(mark.skipped)}")
         if stat or not mark.changed or not mark.after:

@@ -226,6 +226,9 @@ class Timeline:
         elif isinstance(r, WorkspaceCheckpointed):
             files = ", ".join(r.changed) if r.changed else "no file"
             add("plain", f"{tools.get(r.call_id, '?')} [{r.call_id}] changed {files}")
+            if r.outside:
+                others = ", ".join(r.outside)
+                add("warning", f"before [{r.call_id}], others changed the workspace: {others}")
         elif isinstance(r, WorkspaceRestoreStarted):
             add("warning", f"rewind of the workspace to record {r.position} ({r.tree[:12]})")
         elif isinstance(r, WorkspaceRestored):

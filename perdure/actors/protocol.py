@@ -269,6 +269,9 @@ class WorkspaceSeen:
     after: str
     changed: tuple[str, ...] = ()  # the files that differ between the two
     skipped: tuple[str, ...] = ()  # files left out of a snapshot for their size
+    # Files changed since the session's previous checkpoint by something other than
+    # its calls (another session or runtime on the same workspace, a person).
+    outside: tuple[str, ...] = ()
 
 
 @frozen(kw_only=True)
@@ -374,6 +377,8 @@ class RunTool:
     executing: ToolExecuting
     tool: Tool
     last_heartbeat: Any = None
+    # A workspace call: the tree of the session's last checkpoint ("" if none).
+    workspace_since: str = ""
 
     @property
     def call_id(self) -> str:

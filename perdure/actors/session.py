@@ -695,7 +695,14 @@ class SessionActor:
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(
-                run_tool, ctx, effect.tool, effect.executing, outbox, scope, effect.last_heartbeat
+                run_tool,
+                ctx,
+                effect.tool,
+                effect.executing,
+                outbox,
+                scope,
+                effect.last_heartbeat,
+                effect.workspace_since,
             )
         elif isinstance(effect, protocol.BackOff):
             wait = self._waits[effect.call_id] = trio.CancelScope()

@@ -220,6 +220,7 @@ async def run_tool(
     outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
     last_heartbeat: Any = None,
+    workspace_since: str = "",
 ) -> None:
     if _faults.ACTIVE:
         _faults.hit("tool.before", tool.name)
@@ -247,7 +248,9 @@ async def run_tool(
     )
     history = _history(ctx, tool)
     async with ctx.workspace_calls if history is not None else contextlib.nullcontext():
-        await _attempt_between_snapshots(ctx, tool, executing, outbox, scope, history, tctx, beats)
+        await _attempt_between_snapshots(
+            ctx, tool, executing, outbox, scope, history, tctx, beats, workspace_since
+        )
 
 
 async def _attempt_between_snapshots(
@@ -259,6 +262,7 @@ async def _attempt_between_snapshots(
     history: WorkspaceHistory | None,
     tctx: ToolContext,
     beats: Heartbeats,
+    workspace_since: str = "",
 ) -> None:
     """The attempt, with a workspace call's snapshots before and after it."""
     before: Snapshot | None = None
@@ -295,6 +299,9 @@ async def _attempt_between_snapshots(
     if history is not None and before is not None:
         with trio.CancelScope(shield=True):  # a stopped call's files changed too
             seen = await _after(history, executing, before)
+            if workspace_since and workspace_since != before.tree:
+                outside = await _outside(history, workspace_since, before)
+                seen = attrs.evolve(seen, outside=outside)
         finished = attrs.evolve(finished, workspace=seen)
         if _faults.ACTIVE:
             _faults.hit("workspace.after", tool.name)
@@ -335,6 +342,17 @@ async def _after(
         changed=tuple(c.path for c in changes),
         skipped=tuple(sorted(set(before.skipped) | set(after.skipped))),
     )
+
+
+async def _outside(history: WorkspaceHistory, since: str, before: Snapshot) -> tuple[str, ...]:
+    """Files changed between the session's previous checkpoint and this call's
+    before-snapshot: none of its own calls ran meanwhile, so other hands did."""
+    try:
+        changes = await _threads.run_sync(history.changes, since, before.tree)
+    except HistoryError as exc:
+        log.error("the workspace diff since the last checkpoint failed: %s", exc)
+        return ()
+    return tuple(c.path for c in changes)
 
 
 async def _workspace_since(

@@ -485,6 +485,9 @@ class WorkspaceCheckpointed:
     after: str
     changed: list[str] = field(factory=list)
     skipped: list[str] = field(factory=list)
+    # Files that changed between this session's previous checkpoint and ``before``:
+    # the workspace is shared (another session or runtime) or was edited by hand.
+    outside: list[str] = field(factory=list)
     at: float
 
 

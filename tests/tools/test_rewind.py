@@ -5,16 +5,21 @@ A real LMDB log, the real workspace tools and git store, a scripted model.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import trio
+from click.testing import CliRunner
 
 import perdure
+from perdure.cli import main
 from perdure.errors import Refused
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import WorkspaceCheckpointed, WorkspaceRestored
+from perdure.tools.history import STORE_DIR, WorkspaceHistory
 from perdure.tools.workspace import workspace_tools
 from tests.tools.test_history import files_of
 
@@ -159,3 +164,95 @@ async def test_a_damaged_store_refuses_the_rewind_and_writes_nothing(
         assert isinstance(state.restores["rw"], WorkspaceRestored)
         assert state.restores["rw"].error
         assert state.restoring is None  # the session is not stuck: it goes on
+
+
+def test_retention_check_and_the_command_line(tmp_path: Path, ws: Path) -> None:
+    """Deleting a session drops its checkpoints (a fork keeps those it copied);
+    ``perdure check --workspace`` reports a lost store; ``perdure diff`` and
+    ``perdure rewind`` work from a shell (plain functions: the CLI runs its own trio)."""
+    log = tmp_path / "log"
+
+    async def run_and_fork(sid: str, fork: bool) -> list[WorkspaceCheckpointed]:
+        async with perdure.open_runtime(log, provider=script(), tools=TOOLS, workspace=ws) as rt:
+            await rt.create_session(sid)
+            await rt.submit(sid, "go", request_id="r1")
+            with trio.fail_after(30):
+                await rt.wait_idle(sid)
+            if fork:
+                await rt.fork(sid, session_id="f")
+            return (await rt.load_state(sid)).checkpoints
+
+    async def delete(*sids: str) -> list[bool]:
+        held = []
+        async with perdure.open_runtime(log, provider=script(), tools=TOOLS, workspace=ws) as rt:
+            for sid in sids:
+                await rt.delete_session(sid)
+                held.append(all(history.has_tree(t) for t in trees))
+        return held
+
+    marks = trio.run(run_and_fork, "s", True)
+    history = WorkspaceHistory(ws)
+    trees = {t for m in marks for t in (m.before, m.after)}
+    assert all(history.has_tree(t) for t in trees)
+
+    runner = CliRunner()
+    where = ["--log", str(log), "--workspace", str(ws)]
+    shown = runner.invoke(main, ["diff", "s", marks[0].call_id, *where])
+    assert shown.exit_code == 0, shown.output
+    assert "+one" in shown.output and "write_file" in shown.output
+    checked = runner.invoke(main, ["check", *where])
+    assert checked.exit_code == 0, checked.output
+    no_model = f"scripted:{_no_model(tmp_path)}"
+    rewound = runner.invoke(
+        main, ["rewind", "s", "--to", marks[0].call_id, *where, "--provider", no_model]
+    )
+    assert rewound.exit_code == 0, rewound.output
+    assert files_of(ws) == {"keep.txt": b"kept\n"}
+
+    # the fork still holds the trees once the source is gone; then they go too
+    assert trio.run(delete, "s", "f") == [True, False]
+    # the trees only the deleted sessions kept are pruned (the empty workspace's
+    # tree stays: the current one, which the rewind's own snapshot made)
+    assert not any(history.has_tree(t) for t in trees - {marks[0].before})
+
+    # a checkpoint the log names but whose store is gone is reported by check
+    trio.run(run_and_fork, "s2", False)
+    shutil.rmtree(ws / STORE_DIR)
+    checked = runner.invoke(main, ["check", *where])
+    assert checked.exit_code == 1
+    assert "history store" in checked.output and "is missing" in checked.output
+
+
+def _no_model(tmp_path: Path) -> Path:
+    """A script for a provider the rewind never calls."""
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps([{"text": "unused"}]))
+    return path
+
+
+async def test_two_sessions_on_one_workspace_are_detected(tmp_path: Path, ws: Path) -> None:
+    """What another session changed between two calls of this one is named on the
+    second call's checkpoint (``outside``)."""
+
+    def writes(path: str) -> list[Reply]:
+        return [
+            Reply(tool_uses=[ToolUse("write_file", {"path": path, "content": path})]),
+            Reply(text="done"),
+        ]
+
+    by_system = {"one": writes("a.txt") + writes("c.txt"), "two": writes("b.txt")}
+    provider = ScriptedProvider([], by_system=by_system)
+    async with perdure.open_runtime(
+        tmp_path / "log", provider=provider, tools=TOOLS, workspace=ws
+    ) as rt:
+        await rt.create_session("s1", system="one")
+        await rt.create_session("s2", system="two")
+        for sid, rid in (("s1", "r1"), ("s2", "r1"), ("s1", "r2")):
+            await rt.submit(sid, "go", request_id=rid)
+            with trio.fail_after(30):
+                await rt.wait_idle(sid)
+        first, second = (await rt.load_state("s1")).checkpoints
+        (other,) = (await rt.load_state("s2")).checkpoints
+    assert (first.changed, first.outside) == (["a.txt"], [])
+    assert (other.changed, other.outside) == (["b.txt"], [])  # s2 had no earlier call
+    assert (second.changed, second.outside) == (["c.txt"], ["b.txt"])

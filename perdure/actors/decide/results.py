@@ -185,6 +185,7 @@ def checkpointed(s: SessionState, env: Env, task: Task, seen: WorkspaceSeen) -> 
         after=seen.after,
         changed=list(seen.changed),
         skipped=list(seen.skipped),
+        outside=list(seen.outside),
         at=env.now,
     )
 
