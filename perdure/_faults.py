@@ -5,6 +5,13 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
 ``commit``       after the n-th ``Journal.append`` of this process is durable
                  (before its caller is woken or anything is published)
 ``tool.before``  the tool's ``executing`` record is durable; the tool is not yet called
+``workspace.before``  a workspace call's before-snapshot is durable; the tool is not yet
+                 called
+``workspace.after``  a workspace call's tool returned and its after-snapshot is durable;
+                 its result is not yet committed
+``workspace.restore``  a rewind is durable (``WorkspaceRestoreStarted``); no file is
+                 touched yet
+``workspace.restored``  a rewind put the files back; that is not yet recorded
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
 
@@ -26,7 +33,18 @@ import signal
 import sys
 from typing import Final
 
-POINTS: Final = frozenset({"commit", "tool.before", "tool.after", "model.after"})
+POINTS: Final = frozenset(
+    {
+        "commit",
+        "tool.before",
+        "tool.after",
+        "model.after",
+        "workspace.before",
+        "workspace.after",
+        "workspace.restore",
+        "workspace.restored",
+    }
+)
 
 
 def _parse(spec: str) -> dict[tuple[str, str | None], int]:

@@ -38,13 +38,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import attrs
 import trio
 
+from perdure import _threads, retention
 from perdure import errors as perdure_errors
-from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
+from perdure.actors.decide.forks import workspace_at
+from perdure.actors.decide.sessions import fork_files_request
 from perdure.actors.session import CommandMsg, Query, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
+from perdure.answers import CallDiff, Rewound
 from perdure.budget import Price
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
@@ -75,9 +78,11 @@ from perdure.storage.records import (
     ResolutionAction,
     RunFinished,
     ToolHeartbeat,
+    WorkspaceRestored,
 )
 from perdure.stuck import DEFAULT_STUCK_AFTER, StuckRun, last_progress_at, stuck_run
 from perdure.tools.contract import Tool, registry
+from perdure.tools.history import WorkspaceHistory
 from perdure.view import SessionView
 
 if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configured
@@ -258,6 +263,7 @@ class Runtime:
         at: int | str | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        files: bool = False,
     ) -> protocol.Forked:
         """Start a new session from the history of ``source`` up to a settled point.
 
@@ -270,6 +276,11 @@ class Runtime:
         prefix is taken up at once, as recovery would. The workspace is NOT rewound.
         ``session_id`` defaults to one derived from ``source`` and ``request_id``, so
         the same request forks once (the answer says ``duplicate``).
+
+        ``files=True`` also puts the workspace's files back as they were at that point
+        (from the source's checkpoints, ``rewind``), durably, before the fork's pending
+        work goes on; this call returns once they are (a damaged checkpoint store is
+        ``Refused``, the fork stays). Without it the workspace is NOT rewound.
         """
         if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
             raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
@@ -277,11 +288,91 @@ class Runtime:
         if session_id is None:
             digest = hashlib.sha256(f"{source}\x00{rid}".encode()).hexdigest()[:16]
             session_id = f"fork-{digest}"
-        forked = await self._sup.fork_session(source, session_id, at, rid)
+        forked = await self._sup.fork_session(source, session_id, at, rid, files)
+        if self._ctx.workspace is not None:  # the fork keeps the checkpoints it copied
+            copied = await self.load_state(forked.session_id)
+            trees = [t for m in copied.checkpoints for t in (m.before, m.after) if t]
+            history = WorkspaceHistory(self._ctx.workspace)
+            await _threads.run_sync(history.keep_for, forked.session_id, trees)
         info = await self._journal.session_info(forked.session_id)
         if info is not None and info.open_submissions:
             await self._sup.mailbox(forked.session_id)  # its pending work starts now
+        if files:
+            await self._restored(forked.session_id, fork_files_request(rid))
         return forked
+
+    async def rewind(
+        self, session_id: str, *, to: int | str, request_id: str | None = None
+    ) -> Rewound:
+        """Put the workspace's files back as they were at ``to``; the conversation stays.
+
+        ``to`` is a call id (the workspace just before that call) or a settled point of
+        the session's log (as for ``fork``: after the last workspace call before it).
+        Durable: the rewind is recorded before a file is touched, and a crash halfway
+        through the restore finishes it after the restart. Refused
+        (``Refused("invalid_state")``) while the session has a run, waiting input or a
+        compensation: cancel or wait, then rewind. To rewind the conversation too,
+        ``fork(session_id, at=..., files=True)``. Tracked files are restored byte for
+        byte (ignored files and files over the size limit are left alone), and the
+        workspace just before is kept in the store (``Rewound.before``). Returns once
+        the files are back; a checkpoint the store cannot prove whole is refused
+        (``Refused("invalid_state")``) and no file is written.
+        """
+        rid = request_id or _rid()
+        history = await self._journal.read_session(session_id)
+        if not history:
+            raise UnknownSession(session_id)
+        position, tree = workspace_at(history, to)
+        done = await self._done(session_id, protocol.Rewind(rid, position, tree))
+        restored = await self._restored(session_id, rid)
+        return Rewound(session_id, restored.tree, position, restored.before, done.duplicate)
+
+    async def _restored(self, session_id: str, request_id: str) -> WorkspaceRestored:
+        """Wait for the restore of ``request_id`` to be recorded; a refused one raises."""
+        restored = None
+        async with aclosing(self.events(session_id)) as events:
+            async for event in events:
+                record = event.record
+                if isinstance(record, WorkspaceRestored) and record.request_id == request_id:
+                    restored = record
+                    break
+        assert restored is not None
+        if restored.error:
+            raise perdure_errors.Refused(
+                "invalid_state", f"the workspace was not restored: {restored.error}"
+            )
+        return restored
+
+    async def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
+        """What each checkpointed call of the session changed in the workspace (or only
+        ``call_id``'s attempts), with a unified diff of each, in log order."""
+        state = await self.load_state(session_id)
+        marks = [m for m in state.checkpoints if call_id is None or m.call_id == call_id]
+        if call_id is not None and not marks:
+            raise perdure_errors.Refused(
+                "not_found", f"session {session_id} has no checkpointed call {call_id!r}"
+            )
+        workspace = self._ctx.workspace
+        diffs: list[CallDiff] = []
+        for mark in marks:
+            patch = ""
+            if workspace is not None and mark.after:
+                history = WorkspaceHistory(workspace)
+                patch = await _threads.run_sync(history.patch, mark.before, mark.after)
+            task = state.tasks.get(mark.call_id)
+            diffs.append(
+                CallDiff(
+                    call_id=mark.call_id,
+                    attempt=mark.attempt,
+                    tool_name=task.tool_name if task is not None else "",
+                    before=mark.before,
+                    after=mark.after,
+                    changed=tuple(mark.changed),
+                    skipped=tuple(mark.skipped),
+                    patch=patch,
+                )
+            )
+        return diffs
 
     async def sessions(
         self, *, after: str = "", limit: int | None = None, active: bool = False
@@ -471,8 +562,12 @@ class Runtime:
         Refused (``busy``, nothing removed) while it has unfinished work or a parent
         call still waits for it (a sub-agent). Its event streams end with a
         ``session_deleted`` event. Forks of it are unaffected (they hold a copy).
+        Its workspace checkpoints go too (those a fork copied stay, for the fork).
         """
         count = await self._sup.delete_session(session_id, reason)
+        if self._ctx.workspace is not None:  # its checkpoints go with it
+            history = WorkspaceHistory(self._ctx.workspace)
+            await _threads.run_sync(history.drop_session, session_id)
         data = {"session_id": session_id, "records": count, "reason": reason}
         self._journal.bus.publish(Event(session_id, SESSION_DELETED, data=data))
         return count

@@ -731,6 +731,17 @@ def run(
 )
 @click.option("--as", "new_id", default=None, help="The fork's session id (default: derived).")
 @click.option(
+    "--files",
+    is_flag=True,
+    help="Also put the workspace's files back as they were at that point (with --workspace).",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The workspace of the session (needed with --files).",
+)
+@click.option(
     "--request-id",
     default=None,
     help="Deduplication key (default: derived from SOURCE and --at, so repeating the "
@@ -744,6 +755,8 @@ def fork(
     source: str,
     at: str | None,
     new_id: str | None,
+    files: bool,
+    workspace: Path | None,
     request_id: str | None,
     log_dir: str,
     provider: str,
@@ -751,6 +764,8 @@ def fork(
     tool_specs: tuple[str, ...],
 ) -> None:
     """Start a new session from SOURCE's history up to the end of a run or of a turn.
+
+    With --files, the workspace's files are put back as they were at that point too.
 
     The fork's pending work (a turn to continue, queued input) starts like any
     recovered work, with the given provider and tools. Against a running daemon, use
@@ -768,8 +783,12 @@ def fork(
     async def go() -> Any:
         import perdure
 
-        async with perdure.open_runtime(log_dir, provider=prov, tools=tools) as rt:
-            return await rt.fork(source, at=where, session_id=new_id, request_id=rid)
+        if files and workspace is None:
+            _fail("--files needs --workspace: the folder whose files are put back", 2)
+        async with perdure.open_runtime(
+            log_dir, provider=prov, tools=tools, workspace=workspace
+        ) as rt:
+            return await rt.fork(source, at=where, session_id=new_id, request_id=rid, files=files)
 
     try:
         forked = trio.run(go)
@@ -779,6 +798,129 @@ def fork(
         _fail_log(exc, log_dir)
     again = " (already forked by this request)" if forked.duplicate else ""
     echo(f"session {forked.session_id} forked from {source} at record {forked.position}{again}")
+
+
+workspace_option = click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="The workspace whose history (its .perdure-tools/history.git) is used.",
+)
+
+
+@main.command()
+@click.argument("session")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    help="A call id (the workspace just before that call) or a sequence number of "
+    "SESSION that ends a run or a turn.",
+)
+@click.option(
+    "--request-id",
+    default=None,
+    help="Deduplication key (default: derived from SESSION and --to, so repeating the "
+    "command rewinds once).",
+)
+@workspace_option
+@log_option
+@provider_option
+@model_option
+@tools_option
+def rewind(
+    session: str,
+    to: str,
+    request_id: str | None,
+    workspace: Path,
+    log_dir: str,
+    provider: str,
+    model: str | None,
+    tool_specs: tuple[str, ...],
+) -> None:
+    """Put the workspace's files back as they were at a call or a settled point.
+
+    The conversation stays (to rewind both, fork with --files). Refused while the
+    session has a run in progress. The rewind is recorded before any file is
+    touched, so an interrupted one finishes the next time the log is opened. Against
+    a running daemon, use its route: POST /v1/sessions/SESSION/rewind.
+    """
+    import trio
+
+    from perdure.errors import Refused
+    from perdure.storage import LogError
+
+    where: int | str = int(to) if to.isdigit() else to
+    rid = request_id or "rewind-" + hashlib.sha256(f"{session}\x00{to}".encode()).hexdigest()[:24]
+    prov, tools = _setup(provider, model, tool_specs)
+
+    async def go() -> Any:
+        import perdure
+
+        async with perdure.open_runtime(
+            log_dir, provider=prov, tools=tools, workspace=workspace
+        ) as rt:
+            return await rt.rewind(session, to=where, request_id=rid)
+
+    try:
+        done = trio.run(go)
+    except Refused as exc:
+        _fail(str(exc))
+    except LogError as exc:
+        _fail_log(exc, log_dir)
+    again = " (already done by this request)" if done.duplicate else ""
+    echo(
+        f"the workspace of {session} is back at record {done.position} (tree "
+        f"{done.tree[:12]}; before the rewind: {done.before[:12]}){again}"
+    )
+
+
+@main.command()
+@click.argument("session")
+@click.argument("call", required=False)
+@workspace_option
+@log_option
+@click.option("--stat", is_flag=True, help="Only the files each call changed, no patch.")
+def diff(session: str, call: str | None, workspace: Path, log_dir: str, stat: bool) -> None:
+    """Show what each workspace call of SESSION changed (or only CALL's), as a diff.
+
+    Read-only: the log and the workspace's checkpoint store are only read.
+    """
+    from perdure.actors.state import SessionState
+    from perdure.storage.codec import CorruptRecord
+    from perdure.tools.history import HistoryError, WorkspaceHistory
+
+    log = _open_readonly(log_dir)
+    try:
+        if log.session_info(session) is None:
+            _fail(f"no session {session!r} in {_where(log_dir)} (see: perdure sessions)", 2)
+        state = SessionState.fold(session, log.read_session(session))
+    except CorruptRecord as exc:
+        _fail(f"{exc} (run: perdure check --log {_where(log_dir)})")
+    finally:
+        log.close()
+    marks = [m for m in state.checkpoints if call is None or m.call_id == call]
+    if not marks:
+        which = f"call {call!r} of " if call is not None else ""
+        _fail(f"no workspace checkpoint of {which}session {session!r}", 2)
+    history = WorkspaceHistory(workspace)
+    for mark in marks:
+        task = state.tasks.get(mark.call_id)
+        name = task.tool_name if task is not None else "?"
+        files = ", ".join(mark.changed) if mark.changed else "no file changed"
+        echo(f"call {mark.call_id} ({name}, attempt {mark.attempt}): {files}", "title")
+        if mark.outside:
+            others = ", ".join(mark.outside)
+            echo(f"  changed before it by others (another session, a person): {others}", "warning")
+        if mark.skipped:
+            echo(f"  not in the checkpoints (over the size limit): {', '.join(mark.skipped)}")
+        if stat or not mark.changed or not mark.after:
+            continue
+        try:
+            click.echo(history.patch(mark.before, mark.after), nl=False)
+        except HistoryError as exc:
+            _fail(str(exc))
 
 
 def _choose_run(
@@ -1250,7 +1392,13 @@ def show(session: str, log_dir: str, as_json: bool) -> None:
     is_flag=True,
     help="Every session must be finished (no pending work) — e.g. after a clean shutdown.",
 )
-def check(log_dir: str, settled: bool) -> None:
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Also check this workspace's checkpoint store against the log's checkpoints.",
+)
+def check(log_dir: str, settled: bool, workspace: Path | None) -> None:
     """Verify every record's checksum and the design's invariants (read-only)."""
     from perdure.check import check_log, last_seq
 
@@ -1265,7 +1413,9 @@ def check(log_dir: str, settled: bool) -> None:
             bar.update(seq - seen[0])
             seen[0] = seq
 
-        report = check_log(log_dir, settled="all" if settled else "idle", on_frame=tick)
+        report = check_log(
+            log_dir, settled="all" if settled else "idle", on_frame=tick, workspace=workspace
+        )
     echo(
         f"{report.records} records, {report.sessions} sessions checked"
         + (f"; {len(report.unfinished)} with work pending" if report.unfinished else ""),

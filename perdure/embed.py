@@ -52,7 +52,7 @@ import trio
 
 from perdure import Runtime, StreamStats, StuckRun
 from perdure import open_runtime as open_trio_runtime
-from perdure.answers import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.providers.base import Message
 from perdure.retention import Pruned
 from perdure.storage import SessionInfo
@@ -403,11 +403,21 @@ class AsyncioRuntime:
         at: int | str | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        files: bool = False,
     ) -> Forked:
         fork = self.trio_runtime.fork
         return await self.run(
-            partial(fork, source, at=at, session_id=session_id, request_id=request_id)
+            partial(fork, source, at=at, session_id=session_id, request_id=request_id, files=files)
         )
+
+    async def rewind(
+        self, session_id: str, *, to: int | str, request_id: str | None = None
+    ) -> Rewound:
+        rewind = self.trio_runtime.rewind
+        return await self.run(partial(rewind, session_id, to=to, request_id=request_id))
+
+    async def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
+        return await self.run(self.trio_runtime.workspace_diff, session_id, call_id)
 
     async def delete_session(self, session_id: str, *, reason: str = "") -> int:
         return await self.run(partial(self.trio_runtime.delete_session, session_id, reason=reason))

@@ -45,6 +45,9 @@ from perdure.storage.records import (
     ToolOutcomeUnknown,
     ToolRetryPending,
     ToolTaskCreated,
+    WorkspaceCheckpointed,
+    WorkspaceRestored,
+    WorkspaceRestoreStarted,
 )
 from perdure.storage.redact import redacted
 
@@ -220,6 +223,19 @@ class Timeline:
             add("plain", "session resumed")
         elif isinstance(r, SessionParked):
             add("warning", f"session PARKED: {r.reason}")
+        elif isinstance(r, WorkspaceCheckpointed):
+            files = ", ".join(r.changed) if r.changed else "no file"
+            add("plain", f"{tools.get(r.call_id, '?')} [{r.call_id}] changed {files}")
+            if r.outside:
+                others = ", ".join(r.outside)
+                add("warning", f"before [{r.call_id}], others changed the workspace: {others}")
+        elif isinstance(r, WorkspaceRestoreStarted):
+            add("warning", f"rewind of the workspace to record {r.position} ({r.tree[:12]})")
+        elif isinstance(r, WorkspaceRestored):
+            if r.error:
+                add("warning", f"rewind REFUSED, nothing restored: {r.error}")
+            else:
+                add("plain", f"workspace restored (it was {r.before[:12]} before the rewind)")
         if len(lines) > before:
             self._beats = {}  # another line came after the heartbeats: a new stretch starts
         return lines[before:]

@@ -51,6 +51,9 @@ class ActorContext:
     # The worker threads that plain ``def`` tools run in, at most this many at once for
     # the whole runtime (a thread left running by a timed-out call keeps its place).
     tool_threads: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(40))
+    # Workspace calls run one at a time, each between its two snapshots, so that a
+    # checkpoint's diff is that call's alone (a rewind to before it, a reconcile).
+    workspace_calls: trio.Lock = field(factory=trio.Lock)
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""

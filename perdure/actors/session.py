@@ -32,7 +32,7 @@ from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
-from perdure.actors.tool import run_forget, run_reconcile, run_tool
+from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
@@ -367,6 +367,9 @@ class SessionActor:
             if self._models.pop(message.generation_id, None) is None:
                 return  # the call was cancelled; its late report means nothing
             await self._result(message)
+        elif isinstance(message, protocol.RestoreFinished):
+            self._tools.pop(message.call_id, None)
+            await self._result(message)
         elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
             await self._last_heartbeat(message.call_id)
             self._tools.pop(message.call_id, None)
@@ -692,7 +695,14 @@ class SessionActor:
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(
-                run_tool, ctx, effect.tool, effect.executing, outbox, scope, effect.last_heartbeat
+                run_tool,
+                ctx,
+                effect.tool,
+                effect.executing,
+                outbox,
+                scope,
+                effect.last_heartbeat,
+                effect.workspace_since,
             )
         elif isinstance(effect, protocol.BackOff):
             wait = self._waits[effect.call_id] = trio.CancelScope()
@@ -706,6 +716,9 @@ class SessionActor:
             nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)
         elif isinstance(effect, protocol.Forget):
             nursery.start_soon(run_forget, ctx, effect.tool, effect.executing)
+        elif isinstance(effect, protocol.RestoreWorkspace):
+            self._tools[effect.call_id] = trio.CancelScope()
+            nursery.start_soon(run_restore, ctx, self.session_id, effect, outbox)
         elif isinstance(effect, protocol.CancelTool):
             tool_scope = self._tools.get(effect.call_id)
             if tool_scope is not None:

@@ -28,6 +28,7 @@ from perdure.actors.protocol import (
     Resolve,
     Resume,
     Revise,
+    Rewind,
     Submit,
     with_budget_hash,
 )
@@ -66,6 +67,9 @@ from perdure.storage.records import (
     ToolRetryPending,
     ToolTaskCreated,
     Usage,
+    WorkspaceCheckpointed,
+    WorkspaceRestored,
+    WorkspaceRestoreStarted,
 )
 from perdure.view import (
     GenerationView,
@@ -259,13 +263,23 @@ class SessionState:
     parked: str | None = None
     last_outcome: RunFinished | None = None
     last_seq: int = 0
+    # Workspace history: each workspace call's checkpoints, in order, and a rewind of
+    # the files under way (its restore is performed again after a crash).
+    checkpoints: list[WorkspaceCheckpointed] = field(factory=list)
+    restoring: WorkspaceRestoreStarted | None = None
+    restores: dict[str, WorkspaceRestored] = field(factory=dict)  # by request id
 
     # -- queries ----------------------------------------------------------------------
 
     @property
     def idle(self) -> bool:
-        """No run in progress, no input waiting, no compensation unfinished."""
-        return self.run is None and not self.queue and not self.compensations
+        """No run in progress, no input waiting, no compensation or rewind unfinished."""
+        return (
+            self.run is None
+            and not self.queue
+            and not self.compensations
+            and self.restoring is None
+        )
 
     def open_compensations(self) -> list[Task]:
         return [self.tasks[c.compensation_id] for c in self.compensations.values()]
@@ -712,6 +726,19 @@ class SessionState:
             )
         )
 
+    def _checkpointed(self, r: WorkspaceCheckpointed) -> None:
+        self.checkpoints.append(r)
+
+    def _restore_started(self, r: WorkspaceRestoreStarted) -> None:
+        self.restoring = r
+        body = Rewind.hash_of(r.position, r.tree)
+        self.requests[r.request_id] = RequestSeen(Rewind.kind, body, r.tree)
+
+    def _restored(self, r: WorkspaceRestored) -> None:
+        if self.restoring is not None and self.restoring.request_id == r.request_id:
+            self.restoring = None
+        self.restores[r.request_id] = r
+
     def _recovery_decision(self, r: RecoveryDecision) -> None:
         self.decisions.append(r)
 
@@ -751,6 +778,9 @@ _HANDLERS: dict[type, Any] = {
     SessionParked: SessionState._parked,
     CompensationRequested: SessionState._compensation_requested,
     CompensationFinished: SessionState._compensation_finished,
+    WorkspaceCheckpointed: SessionState._checkpointed,
+    WorkspaceRestoreStarted: SessionState._restore_started,
+    WorkspaceRestored: SessionState._restored,
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }

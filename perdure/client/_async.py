@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import httpx
 
-from perdure.answers import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.client import _model as m
 from perdure.client.errors import DaemonError
 
@@ -150,11 +150,26 @@ class AsyncPerdureClient:
         at: int | str | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        files: bool = False,
     ) -> Forked:
         """A new session from ``source``'s history up to a settled point: ``at`` is None
         (the latest), a run id (the end of that run) or a sequence number. The same
-        request id forks once (``duplicate`` on a retry)."""
-        return await self._send(m.fork(source, at, session_id, request_id))
+        request id forks once (``duplicate`` on a retry). ``files=True`` also puts the
+        workspace's files back as they were there (answered once they are)."""
+        return await self._send(m.fork(source, at, session_id, request_id, files))
+
+    async def rewind(
+        self, session_id: str, *, to: int | str, request_id: str | None = None
+    ) -> Rewound:
+        """Put the workspace's files back as they were at ``to`` (a call id: before that
+        call; a settled point's seq); the conversation stays. ``NotFound`` without a
+        checkpoint there; a ``Refused`` (409) while a run is active."""
+        return await self._send(m.rewind(session_id, to, request_id))
+
+    async def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
+        """What each checkpointed workspace call changed (or only ``call_id``'s), with a
+        unified diff of each."""
+        return await self._send(m.workspace_diff(session_id, call_id))
 
     async def delete_session(self, session_id: str) -> int:
         """Remove a finished session from the log; the number of records removed.

@@ -30,7 +30,7 @@ from urllib.parse import quote, urlencode
 
 from attrs import field, frozen
 
-from perdure.answers import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.client.errors import DaemonError, ProtocolError, Unavailable, error_from
 
 T = TypeVar("T")
@@ -334,13 +334,15 @@ def delete_session(session_id: str) -> Call[int]:
 
 
 def fork(
-    source: str, at: int | str | None, session_id: str | None, rid: str | None
+    source: str, at: int | str | None, session_id: str | None, rid: str | None, files: bool
 ) -> Call[Forked]:
     if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
         raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
     body: dict[str, Any] = {"request_id": rid or request_id(), "at": at}
     if session_id is not None:
         body["session_id"] = session_id
+    if files:
+        body["files"] = True
     return Call(
         "POST",
         _s(source) + "/forks",
@@ -349,6 +351,44 @@ def fork(
         ),
         body,
         ok=(200, 201),
+    )
+
+
+def rewind(session_id: str, to: int | str, rid: str | None) -> Call[Rewound]:
+    if isinstance(to, bool) or not isinstance(to, int | str):
+        raise ValueError(f"to must be a call id or a sequence number, not {to!r}")
+    return Call(
+        "POST",
+        _s(session_id) + "/rewind",
+        lambda d: Rewound(
+            d["session_id"],
+            d["tree"],
+            int(d["position"]),
+            d["before"],
+            duplicate=bool(d["duplicate"]),
+        ),
+        {"request_id": rid or request_id(), "to": to},
+    )
+
+
+def workspace_diff(session_id: str, call_id: str | None) -> Call[list[CallDiff]]:
+    query = "" if call_id is None else "?" + urlencode({"call_id": call_id})
+    return Call(
+        "GET",
+        _s(session_id) + "/diff" + query,
+        lambda d: [
+            CallDiff(
+                call_id=c["call_id"],
+                attempt=int(c["attempt"]),
+                tool_name=c["tool_name"],
+                before=c["before"],
+                after=c["after"],
+                changed=tuple(c["changed"]),
+                skipped=tuple(c["skipped"]),
+                patch=c["patch"],
+            )
+            for c in d["calls"]
+        ],
     )
 
 

@@ -67,11 +67,13 @@ from perdure.server.openapi import (
     ANY_EVENT,
     CHAT_DOC,
     CHAT_REQUEST,
+    DIFF_PARAMS,
     EVENT_PARAMS,
     EVENTS_DOC,
     FORK_REQUEST,
     HEALTH,
     HTML,
+    REWIND_REQUEST,
     SESSION_LIST,
     SESSION_LIST_DOC,
     SESSION_LIST_PARAMS,
@@ -79,6 +81,7 @@ from perdure.server.openapi import (
     SSE,
     TRACEPARENT,
     TRANSCRIPT,
+    WORKSPACE_DIFF,
     Body,
     Operation,
     documented,
@@ -100,6 +103,8 @@ from perdure.server.payloads import (
     ResolutionAnswer,
     ResolutionBody,
     RevisionAnswer,
+    RewindAnswer,
+    RewindBody,
     SessionCreatedAnswer,
     SessionDeletedAnswer,
     StatsAnswer,
@@ -526,10 +531,63 @@ class Api:
             why = "the field 'at' must be a run id, a sequence number or null"
             raise ApiError(400, "invalid_field", why, "at")
         forked = await self.rt.fork(
-            sid, at=at, session_id=body.session_id, request_id=body.request_id
+            sid, at=at, session_id=body.session_id, request_id=body.request_id, files=body.files
         )
         answer = ForkAnswer(forked.session_id, forked.source, forked.position, forked.duplicate)
         return _json(answer, 200 if forked.duplicate else 201)
+
+    @documented(
+        Operation(
+            summary="Put the workspace's files back as they were at a call or a settled point",
+            tag="commands",
+            access="session",
+            body=Body(schema=REWIND_REQUEST),
+            answers={200: Body(RewindAnswer, description="the files are back")},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
+    async def rewind(self, request: Request) -> Response:
+        """Restore the workspace's files (``to``: a call id or a settled point's seq);
+        409 ``invalid_state`` while a run is active or if the store cannot prove the
+        checkpoint whole."""
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        body = parse({k: v for k, v in data.items() if k != "to"}, RewindBody)
+        to = data.get("to")
+        if isinstance(to, bool) or not isinstance(to, int | str):
+            why = "the field 'to' must be a call id or a sequence number"
+            raise ApiError(400, "invalid_field", why, "to")
+        done = await self.rt.rewind(sid, to=to, request_id=body.request_id)
+        return _json(RewindAnswer(sid, done.tree, done.position, done.before, done.duplicate))
+
+    @documented(
+        Operation(
+            summary="What each workspace call of the session changed, with its diff",
+            tag="sessions",
+            access="session",
+            params=DIFF_PARAMS,
+            answers={200: Body(schema=WORKSPACE_DIFF)},
+            errors=(404,),
+        )
+    )
+    async def workspace_diff(self, request: Request) -> Response:
+        sid = path_session(request)
+        call_id = request.query_params.get("call_id") or None
+        diffs = await self.rt.workspace_diff(sid, call_id)
+        calls = [
+            {
+                "call_id": d.call_id,
+                "attempt": d.attempt,
+                "tool_name": d.tool_name,
+                "before": d.before,
+                "after": d.after,
+                "changed": list(d.changed),
+                "skipped": list(d.skipped),
+                "patch": d.patch,
+            }
+            for d in diffs
+        ]
+        return JSONResponse({"session_id": sid, "calls": calls})
 
     @documented(
         Operation(
@@ -789,6 +847,8 @@ def create_app(
         Route(s + "/messages", api.post_message, methods=["POST"]),
         Route(s + "/cancel", api.cancel, methods=["POST"]),
         Route(s + "/forks", api.fork, methods=["POST"]),
+        Route(s + "/rewind", api.rewind, methods=["POST"]),
+        Route(s + "/diff", api.workspace_diff, methods=["GET"]),
         Route(s + "/approvals/{call_id}", api.approve, methods=["POST"]),
         Route(s + "/revisions", api.revise, methods=["POST"]),
         Route(s + "/pause", api.pause, methods=["POST"]),

@@ -26,7 +26,7 @@ from attrs import frozen
 from starlette.routing import Route
 
 from perdure import __version__
-from perdure.server.payloads import ForkBody
+from perdure.server.payloads import ForkBody, RewindBody
 from perdure.storage import SessionInfo
 from perdure.stuck import WAITING_KINDS
 
@@ -749,6 +749,61 @@ FORK_REQUEST: Final = {
         },
     ]
 }
+
+REWIND_REQUEST: Final = {
+    "allOf": [
+        {"$attrs": RewindBody},
+        {
+            "type": "object",
+            "required": ["to"],
+            "properties": {
+                "to": {
+                    "type": ["string", "integer"],
+                    "description": "a call id (the workspace before it) or a sequence "
+                    "number of a settled point",
+                }
+            },
+        },
+    ]
+}
+
+WORKSPACE_DIFF: Final = {
+    "type": "object",
+    "required": ["session_id", "calls"],
+    "properties": {
+        "session_id": {"type": "string"},
+        "calls": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": [
+                    "call_id",
+                    "attempt",
+                    "tool_name",
+                    "before",
+                    "after",
+                    "changed",
+                    "skipped",
+                    "patch",
+                ],
+                "properties": {
+                    "call_id": {"type": "string"},
+                    "attempt": {"type": "integer"},
+                    "tool_name": {"type": "string"},
+                    "before": {"type": "string"},
+                    "after": {"type": "string"},
+                    "changed": {"type": "array", "items": {"type": "string"}},
+                    "skipped": {"type": "array", "items": {"type": "string"}},
+                    "patch": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+DIFF_PARAMS: Final = (
+    Param("call_id", "query", {"type": "string"}, "only this call's checkpoints"),
+)
 
 TRACEPARENT: Final = Param(
     "traceparent",

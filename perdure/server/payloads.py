@@ -152,6 +152,15 @@ class ForkBody:
 
     request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
     session_id: str | None = field(default=None, validator=_session_id, metadata=_SESSION_ID)
+    # Restore the workspace's files as they were at that point, too.
+    files: bool = False
+
+
+@frozen(kw_only=True)
+class RewindBody:
+    """A rewind's request id (``to`` is read apart: a call id or a seq)."""
+
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
 
 
 @frozen(kw_only=True)
@@ -221,6 +230,15 @@ class ForkAnswer:
     session_id: str
     source: str
     position: int
+    duplicate: bool
+
+
+@frozen
+class RewindAnswer:
+    session_id: str
+    tree: str
+    position: int
+    before: str
     duplicate: bool
 
 

@@ -15,6 +15,8 @@ follow the lifecycles of docs/DESIGN.md:
 * course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed,
               CompensationRequested -> (a tool task) -> CompensationFinished
 * lineage:    SessionForked (a session made from a settled prefix of another)
+* workspace:  WorkspaceCheckpointed (with a workspace call's result),
+              WorkspaceRestoreStarted -> WorkspaceRestored (a rewind of the files)
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
 * retention:  SessionDeleted (system record: a session removed from the log)
@@ -465,6 +467,57 @@ class ToolCancelled:
 
 
 @frozen(kw_only=True)
+class WorkspaceCheckpointed:
+    """A workspace call's snapshots: the workspace before its attempt and after it.
+
+    Committed with the call's result (or with what recovery decided for an interrupted
+    call). ``before`` and ``after`` are trees of the workspace history store
+    (``perdure.tools.history``), taken by the tool actor around the tool's function;
+    the ``before`` tree is kept in the store, durably, before the tool starts, so a
+    recovery finds it by the call's key and attempt. ``changed`` names the files
+    that differ; ``skipped`` the files left out of a snapshot for their size.
+    """
+
+    session_id: str
+    call_id: str
+    attempt: int
+    before: str
+    after: str
+    changed: list[str] = field(factory=list)
+    skipped: list[str] = field(factory=list)
+    # Files that changed between this session's previous checkpoint and ``before``:
+    # the workspace is shared (another session or runtime) or was edited by hand.
+    outside: list[str] = field(factory=list)
+    at: float
+
+
+@frozen(kw_only=True)
+class WorkspaceRestoreStarted:
+    """A rewind of the workspace's files to ``tree`` (the state at log position
+    ``position``) was accepted; committed before any file is touched, so a crash
+    halfway through the restore finishes it after the restart."""
+
+    session_id: str
+    tree: str
+    position: int
+    request_id: str
+    at: float
+
+
+@frozen(kw_only=True)
+class WorkspaceRestored:
+    """The restore begun by ``request_id`` is over: the files match ``tree``, or it was
+    refused (``error``, e.g. a damaged store) and nothing was written."""
+
+    session_id: str
+    request_id: str
+    tree: str
+    before: str = ""  # the workspace just before the restore (a rewind can be undone)
+    error: str = ""
+    at: float
+
+
+@frozen(kw_only=True)
 class CancelRequested:
     session_id: str
     run_id: str
@@ -595,6 +648,9 @@ Record = (
     | ToolCompleted
     | ToolOutcomeUnknown
     | ToolCancelled
+    | WorkspaceCheckpointed
+    | WorkspaceRestoreStarted
+    | WorkspaceRestored
     | CancelRequested
     | GoalRevised
     | CompensationRequested
@@ -628,6 +684,9 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     ToolCompleted,
     ToolOutcomeUnknown,
     ToolCancelled,
+    WorkspaceCheckpointed,
+    WorkspaceRestoreStarted,
+    WorkspaceRestored,
     CancelRequested,
     GoalRevised,
     CompensationRequested,
@@ -661,11 +720,11 @@ def active_delta(record: Record) -> int | None:
     record, so start-up reads only sessions with unfinished work. ``None`` means
     "the session is no longer active, whatever the count" (a parked session).
     """
-    if isinstance(record, InputAccepted | CompensationRequested):
+    if isinstance(record, InputAccepted | CompensationRequested | WorkspaceRestoreStarted):
         return 1
     if isinstance(record, RunFinished) and record.status in FINAL_RUN_STATUSES:
         return -1
-    if isinstance(record, CompensationFinished):
+    if isinstance(record, CompensationFinished | WorkspaceRestored):
         return -1
     if isinstance(record, SessionParked):
         return None

@@ -340,6 +340,12 @@ class Tool:
     # A SAFE read whose result depends on the request: run again under a revision.
     depends_on_goal: bool = False
     version: str = "1"
+    # Workspace history: the tool may change the workspace's files, so each attempt is
+    # checkpointed (a snapshot before and after), and an interrupted call is diffed
+    # from its before-snapshot at recovery. ``workspace_only``: the files are its only
+    # effect, so an interrupted call that changed none did not happen and runs again.
+    changes_workspace: bool = False
+    workspace_only: bool = False
     # The other versions of this tool registered beside it (oldest first), when this one
     # is the newest: calls that started on one of them finish on it (``at_version``).
     earlier: tuple[Tool, ...] = ()
@@ -508,6 +514,8 @@ def _build(
     needs_human_on: tuple[type[Exception], ...],
     version: str | int,
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
     unknown_outcome: UnknownOutcome = "tell_model",
     depends_on_goal: bool = False,
 ) -> Tool:
@@ -569,6 +577,8 @@ def _build(
         definition_hash=digest,
         parameters=parameters,
         runs_on=_loop_of(fn, runs_on) if inspect.iscoroutinefunction(fn) else "trio",
+        changes_workspace=changes_workspace or workspace_only,
+        workspace_only=workspace_only,
     )
 
 
@@ -749,6 +759,8 @@ def tool(
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str | int = "1",
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
     unknown_outcome: UnknownOutcome = "tell_model",
     depends_on_goal: bool = False,
 ) -> Callable[[ToolFn], Tool]: ...
@@ -774,6 +786,8 @@ def tool(
     needs_human_on: tuple[type[Exception], ...] = (),
     version: str | int = "1",
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
     unknown_outcome: UnknownOutcome = "tell_model",
     depends_on_goal: bool = False,
 ) -> Tool | Callable[[ToolFn], Tool]:
@@ -811,6 +825,13 @@ def tool(
     awaited on the application's asyncio loop: ``runs_on="asyncio"`` or ``"trio"``
     says which, and by default a tool whose module imports trio is trio code, any
     other asyncio code.
+
+    ``changes_workspace=True`` declares that the tool may change the runtime's
+    workspace: each attempt is checkpointed (``perdure.tools.history``), its diff and a
+    rewind to before it are offered, and an interrupted call is reconciled from the
+    diff (the model is told which files changed; any other effect stays unknown).
+    ``workspace_only=True`` says the files are its only effect: an interrupted call
+    that changed no file is run once more.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -832,6 +853,8 @@ def tool(
             needs_human_on=needs_human_on,
             version=version,
             runs_on=runs_on,
+            changes_workspace=changes_workspace,
+            workspace_only=workspace_only,
             unknown_outcome=unknown_outcome,
             depends_on_goal=depends_on_goal,
         )

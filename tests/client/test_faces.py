@@ -229,6 +229,8 @@ SAMPLES: dict[str, Any] = {
     "scope": "write",
     "ttl_s": 60,
     "tools": ["lookup"],
+    "files": True,
+    "to": "call-7",
     "after": "sess-0",
     "limit": 5,
     "active": True,

@@ -20,7 +20,8 @@ This module is the face; each door is a module of its own, and each is a table:
 * ``commands`` — ``command``, what a caller's submit, cancel, approve, revise,
   pause, resume, compensate or resolve changes (``COMMANDS``); what a submit does
   while a run is busy is a row of ``IF_BUSY`` (queue, interrupt, reject, steer);
-* ``forks`` — ``fork_points`` / ``fork_position`` / ``fork_records``: where a
+* ``forks`` — ``fork_points`` / ``fork_position`` / ``fork_records`` /
+  ``workspace_at`` (the tree a rewind restores): where a
   session's history may be forked (the end of a run or of a turn) and the records of
   the fork;
 * ``settling`` — ``settle``, the driver: fold a step, advance, until nothing changes;
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 from perdure.actors.decide.advancing import ADVANCE, advance
 from perdure.actors.decide.commands import COMMANDS, IF_BUSY, command, compensation_id
-from perdure.actors.decide.forks import fork_points, fork_position, fork_records
+from perdure.actors.decide.forks import fork_points, fork_position, fork_records, workspace_at
 from perdure.actors.decide.recovery import RECOVER, recover
 from perdure.actors.decide.results import RESULTS, on_result
 from perdure.actors.decide.settling import settle
@@ -85,4 +86,5 @@ __all__ = [
     "settle",
     "tool_for",
     "unknown_outcome_text",
+    "workspace_at",
 ]

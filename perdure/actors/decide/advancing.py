@@ -64,7 +64,8 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         return compensating
     run = s.run
     if run is None:
-        if s.queue and not _holding(s, view):
+        # No run starts while a rewind puts the files back: its calls would race it.
+        if s.queue and not _holding(s, view) and s.restoring is None:
             return _start_run(s, env)
         return NOTHING
     if run.cancel_requested:
@@ -295,7 +296,7 @@ def _recheck(s: SessionState, env: Env, task: Task) -> Step:
     """
     assert task.executing is not None
     tool = tool_for(env.tools, task)
-    if tool is None or tool.reconcile is None:  # unregistered since: nobody can tell
+    if tool is None or (tool.reconcile is None and not tool.changes_workspace):
         why = "its tool is no longer registered" if tool is None else "it cannot reconcile"
         return Step((_unknown(s, env, task, f"not re-run: {why}"),))
     return Step((), (Reconcile(task.executing, tool),))

@@ -1,6 +1,7 @@
 """``command``: what a caller's command changes (``COMMANDS``).
 
-Submit, cancel, approve, resolve, revise, pause, resume, compensate. A request id
+Submit, cancel, approve, resolve, revise, pause, resume, compensate, rewind (the
+workspace's files, while the session is idle). A request id
 already seen answers as it did the first time; a command that cannot be done raises
 ``Refused`` and records nothing. What a submit does while a run is busy is a row of
 ``IF_BUSY`` (queue, interrupt, reject, steer). A compensation is an ordinary tool
@@ -25,8 +26,10 @@ from perdure.actors.protocol import (
     Env,
     Pause,
     Resolve,
+    RestoreWorkspace,
     Resume,
     Revise,
+    Rewind,
     Step,
     Submit,
 )
@@ -44,6 +47,7 @@ from perdure.storage.records import (
     SessionResumed,
     ToolCompleted,
     ToolTaskCreated,
+    WorkspaceRestoreStarted,
 )
 from perdure.tools.contract import render_result
 
@@ -287,6 +291,34 @@ def _resume(s: SessionState, env: Env, cmd: Resume) -> tuple[Step, Answer]:
     return Step((record,)), Done("")
 
 
+def _rewind(s: SessionState, env: Env, cmd: Rewind) -> tuple[Step, Answer]:
+    """Restore the workspace's files; only while nothing of the session runs, so that
+    no call of its own writes the files while they are put back."""
+    busy = []
+    if s.run is not None:
+        busy.append(f"run {s.run.run_id} is in progress")
+    if s.queue:
+        busy.append(f"{len(s.queue)} input(s) wait their turn")
+    if s.compensations:
+        busy.append(f"{len(s.compensations)} compensation(s) are unfinished")
+    if s.restoring is not None:
+        busy.append(f"the rewind {s.restoring.request_id!r} is still restoring the files")
+    if busy:
+        raise Refused(
+            "invalid_state",
+            f"session {s.session_id} cannot rewind its workspace now: {'; '.join(busy)}. "
+            "Cancel the run (or wait until the session is idle), then rewind.",
+        )
+    started = WorkspaceRestoreStarted(
+        session_id=s.session_id,
+        tree=cmd.tree,
+        position=cmd.position,
+        request_id=cmd.request_id,
+        at=env.now,
+    )
+    return Step((started,), (RestoreWorkspace(cmd.request_id, cmd.tree),)), Done(cmd.tree)
+
+
 def compensation_id(call_id: str) -> str:
     return f"comp-{call_id}"
 
@@ -364,4 +396,5 @@ COMMANDS: dict[type, Callable[[SessionState, Env, Any], tuple[Step, Answer]]] = 
     Resume: _resume,
     Compensate: _compensate_command,
     Resolve: _resolve,
+    Rewind: _rewind,
 }

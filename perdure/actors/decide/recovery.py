@@ -39,6 +39,7 @@ from perdure.actors.protocol import (
     NOTHING,
     Env,
     Reconcile,
+    RestoreWorkspace,
     Step,
 )
 from perdure.actors.state import SessionState, Task
@@ -79,6 +80,8 @@ def recover(s: SessionState, env: Env) -> Step:
 
     as_compensation = _Recovering(decision, run_id="", compensation=True)
     compensating = _recover_tasks(s, env, s.open_compensations(), as_compensation)
+    if s.restoring is not None:  # a rewind of the files was under way: finish it
+        compensating = _recover_restore(s, decision) + compensating
     if run is None:
         if not s.queue:
             return compensating
@@ -302,9 +305,13 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         why = f"{policy}{change}"
     else:
         why = f"{policy}: no blind re-run{change}"
-    if tool.reconcile is not None:
+    if tool.reconcile is not None or tool.changes_workspace:
+        # A workspace call is also diffed from its before-snapshot (by the shell).
+        asked = "ask the tool's reconcile()" if tool.reconcile is not None else ""
+        diffed = "diff the workspace from its before-snapshot" if tool.changes_workspace else ""
+        action = " and ".join(a for a in (asked, diffed) if a) + on
         return Step(
-            (r.decide(task.call_id, "executing", f"ask the tool's reconcile(){on}", why),),
+            (r.decide(task.call_id, "executing", action, why),),
             (Reconcile(task.executing, tool),),
         )
     action = ASK_A_PERSON if asks_a_person(s, env, task) else "report outcome unknown"
@@ -316,6 +323,18 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         output=interrupted_text(task.tool_name),
     )
     return Step((r.decide(task.call_id, "executing", action, why + "; no reconcile"), outcome))
+
+
+def _recover_restore(s: SessionState, decision: Decide) -> Step:
+    """A restore is idempotent (the files are made to match one tree): do it again."""
+    started = s.restoring
+    assert started is not None
+    found = f"the rewind {started.request_id!r} to position {started.position} unfinished"
+    why = "a restore makes the files match its tree, however far it got"
+    return Step(
+        (decision(started.request_id, found, "restore the files again", why),),
+        (RestoreWorkspace(started.request_id, started.tree),),
+    )
 
 
 def _version_of(env: Env, task: Task) -> str:

@@ -248,7 +248,11 @@ def _execute(
         tool_version=_version_run(env, task, tool),
     )
     beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
-    return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
+    # Where this session left the workspace: the shell names what changed since by
+    # other hands (another session, a person) when it snapshots before the call.
+    since = next((m.after for m in reversed(s.checkpoints) if m.after), "")
+    run = RunTool(record, tool, last_heartbeat=beat, workspace_since=since)
+    return Step((record,), (run,))
 
 
 def _version_run(env: Env, task: Task, tool: Tool) -> str:

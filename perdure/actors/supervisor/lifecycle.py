@@ -343,7 +343,12 @@ class Supervisor(Ownership):
             return True
 
     async def fork_session(
-        self, source: str, session_id: str, at: int | str | None, request_id: str
+        self,
+        source: str,
+        session_id: str,
+        at: int | str | None,
+        request_id: str,
+        files: bool = False,
     ) -> Forked:
         """Record ``session_id`` as a fork of ``source`` at a settled point, in one commit.
 
@@ -365,6 +370,7 @@ class Supervisor(Ownership):
                 existing=existing,
                 history=history or [],
                 now=self.ctx.clock(),
+                files=files,
             )
             if decided.records:
                 await self._acquire(session_id)

@@ -443,6 +443,18 @@ function onRecord(type, r, seq) {
       note("revision", `request ${r.steered ? "steered by new input" : "revised"} (revision ${r.goal_rev}): ${r.text}`);
       compensateButtons(r.compensable);
       break;
+    case "WorkspaceCheckpointed": {
+      const card = view.calls.get(r.call_id);
+      if (card) workspaceActions(card, r);
+      break;
+    }
+    case "WorkspaceRestoreStarted":
+      note("event", `rewinding the workspace to record ${r.position}`);
+      break;
+    case "WorkspaceRestored":
+      note(r.error ? "event run-finished failed" : "event",
+        r.error ? `rewind refused, nothing restored: ${r.error}` : "workspace restored");
+      break;
     case "SessionForked":
       note("event", `forked from ${r.source} at record ${r.position} (${r.records} records copied)`);
       break;
@@ -491,6 +503,48 @@ function unknownOutcome(card, callId) {
   actions.append(tell);
   next.append(actions);
   card.append(next);
+}
+
+// A workspace call's checkpoint: which files it changed, its diff on request, and a
+// rewind of the files to just before it (refused by the runtime while a run is active).
+function workspaceActions(card, r) {
+  const old = card.querySelector(".workspace");
+  if (old) old.remove();
+  const box = el("div", "workspace");
+  box.append(el("div", "files", r.changed.length
+    ? `changed: ${r.changed.join(", ")}` : "changed no file"));
+  const actions = el("div", "actions");
+  const show = el("button", "diff", "Diff");
+  show.type = "button";
+  const patch = el("pre", "patch");
+  patch.hidden = true;
+  show.addEventListener("click", async () => {
+    if (!patch.hidden) { patch.hidden = true; return; }
+    try {
+      const d = await api("GET", `/v1/sessions/${encodeURIComponent(view.sid)}/diff?call_id=${encodeURIComponent(r.call_id)}`);
+      patch.textContent = d.calls.map((c) => c.patch || "(no change)").join("\n");
+      patch.hidden = false;
+    } catch (e) {
+      alert(e.message);
+    }
+  });
+  const rewind = el("button", "rewind", "Rewind files to before this call");
+  rewind.type = "button";
+  rewind.title = "Put the workspace's files back as they were before this call (the conversation stays)";
+  rewind.addEventListener("click", async () => {
+    if (!confirm("Put every tracked file of the workspace back as it was before this call?")) return;
+    rewind.disabled = true;
+    try {
+      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/rewind`,
+        { request_id: requestId(), to: r.call_id });
+    } catch (e) {
+      alert(e.message);
+    }
+    rewind.disabled = false;
+  });
+  actions.append(show, rewind);
+  box.append(actions, patch);
+  card.append(box);
 }
 
 // The undo of completed calls, offered only where it exists: a cancel or a revision
