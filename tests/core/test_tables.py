@@ -121,3 +121,19 @@ def test_a_lifecycle_table_naming_an_unknown_or_unreached_phase_is_an_error_at_i
     unreached = {k: v for k, v in TASK_TRANSITIONS.items() if v != "denied"}
     with pytest.raises(ImportError, match=r"unknown phases \[\], .* enters \['denied'\]"):
         check(unreached, TASK_PHASES)
+
+
+def test_an_impossible_transition_names_the_session_the_subject_its_phase_and_the_event() -> None:
+    early = ImpossibleTransition("s1", "tool call c1", None, "ToolCompleted")
+    assert (early.session_id, early.subject, early.phase, early.event) == (
+        "s1",
+        "tool call c1",
+        None,
+        "ToolCompleted",
+    )
+    assert str(early) == (
+        "session s1: ToolCompleted for tool call c1 before it exists is not a transition "
+        "of its lifecycle (docs/DESIGN.md §3)"
+    )
+    late = ImpossibleTransition("s1", "model turn g1", "completed", "RetryPending")
+    assert "RetryPending for model turn g1 in phase 'completed' is not" in str(late)
