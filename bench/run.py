@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
-from bench.workload import median  # noqa: E402
+from bench.workload import median, quantile  # noqa: E402
 
 DEFAULT_PEERS = "/tmp/bench-peers/bin/python"
 
@@ -805,7 +805,8 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         p / floor,
         f"<= {TARGETS['floor']}",
         p / floor <= TARGETS["floor"],
-        f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}",
+        f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}; "
+        + round_spread(pt[f"perdure_k{k}"], pt["floor"]),
     )
     skeleton = pt.get(f"skeleton_k{k}")
     if skeleton is not None and "error" not in skeleton:
@@ -851,7 +852,8 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             v,
             f">= {TARGETS['peer_turn']}",
             v >= TARGETS["peer_turn"],
-            f"best trials: {r['best_median_ms'] / p_best:.2f}",
+            f"best trials: {r['best_median_ms'] / p_best:.2f}; "
+            + round_spread(r, pt[f"perdure_k{k}"]),
         )
     for peer in ("langgraph", "dbos"):
         r = pt.get(f"{peer}_k{kl}")
@@ -1444,6 +1446,23 @@ def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) ->
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0
+
+
+def round_spread(top: dict[str, Any], bottom: dict[str, Any]) -> str:
+    """The spread of a ratio over the interleaved rounds (each round ran both sides in
+    the same minutes): min, quartiles and max of the rounds' own ratios."""
+    pairs = [
+        a["median_ms"] / b["median_ms"]
+        for a, b in zip(top.get("trials", []), bottom.get("trials", []), strict=False)
+        if "error" not in a and "error" not in b and b.get("median_ms")
+    ]
+    if not pairs:
+        return "no interleaved rounds"
+    q1, q3 = quantile(pairs, 0.25), quantile(pairs, 0.75)
+    return (
+        f"{len(pairs)} interleaved rounds' ratios {min(pairs):.2f} / {q1:.2f} / "
+        f"{median(pairs):.2f} / {q3:.2f} / {max(pairs):.2f} (min, quartiles, max)"
+    )
 
 
 def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,6 +14,10 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
 ``workspace.restored``  a rewind put the files back; that is not yet recorded
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
+``summary.before``   a context compaction's start is durable; its summary call is not
+                     yet made
+``compaction.after`` a context compaction's summary is durable; the next turn's model
+                     call is not yet made
 
 ``n`` counts the hits of that point (and tool name, if given) in this process,
 starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
@@ -43,6 +47,8 @@ POINTS: Final = frozenset(
         "workspace.after",
         "workspace.restore",
         "workspace.restored",
+        "summary.before",
+        "compaction.after",
     }
 )
 

@@ -41,6 +41,7 @@ class ActorContext:
     rng: random.Random = field(factory=random.Random)
     # The runtime's settings, checked once by ``open_runtime``; read here, never copied.
     settings: Settings = field(factory=Settings)
+    compaction_provider: Provider | None = None  # makes the summaries (None: ``provider``)
     # Runs a sub-agent for a tool call (``ctx.run_agent``): given by the supervisor,
     # which owns the sessions (``supervisor.agents``). Called with (the call's
     # executing record, its n-th sub-agent, task, system, tools, whether the call was

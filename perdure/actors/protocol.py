@@ -205,6 +205,23 @@ class Resolve:
 
 
 @frozen
+class CompactContext:
+    """Summarise the session's conversation now (what the model is sent; the log keeps
+    everything), instead of waiting for its context to fill."""
+
+    kind: ClassVar[str] = "compact_context"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return CompactContext.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00compact_context")
+
+
+@frozen
 class Rewind:
     """Restore the workspace's files to ``tree``, the workspace as it was at the
     session's log position ``position`` (the runtime finds the tree in the log)."""
@@ -223,7 +240,18 @@ class Rewind:
         return text_body_hash(f"\x00rewind\x00{position}\x00{tree}")
 
 
-Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate | Resolve | Rewind
+Command = (
+    Submit
+    | Cancel
+    | Approve
+    | Revise
+    | Pause
+    | Resume
+    | Compensate
+    | Resolve
+    | Rewind
+    | CompactContext
+)
 
 # -- results: what the actors report ----------------------------------------------------------
 
@@ -367,6 +395,17 @@ class CallModel:
 
 
 @frozen
+class Summarize:
+    """Make the summary of the compaction in progress (its ``CompactionStarted`` is
+    durable): a model call, reported as ``ModelReplied``/``ModelFailed`` under the
+    compaction's id."""
+
+    compaction_id: str
+    attempt: int
+    not_before: float | None = None
+
+
+@frozen
 class RunTool:
     """Run one attempt of a call, exactly as its durable ``executing`` record says.
 
@@ -447,6 +486,7 @@ class RestoreWorkspace:
 
 Effect = (
     CallModel
+    | Summarize
     | RunTool
     | Reconcile
     | CancelTool

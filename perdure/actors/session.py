@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
 import trio
 from attrs import define, evolve, field
 
+from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
@@ -37,7 +39,7 @@ from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, Record, RunFinished
+from perdure.storage.records import Committed, ContextCompacted, Record, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -616,6 +618,8 @@ class SessionActor:
             for c in committed:
                 state.note_committed(c)
             self._observe_after(state, committed)
+            if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
+                _faults.hit("compaction.after")
         for effect in step.effects:
             self._perform(effect)
         return committed
@@ -679,6 +683,8 @@ class SessionActor:
             ids.update(run_id=executing.run_id, call_id=executing.call_id)
         if isinstance(effect, protocol.CallModel):
             ids["generation_id"] = effect.generation_id
+        elif isinstance(effect, protocol.Summarize):
+            ids["compaction_id"] = effect.compaction_id
         with logs.bound(**ids):
             self._start(effect)
 
@@ -692,6 +698,23 @@ class SessionActor:
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
             nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)
+        elif isinstance(effect, protocol.Summarize):
+            if _faults.ACTIVE:
+                _faults.hit("summary.before")
+            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+            scope = self._models[effect.compaction_id] = trio.CancelScope()
+            nursery.start_soon(
+                partial(
+                    call_model,
+                    provider=ctx.compaction_provider,
+                    publish=False,
+                ),
+                ctx,
+                request,
+                effect.not_before,
+                outbox,
+                scope,
+            )
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(
