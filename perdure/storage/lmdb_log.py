@@ -608,10 +608,14 @@ class LmdbLog(SingleOwner):
             # Keys sort as the ids' UTF-8 bytes: a page starts at the first key past
             # ``after``, and no key outside the page is read.
             cursor = txn.cursor(db=self._active if active else self._sessions)
-            found = cursor.set_range(start) if start else cursor.first()
+            # An ``after`` longer than any key LMDB takes (no session id is) still
+            # places the page: the search starts at its prefix, and keys up to it are
+            # skipped.
+            prefix = start[: self.env.max_key_size()]
+            found = cursor.set_range(prefix) if prefix else cursor.first()
             while found:
                 key = bytes(cursor.key())
-                if key != start:
+                if key > start:
                     sid = key.decode()
                     if active:
                         summary = self._summary(txn, sid)
