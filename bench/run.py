@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
-from bench.workload import median  # noqa: E402
+from bench.workload import median, quantile  # noqa: E402
 
 DEFAULT_PEERS = "/tmp/bench-peers/bin/python"
 
@@ -121,6 +121,18 @@ TARGETS = {
     "idle_session_kib": 32.0,  # RSS per idle session <= 32 KiB
     "tracing": 1.10,  # CPU per turn with tracing on <= 1.1 x with it off
     "sse_daemon_ms": 5.0,  # SSE: the daemon's share (decision -> socket) at p50 <= 5 ms
+}
+
+# 100,000 sessions on one box (bench/bench_scale.py): the sizes and their targets.
+SCALE = {
+    "full": {"sessions": 100_000, "active": "100,1000", "waves": 5, "interrupted": 10_000},
+    "quick": {"sessions": 2_000, "active": "50,100", "waves": 2, "interrupted": 200},
+}
+SCALE_TARGETS = {
+    "rss_active_mib": 1024.0,  # RSS with 1,000 sessions active, 100,000 in the log
+    "first_call_s": 0.2,  # after a SIGKILL with 10,000 interrupted runs: first resumed call
+    "last_call_s": 5.0,  # ... and the last, both from the restart
+    "durability_p99_ms": 2.0,  # what perdure adds to a 1-s model turn, p99 at 1,000 sessions
 }
 
 # The SSE measurement's variants (bench/sse.py flags): who reads, and whether the
@@ -849,7 +861,8 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         p / floor,
         f"<= {TARGETS['floor']}",
         p / floor <= TARGETS["floor"],
-        f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}",
+        f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}; "
+        + round_spread(pt[f"perdure_k{k}"], pt["floor"]),
     )
     one = pt.get("floor_one")
     if one is not None and "error" not in one:
@@ -910,7 +923,8 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             v,
             f">= {TARGETS['peer_turn']}",
             v >= TARGETS["peer_turn"],
-            f"best trials: {r['best_median_ms'] / p_best:.2f}",
+            f"best trials: {r['best_median_ms'] / p_best:.2f}; "
+            + round_spread(r, pt[f"perdure_k{k}"]),
         )
     for peer in ("langgraph", "dbos"):
         r = pt.get(f"{peer}_k{kl}")
@@ -1400,10 +1414,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory")
     parser.add_argument(
         "--only",
-        choices=["sse", "per-turn"],
-        help="only this part: sse writes <out>/sse.json (sse-quick.json) and prints its table; "
-        "per-turn measures one session's turn with each set of --levers beside the two-commit "
-        "and the one-commit floor (<out>/per-turn.json, per-turn-quick.json)",
+        choices=["sse", "scale", "per-turn"],
+        help="only this part: sse writes <out>/sse.json (sse-quick.json), scale (100,000 "
+        "sessions, bench/bench_scale.py) <out>/scale.json (scale-quick.json); each prints "
+        "its table; per-turn measures one session's turn with each set of --levers beside "
+        "the two-commit and the one-commit floor (<out>/per-turn.json, per-turn-quick.json)",
     )
     parser.add_argument(
         "--think-ms",
@@ -1436,6 +1451,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "per-turn":
         levers = [name.strip() for name in args.levers.split(",") if name.strip()]
         return only_per_turn(cfg, mode, args.out, args.workdir, levers, args.think_ms)
+    if args.only == "scale":
+        return only_scale(mode, args.out, args.workdir)
     peers, why = (None, "--no-peers") if args.no_peers else peers_status(args.peers_python)
     if peers is None:
         print(f"peers skipped: {why}", flush=True)
@@ -1554,6 +1571,122 @@ def only_per_turn(
     name = "per-turn.json" if mode == "full" else "per-turn-quick.json"
     if think_ms:
         name = name.replace(".json", f"-think{think_ms:g}.json")
+
+
+def round_spread(top: dict[str, Any], bottom: dict[str, Any]) -> str:
+    """The spread of a ratio over the interleaved rounds (each round ran both sides in
+    the same minutes): min, quartiles and max of the rounds' own ratios."""
+    pairs = [
+        a["median_ms"] / b["median_ms"]
+        for a, b in zip(top.get("trials", []), bottom.get("trials", []), strict=False)
+        if "error" not in a and "error" not in b and b.get("median_ms")
+    ]
+    if not pairs:
+        return "no interleaved rounds"
+    q1, q3 = quantile(pairs, 0.25), quantile(pairs, 0.75)
+    return (
+        f"{len(pairs)} interleaved rounds' ratios {min(pairs):.2f} / {q1:.2f} / "
+        f"{median(pairs):.2f} / {q3:.2f} / {max(pairs):.2f} (min, quartiles, max)"
+    )
+
+
+def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scale targets, each with its measured value and whether it was met (a target
+    is judged only at the size it names; smaller runs say "-")."""
+    rows: list[dict[str, Any]] = []
+    full = scale["sessions"] >= 100_000
+
+    def row(name: str, value: float, target: str, met: bool | None, note: str = "") -> None:
+        rows.append({"ratio": name, "value": value, "target": target, "met": met, "note": note})
+
+    sizes = sorted(int(k.split("_")[1]) for k in scale if k.startswith("active_"))
+    for n in sizes:
+        a = scale[f"active_{n}"]
+        judged = full and n >= 1000
+        row(
+            f"RSS MiB with {n:,} sessions active ({scale['sessions']:,} in the log)",
+            a["rss_mib_with_active"],
+            f"<= {SCALE_TARGETS['rss_active_mib']:.0f}" if n >= 1000 else "(info)",
+            a["rss_mib_with_active"] <= SCALE_TARGETS["rss_active_mib"] if judged else None,
+            f"{a['hibernated_at_end']:,} hibernated, {a['frozen_at_end']:,} frozen at the end",
+        )
+        row(
+            f"ms perdure adds to a 1-s model turn, p99, {n:,} concurrent sessions",
+            a["turn_gap_ms_p99"],
+            f"<= {SCALE_TARGETS['durability_p99_ms']}" if n >= 1000 else "(info)",
+            a["turn_gap_ms_p99"] <= SCALE_TARGETS["durability_p99_ms"] if judged else None,
+            f"p50 {a['turn_gap_ms_p50']:.1f} ms over {a['turn_gaps']:,} turns",
+        )
+    rec = scale.get("recover")
+    if rec is not None:
+        judged = full and rec["interrupted"] >= 10_000
+        for key, name in (("first_call_s", "first"), ("last_call_s", "last")):
+            row(
+                f"s from the restart to the {name} resumed model call, "
+                f"{rec['interrupted']:,} interrupted runs",
+                rec[key],
+                f"<= {SCALE_TARGETS[key]}",
+                rec[key] <= SCALE_TARGETS[key] if judged else None,
+                f"{rec[key.replace('_s', '_from_open_s')]:.2f} s from open_runtime; "
+                f"imports {rec['imports_s']:.2f} s; p50 {rec['p50_call_s']:.2f} s, "
+                f"p99 {rec['p99_call_s']:.2f} s",
+            )
+    lists = scale["lists"]
+    row(
+        f"ms for GET /v1/sessions, every one of {lists['list_all_count']:,} sessions",
+        lists["list_all_ms"],
+        "(info)",
+        None,
+        f"a page of 100: {lists['list_page_100_ms']:.1f} ms; perdure sessions "
+        f"{lists['cli_sessions_s']:.2f} s",
+    )
+    build = scale.get("build")
+    if build is not None:
+        row("disk KiB per session", build["disk_kib_per_session"], "(info)", None)
+    return rows
+
+
+def only_scale(mode: str, out: Path, workdir: Path | None) -> int:
+    """100,000 sessions (``bench/bench_scale.py run``) and the scale targets."""
+    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
+    started = time.perf_counter()
+    size = SCALE[mode]
+    try:
+        results: dict[str, Any] = {
+            "mode": mode,
+            "part": "scale",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": size,
+            "versions": perdure_versions(),
+        }
+        argv = [sys.executable, str(BENCH / "bench_scale.py"), "run", str(scratch / "scale")]
+        for key, value in size.items():
+            argv += [f"--{key}", str(value)]
+        proc = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True)
+        results["scale"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results["scale"]["sessions"] = size["sessions"]
+        results["machine"]["loadavg_end"] = os.getloadavg()
+        results["ratios"] = scale_rows(results["scale"])
+        results["elapsed_s"] = time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    m = results["machine"]
+    lines = [
+        f"perdure scale benchmark, {mode} run, {results['date']}, {m['cpu']} x{m['cpus']}, "
+        f"load avg at start {_fmt(m['loadavg_start'][0])}, at end "
+        f"{_fmt(m['loadavg_end'][0])}",
+        "",
+    ]
+    for r in results["ratios"]:
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        lines.append(
+            f"{r['ratio']}: {_fmt(r['value'])}, target {r['target']}, met: {met}"
+            + (f" ({r['note']})" if r["note"] else "")
+        )
+    print("\n".join(lines))
+    out.mkdir(parents=True, exist_ok=True)
+    name = "scale.json" if mode == "full" else "scale-quick.json"
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0

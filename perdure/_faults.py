@@ -5,11 +5,22 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
 ``commit``       after the n-th ``Journal.append`` of this process is durable
                  (before its caller is woken or anything is published)
 ``tool.before``  the tool's ``executing`` record is durable; the tool is not yet called
+``workspace.before``  a workspace call's before-snapshot is durable; the tool is not yet
+                 called
+``workspace.after``  a workspace call's tool returned and its after-snapshot is durable;
+                 its result is not yet committed
+``workspace.restore``  a rewind is durable (``WorkspaceRestoreStarted``); no file is
+                 touched yet
+``workspace.restored``  a rewind put the files back; that is not yet recorded
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
 ``model.early``  the model's reply was received while the commit that started its
                  call (the turn's tool results, ``GenerationStarted``) was still in
                  flight; with ``PERDURE_SLOW_COMMIT_MS`` that window is wide open
+``summary.before``   a context compaction's start is durable; its summary call is not
+                     yet made
+``compaction.after`` a context compaction's summary is durable; the next turn's model
+                     call is not yet made
 
 ``n`` counts the hits of that point (and tool name, if given) in this process,
 starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
@@ -29,7 +40,21 @@ import signal
 import sys
 from typing import Final
 
-POINTS: Final = frozenset({"commit", "tool.before", "tool.after", "model.after", "model.early"})
+POINTS: Final = frozenset(
+    {
+        "commit",
+        "tool.before",
+        "tool.after",
+        "model.after",
+        "model.early",
+        "workspace.before",
+        "workspace.after",
+        "workspace.restore",
+        "workspace.restored",
+        "summary.before",
+        "compaction.after",
+    }
+)
 
 
 def _parse(spec: str) -> dict[tuple[str, str | None], int]:

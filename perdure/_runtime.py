@@ -24,7 +24,6 @@ import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterable,
     Mapping,
@@ -39,15 +38,17 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import attrs
 import trio
 
+from perdure import _threads, retention
 from perdure import errors as perdure_errors
-from perdure import retention
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
-from perdure.actors.decide.sessions import orphaned
-from perdure.actors.session import CommandMsg, Query, WaitIdle, check_grant
+from perdure.actors.decide.forks import workspace_at
+from perdure.actors.decide.sessions import fork_files_request
+from perdure.actors.session import CommandMsg, Query, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
-from perdure.budget import Price
+from perdure.answers import CallDiff, Rewound
+from perdure.budget import CompactionPolicy, Price, check_compaction
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
     BackgroundObserver,
@@ -62,7 +63,6 @@ from perdure.storage import (
     MEMORY,
     Durability,
     LogBackend,
-    LogError,
     LogFenced,
     SessionInfo,
     open_log,
@@ -77,19 +77,18 @@ from perdure.storage.records import (
     Record,
     ResolutionAction,
     RunFinished,
-    SessionCreated,
-    ToolExecuting,
     ToolHeartbeat,
+    WorkspaceRestored,
 )
 from perdure.stuck import DEFAULT_STUCK_AFTER, StuckRun, last_progress_at, stuck_run
 from perdure.tools.contract import Tool, registry
+from perdure.tools.history import WorkspaceHistory
 from perdure.view import SessionView
 
 if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configured
     from perdure.tools.mcp import McpHub, McpServer
 
 log = logging.getLogger("perdure.runtime")
-AGENT_MARK = ".agent-"  # in every sub-agent's session id
 _PAGE = 512
 SESSION_DELETED = "session_deleted"  # the last event of a deleted session's streams
 T = TypeVar("T")
@@ -114,13 +113,12 @@ class Runtime:
         self,
         supervisor: Supervisor,
         journal: Journal,
-        ctx: ActorContext,
         mcp: McpHub | None = None,
         caller_trace: Callable[[], str] | None = None,
     ) -> None:
         self._sup = supervisor
         self._journal = journal
-        self._ctx = ctx
+        self._ctx = supervisor.ctx
         self._mcp = mcp
         # The caller's current trace context, when tracing is on (perdure.observability).
         self._caller_trace = caller_trace
@@ -227,6 +225,7 @@ class Runtime:
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
@@ -237,10 +236,14 @@ class Runtime:
         without running. The grant is recorded with the session, so it holds after a
         restart, in its forks and (at most) in its sub-agents. A name the runtime does
         not register raises ``ValueError``. Raises ``Refused("conflict")`` if the
-        session exists with another system prompt or another grant.
+        session exists with another system prompt or another grant. ``compaction``
+        replaces the runtime's context compaction policy for this session (recorded
+        with it; docs/COMPACTION.md).
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self.ensure_session(sid, system=system, budget=budget, if_busy=if_busy, tools=tools)
+        await self.ensure_session(
+            sid, system=system, budget=budget, if_busy=if_busy, tools=tools, compaction=compaction
+        )
         return sid
 
     async def ensure_session(
@@ -251,11 +254,15 @@ class Runtime:
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
         policy = protocol.check_if_busy(if_busy)
         grant = check_grant(tools, self._ctx.tools)
-        return await self._sup.create_session(session_id, system, budget, policy, tools=grant)
+        own = check_compaction(compaction) if compaction is not None else None
+        return await self._sup.create_session(
+            session_id, system, budget, policy, tools=grant, compaction=own
+        )
 
     async def fork(
         self,
@@ -265,6 +272,7 @@ class Runtime:
         at: int | str | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        files: bool = False,
     ) -> protocol.Forked:
         """Start a new session from the history of ``source`` up to a settled point.
 
@@ -277,6 +285,11 @@ class Runtime:
         prefix is taken up at once, as recovery would. The workspace is NOT rewound.
         ``session_id`` defaults to one derived from ``source`` and ``request_id``, so
         the same request forks once (the answer says ``duplicate``).
+
+        ``files=True`` also puts the workspace's files back as they were at that point
+        (from the source's checkpoints, ``rewind``), durably, before the fork's pending
+        work goes on; this call returns once they are (a damaged checkpoint store is
+        ``Refused``, the fork stays). Without it the workspace is NOT rewound.
         """
         if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
             raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
@@ -284,14 +297,109 @@ class Runtime:
         if session_id is None:
             digest = hashlib.sha256(f"{source}\x00{rid}".encode()).hexdigest()[:16]
             session_id = f"fork-{digest}"
-        forked = await self._sup.fork_session(source, session_id, at, rid)
+        forked = await self._sup.fork_session(source, session_id, at, rid, files)
+        if self._ctx.workspace is not None:  # the fork keeps the checkpoints it copied
+            copied = await self.load_state(forked.session_id)
+            trees = [t for m in copied.checkpoints for t in (m.before, m.after) if t]
+            history = WorkspaceHistory(self._ctx.workspace)
+            await _threads.run_sync(history.keep_for, forked.session_id, trees)
         info = await self._journal.session_info(forked.session_id)
         if info is not None and info.open_submissions:
             await self._sup.mailbox(forked.session_id)  # its pending work starts now
+        if files:
+            await self._restored(forked.session_id, fork_files_request(rid))
         return forked
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self._journal.sessions()
+    async def rewind(
+        self, session_id: str, *, to: int | str, request_id: str | None = None
+    ) -> Rewound:
+        """Put the workspace's files back as they were at ``to``; the conversation stays.
+
+        ``to`` is a call id (the workspace just before that call) or a settled point of
+        the session's log (as for ``fork``: after the last workspace call before it).
+        Durable: the rewind is recorded before a file is touched, and a crash halfway
+        through the restore finishes it after the restart. Refused
+        (``Refused("invalid_state")``) while the session has a run, waiting input or a
+        compensation: cancel or wait, then rewind. To rewind the conversation too,
+        ``fork(session_id, at=..., files=True)``. Tracked files are restored byte for
+        byte (ignored files and files over the size limit are left alone), and the
+        workspace just before is kept in the store (``Rewound.before``). Returns once
+        the files are back; a checkpoint the store cannot prove whole is refused
+        (``Refused("invalid_state")``) and no file is written.
+        """
+        if isinstance(to, bool) or not isinstance(to, int | str):
+            raise ValueError(f"to must be a call id or a sequence number, not {to!r}")
+        if self._ctx.workspace is None:
+            raise perdure_errors.Refused(
+                "invalid_state",
+                "this runtime has no workspace (open_runtime(..., workspace=...)) to rewind",
+            )
+        rid = request_id or _rid()
+        history = await self._journal.read_session(session_id)
+        if not history:
+            raise UnknownSession(session_id)
+        position, tree = workspace_at(history, to)
+        done = await self._done(session_id, protocol.Rewind(rid, position, tree))
+        restored = await self._restored(session_id, rid)
+        return Rewound(session_id, restored.tree, position, restored.before, done.duplicate)
+
+    async def _restored(self, session_id: str, request_id: str) -> WorkspaceRestored:
+        """Wait for the restore of ``request_id`` to be recorded; a refused one raises."""
+        restored = None
+        async with aclosing(self.events(session_id)) as events:
+            async for event in events:
+                record = event.record
+                if isinstance(record, WorkspaceRestored) and record.request_id == request_id:
+                    restored = record
+                    break
+        assert restored is not None
+        if restored.error:
+            raise perdure_errors.Refused(
+                "invalid_state", f"the workspace was not restored: {restored.error}"
+            )
+        return restored
+
+    async def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
+        """What each checkpointed call of the session changed in the workspace (or only
+        ``call_id``'s attempts), with a unified diff of each, in log order."""
+        state = await self.load_state(session_id)
+        marks = [m for m in state.checkpoints if call_id is None or m.call_id == call_id]
+        if call_id is not None and not marks:
+            raise perdure_errors.Refused(
+                "not_found", f"session {session_id} has no checkpointed call {call_id!r}"
+            )
+        workspace = self._ctx.workspace
+        diffs: list[CallDiff] = []
+        for mark in marks:
+            patch = ""
+            if workspace is not None and mark.after:
+                history = WorkspaceHistory(workspace)
+                patch = await _threads.run_sync(history.patch, mark.before, mark.after)
+            task = state.tasks.get(mark.call_id)
+            diffs.append(
+                CallDiff(
+                    call_id=mark.call_id,
+                    attempt=mark.attempt,
+                    tool_name=task.tool_name if task is not None else "",
+                    before=mark.before,
+                    after=mark.after,
+                    changed=tuple(mark.changed),
+                    skipped=tuple(mark.skipped),
+                    patch=patch,
+                )
+            )
+        return diffs
+
+    async def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The log's summaries of its sessions, in session-id order: a page of at most
+        ``limit`` after the id ``after`` ("": from the start), or every session (each
+        call then reads every summary: page through a big log instead); ``active``:
+        only the sessions with unfinished work, read from the log's index of them."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be 0 or more, not {limit!r}")
+        return await self._journal.sessions(after=after, limit=limit, active=active)
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         """The log's summary of one session, or None if there is no such session."""
@@ -302,18 +410,23 @@ class Runtime:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self._ctx.settings.stuck_after
 
-    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+    async def stuck_runs(
+        self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None
+    ) -> list[StuckRun]:
         """The sessions with unfinished work and no record committed for ``after``
-        seconds (default: ``open_runtime(stuck_after=)``), each with what it waits for.
+        seconds (default: ``open_runtime(stuck_after=)``), each with what it waits for;
+        ``among``: only those of these summaries (a page of ``sessions``).
 
-        Computed now, from the log's index of active sessions, each one's latest record
-        and its state (read where it lives; no actor is woken): nothing is kept per turn.
+        Computed now, from the log's index of active sessions (never every session's
+        summary), each one's latest record and its state (read where it lives; no actor
+        is woken): nothing is kept per turn.
         """
         threshold = self.stuck_after if after is None else after
         if threshold < 0:
             raise ValueError(f"after must be 0 seconds or more, not {threshold!r}")
         found: list[StuckRun] = []
-        for info in await self._journal.sessions():
+        infos = await self._journal.sessions(active=True) if among is None else among
+        for info in infos:
             if not info.open_submissions:
                 continue
             latest = await self._journal.read_session(info.session_id, after=info.last_seq - 1)
@@ -417,6 +530,20 @@ class Runtime:
             await self.pause(child, request_id=f"{rid}/{child}")
         return done
 
+    async def compact_context(
+        self, session_id: str, *, request_id: str | None = None
+    ) -> protocol.Done:
+        """Summarise the session's conversation now, without waiting for its context to
+        fill (the policy's ``keep_recent`` items stay verbatim). Returns once the
+        compaction is recorded, with its id as ``ref``; the summary is made by a model
+        call after that (``wait_idle`` waits for it). The log keeps every record: this
+        changes only what the model is sent. ``Refused("invalid_state")`` if there is
+        nothing to summarise. Not to be confused with ``perdure compact``, which
+        compacts the log file.
+        """
+        command = protocol.CompactContext(request_id or _rid())
+        return await self._done(session_id, command)
+
     async def resume(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
         """Dispatch again after ``pause``; the running sub-agents resume too."""
         rid = request_id or _rid()
@@ -453,94 +580,6 @@ class Runtime:
         """
         return await self._done(session_id, resolution(call_id, action, result, request_id))
 
-    async def _child_grant(self, parent: str, asked: list[str] | None) -> list[str] | None:
-        """A sub-agent's grant: what it asked for, never more than its parent's grant
-        (a child of a limited session asking for nothing gets the parent's grant)."""
-        first = await self._journal.read_session(parent, 0, 1)
-        created = first[0].record if first else None
-        if not isinstance(created, SessionCreated) or created.tools is None:
-            return asked
-        if asked is None:
-            return list(created.tools)
-        beyond = [n for n in asked if n not in created.tools]
-        if beyond:
-            raise ValueError(
-                f"run_agent: {', '.join(beyond)} not granted to session {parent} "
-                "(a sub-agent gets at most its parent's tools)"
-            )
-        return asked
-
-    async def _run_child(
-        self,
-        call: ToolExecuting,
-        n: int,
-        task: str,
-        system: str | None,
-        tools: list[str] | None,
-        stopping: Callable[[], bool],
-        link: Callable[[str], Awaitable[None]],
-    ) -> str:
-        """``ctx.run_agent``: the ``n``-th sub-agent of a tool call, as a child session.
-
-        Every step is idempotent and named after the call's idempotency key, so a
-        re-run of the call after a crash finds the child it started (created once, its
-        task submitted once) and waits for the outcome the child reaches meanwhile.
-        """
-        if tools is not None:
-            unknown = sorted(set(tools) - set(self._ctx.tools))
-            if unknown:
-                raise ValueError(f"run_agent: no tool named {', '.join(unknown)}")
-        tools = await self._child_grant(call.session_id, tools)
-        child = child_session_id(call, n)
-        parent = f"{call.session_id}/{call.call_id}"
-        # The child is created with its task in one commit: it never exists without it,
-        # so it always reaches an outcome (a crash or a cancel right after included).
-        submit = protocol.Submit(
-            request_id=f"agent:{call.idempotency_key}:{n}",
-            text=task,
-            traceparent=self._caller_trace() if self._caller_trace is not None else "",
-        )
-        with trio.CancelScope(shield=True):  # the commit happens; its caller must learn it
-            created = await self._sup.create_session(
-                child, system, None, None, parent=parent, tools=tools, task=submit
-            )
-        # The parent records its child (once it exists): its stream and its pause,
-        # resume and cancel reach the child through that link.
-        await link(child)
-        try:
-            if not created:  # found again by a re-run of the call: submitted once, by its id
-                await self.submit(child, task, request_id=submit.request_id)
-            outcome = await self.wait_idle(child)
-        except trio.Cancelled:
-            # (A submit already handed to the child's mailbox is taken before this cancel.)
-            if stopping():  # the parent's run was cancelled or revised: so is the child's
-                with trio.CancelScope(shield=True):
-                    await self.cancel(child, request_id=f"agent-stop:{call.idempotency_key}:{n}")
-            raise
-        if outcome is None or outcome.status != "completed":
-            status = outcome.status if outcome is not None else "no outcome"
-            why = f": {outcome.reason}" if outcome is not None and outcome.reason else ""
-            raise RuntimeError(f"the sub-agent {child} did not complete ({status}{why})")
-        return outcome.final_text
-
-    async def _stop_orphans(self, sessions: Iterable[str]) -> list[str]:
-        """Cancel the recovered sub-agents whose parent call is over without them: the
-        core decides (``decide.sessions.orphaned``), this reads what it needs and tells them."""
-        stopped: list[str] = []
-        # Only ids named as sub-agents (``child_session_id``) can be one: no read for others.
-        for sid in (s for s in sessions if AGENT_MARK in s):
-            try:
-                first = await self._journal.read_session(sid, 0, 1)
-                stop = orphaned(first, await retention.parent_of(self._journal, first))
-                if stop is not None:
-                    await self.cancel(sid, request_id=stop.request_id)
-                    stopped.append(sid)
-            except (LogError, perdure_errors.Refused) as exc:
-                # The log cannot be read now, or the child cannot be told: it runs on,
-                # and the next start looks again.
-                log.warning("sub-agent %s: its parent call could not be checked: %s", sid, exc)
-        return stopped
-
     async def children(self, session_id: str) -> list[str]:
         """The sub-agent sessions started by the session's unfinished tool calls."""
         return await self.state(session_id, running_children)
@@ -553,8 +592,12 @@ class Runtime:
         Refused (``busy``, nothing removed) while it has unfinished work or a parent
         call still waits for it (a sub-agent). Its event streams end with a
         ``session_deleted`` event. Forks of it are unaffected (they hold a copy).
+        Its workspace checkpoints go too (those a fork copied stay, for the fork).
         """
         count = await self._sup.delete_session(session_id, reason)
+        if self._ctx.workspace is not None:  # its checkpoints go with it
+            history = WorkspaceHistory(self._ctx.workspace)
+            await _threads.run_sync(history.drop_session, session_id)
         data = {"session_id": session_id, "records": count, "reason": reason}
         self._journal.bus.publish(Event(session_id, SESSION_DELETED, data=data))
         return count
@@ -599,12 +642,7 @@ class Runtime:
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; return the last outcome."""
-        asleep = self._sup.dormant.get(session_id)
-        if asleep is not None:  # hibernated, so idle: no actor is woken to say so
-            outcome = (await dormant_state(asleep)).last_outcome
-            await trio.lowlevel.checkpoint()
-            return outcome
-        return await self._sup.ask(session_id, WaitIdle)
+        return await self._sup.wait_idle(session_id)
 
     async def state(
         self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
@@ -639,11 +677,14 @@ class Runtime:
             raise UnknownSession(session_id)
         return SessionState.fold(session_id, await self._journal.read_session(session_id))
 
-    async def transcript(self, session_id: str) -> list[Message]:
-        """The conversation as the model sees it (unfinished tool calls shown by phase)."""
+    async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
+        """The conversation as the model sees it (unfinished tool calls shown by phase):
+        after a context compaction, its summary in place of what it covers. With
+        ``history``, every message of the session instead, as if nothing was compacted
+        (the log keeps them all)."""
         return await self.state(
             session_id,
-            lambda state: list(conversation.messages(state, include_pending=True)),
+            lambda state: list(conversation.messages(state, include_pending=True, history=history)),
             wake=False,
         )
 
@@ -806,12 +847,6 @@ class Runtime:
                         yield page
 
 
-def child_session_id(call: ToolExecuting, n: int) -> str:
-    """The session id of the ``n``-th sub-agent of a call: stable across re-runs."""
-    digest = hashlib.sha256(f"{call.idempotency_key}\x00{n}".encode()).hexdigest()[:16]
-    return f"{call.session_id[:96]}{AGENT_MARK}{digest}"
-
-
 def children_named(record: Record | None) -> list[str]:
     """The sub-agent sessions a parent's record links: an ``AgentStarted``'s child, or
     (in logs written before that record) the ``agents`` a heartbeat listed."""
@@ -876,6 +911,9 @@ async def open_runtime(
     rebalance: bool = True,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
+    compaction: CompactionPolicy | None = None,
+    context_windows: Mapping[str, int] | None = None,
+    compaction_provider: Provider | None = None,
     mcp_servers: Sequence[McpServer] = (),
     telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
     commit_on_loop: bool | None = None,
@@ -906,7 +944,12 @@ async def open_runtime(
     ``budget`` limits what every
     session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
     model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
-    replaces the built-in price table used for cost. ``mcp_servers``
+    replaces the built-in price table used for cost. ``compaction``
+    (``perdure.CompactionPolicy``) says when a session's context is summarised: once
+    the input tokens the last reply reported reach its share of the model's context
+    window (``context_windows`` replaces the built-in table of windows by model), and
+    how many recent items stay verbatim; ``compaction_provider`` makes the summaries
+    (default: ``provider``); docs/COMPACTION.md. ``mcp_servers``
     (``perdure.tools.mcp.McpServer``, the ``mcp`` extra) are connected and listed before
     recovery runs; their tools join ``tools`` as ``<server>__<tool>``, and the
     connections are closed when the runtime exits. ``telemetry`` observes every
@@ -933,6 +976,8 @@ async def open_runtime(
             forget_settled=durability == "full",
             budget=budget,
             prices=prices,
+            compaction=compaction if compaction is not None else CompactionPolicy(),
+            context_windows=context_windows,
         ),
         shutdown_grace=shutdown_grace,
         stuck_after=stuck_after,
@@ -976,11 +1021,12 @@ async def open_runtime(
                 clock=clock,
                 rng=random.Random(seed),
                 settings=settings,
+                compaction_provider=compaction_provider,
                 observers=observers,
             )
-            supervisor = Supervisor(ctx)
-            runtime = Runtime(supervisor, journal, ctx, hub, _caller_trace(observers))
-            ctx.agents = runtime._run_child
+            caller_trace = _caller_trace(observers)
+            supervisor = Supervisor(ctx, caller_trace)
+            runtime = Runtime(supervisor, journal, hub, caller_trace)
             body_error: BaseException | None = None
             try:
                 async with trio.open_nursery() as nursery:
@@ -988,7 +1034,7 @@ async def open_runtime(
                         if isinstance(observer, BackgroundObserver):
                             nursery.start_soon(observer.background)
                     await nursery.start(supervisor.run)
-                    await runtime._stop_orphans(supervisor.recovered)
+                    await supervisor.agents.stop_orphans(supervisor.recovered)
                     try:
                         yield runtime
                     except BaseException as exc:

@@ -4,9 +4,9 @@
 ``ctx.run_agent(task, ...)``. The child is an ordinary durable session (its own log,
 recovery and events) whose id derives from the calling tool call's idempotency key,
 so a restart re-runs the KEYED call, finds the same child, and waits for its outcome:
-a child is never started twice. The work happens in the runtime
-(``Runtime._run_child``); this module only declares the tool, from the public tool
-contract.
+a child is never started twice. The work happens in the supervisor, which owns the
+sessions (``perdure.actors.supervisor.agents``); this module only declares the tool,
+from the public tool contract.
 """
 
 from __future__ import annotations

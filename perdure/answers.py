@@ -52,3 +52,32 @@ class Forked:
     source: str
     position: int  # the source's seq the fork was taken at
     duplicate: bool = False
+
+
+@frozen
+class Rewound:
+    """The answer to a rewind: the workspace's files were put back as ``tree``.
+
+    ``position`` is the session's log position whose workspace was restored;
+    ``before`` the workspace just before the rewind (rewind to it to undo).
+    """
+
+    session_id: str
+    tree: str
+    position: int
+    before: str = ""
+    duplicate: bool = False
+
+
+@frozen
+class CallDiff:
+    """What one attempt of a workspace call changed: its checkpoints and their diff."""
+
+    call_id: str
+    attempt: int
+    tool_name: str
+    before: str  # trees of the workspace history store
+    after: str
+    changed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # files left out of the snapshots for their size
+    patch: str = ""  # a unified diff (binary files are named, not shown)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from os import PathLike
+from pathlib import Path
 from typing import Any, Literal
 
 from attrs import define, field
@@ -58,6 +59,7 @@ from perdure.storage.records import (
     ToolOutcomeUnknown,
     ToolRetryPending,
     ToolTaskCreated,
+    WorkspaceCheckpointed,
 )
 
 # The recovery decision after which a NEVER call may run once more (decide.results._reconciled).
@@ -92,8 +94,12 @@ def check_log(
     *,
     settled: Settled = "idle",
     on_frame: Callable[[int], None] | None = None,
+    workspace: str | PathLike[str] | None = None,
 ) -> Report:
-    """Check the log at ``path`` (opened read-only). ``on_frame(seq)`` reports progress."""
+    """Check the log at ``path`` (opened read-only). ``on_frame(seq)`` reports progress.
+
+    ``workspace``: also check its checkpoint store against the log's checkpoints.
+    """
     log = open_log(path, readonly=True)
     try:
         gap_free = not is_postgres(path)  # a PostgreSQL sequence may skip numbers
@@ -101,7 +107,36 @@ def check_log(
     finally:
         log.close()
     check_records(committed, settled=settled, report=report)
+    if workspace is not None:
+        check_workspace(committed, Path(workspace), report)
     return report
+
+
+def check_workspace(committed: Iterable[Committed], workspace: Path, report: Report) -> None:
+    """The workspace's checkpoint store is whole (``git fsck``) and holds every tree the
+    log's ``WorkspaceCheckpointed`` records name, so that no rewind meets a missing one."""
+    from perdure.tools.history import WorkspaceHistory  # runs git: only when asked
+
+    history = WorkspaceHistory(workspace)
+    marks = [c for c in committed if isinstance(c.record, WorkspaceCheckpointed)]
+    if not history.exists():
+        if marks:
+            report.add(
+                f"the workspace history store {history.store} is missing, but the log "
+                f"records {len(marks)} checkpoint(s) of it: no rewind can restore them"
+            )
+        return
+    for problem in history.check():
+        report.add(problem)
+    for c in marks:
+        mark = c.record
+        assert isinstance(mark, WorkspaceCheckpointed)
+        for when, tree in (("before", mark.before), ("after", mark.after)):
+            if tree and not history.has_tree(tree):
+                report.add(
+                    f"record {c.seq}: the {when}-checkpoint {tree[:12]} of call "
+                    f"{mark.call_id} (session {mark.session_id}) is not in {history.store}"
+                )
 
 
 def last_seq(path: str | PathLike[str]) -> int:

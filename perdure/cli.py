@@ -286,6 +286,32 @@ def demo(keep: bool) -> None:
     help="Seconds without a committed record after which a session with unfinished "
     "work is reported stuck (the perdure_stuck_runs metric, the page's mark).",
 )
+@click.option(
+    "--context-window",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="TOKENS",
+    help="Context compaction: the model's context window (default: the built-in table "
+    "by model; a model it does not know is not compacted automatically).",
+)
+@click.option(
+    "--compact-at",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=0.8,
+    show_default=True,
+    metavar="SHARE",
+    help="Summarise a session's older turns once the last request filled this share of "
+    "the context window (docs/COMPACTION.md).",
+)
+@click.option(
+    "--keep-recent",
+    type=click.IntRange(min=0),
+    default=6,
+    show_default=True,
+    metavar="ITEMS",
+    help="Conversation items (inputs, model turns with their tool results) a compaction "
+    "keeps verbatim.",
+)
 @mcp_config_option
 @click.option(
     "--metrics-port",
@@ -318,6 +344,9 @@ def serve(
     idle_timeout: float,
     hibernate_after: float,
     stuck_after: float,
+    context_window: int | None,
+    compact_at: float,
+    keep_recent: int,
     mcp_config: Path | None,
     metrics_port: int | None,
     log_format: str,
@@ -335,6 +364,7 @@ def serve(
         use_json_logs()
 
     from perdure._setup import SetupError
+    from perdure.budget import CompactionPolicy
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
     from perdure.server.tokens import resolve_token_key
@@ -389,6 +419,9 @@ def serve(
         idle_timeout=idle_timeout or None,
         hibernate_after=hibernate_after,
         stuck_after=stuck_after,
+        compaction=CompactionPolicy(
+            threshold=compact_at, keep_recent=keep_recent, window=context_window
+        ),
         mcp_servers=servers,
         metrics_port=metrics_port,
     )
@@ -454,33 +487,55 @@ def _fail_mcp_start(exc: Exception) -> None:
 @main.command("tools")
 @tools_option
 @mcp_config_option
+@click.option(
+    "--log",
+    "log_dir",
+    default=None,
+    callback=_remember_log,
+    help="A log (a directory or a postgresql:// URL): also list its calls in flight that "
+    "are pinned to an older version of a tool, which keeps that version needed.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
-def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json: bool) -> None:
-    """List every tool a run gets, with its replay policy, approval, and why.
+def tools_command(
+    tool_specs: tuple[str, ...], mcp_config: Path | None, log_dir: str | None, as_json: bool
+) -> None:
+    """List every tool a run gets, with its version, replay policy, approval, and why.
 
     MCP servers (--mcp-config) are started and listed, exactly as a run would.
     Without --tools: the built-in tools as ``perdure run`` gives them (the ones that
-    change files ask for approval).
+    change files ask for approval). Several versions of one tool are listed one per
+    line; the newest is the one the model sees. With --log, the calls not finished
+    that will finish on an older version are listed under it (read-only): once an
+    older version has none, it can be removed.
     """
     import trio
 
     from perdure._setup import SetupError, default_tools, load_tools
+    from perdure.tools.contract import ToolDefinitionError, registry
 
     try:
         specs = _split(tool_specs)
         native = load_tools(specs) if specs else default_tools(ask_before_writes=True)
-    except SetupError as exc:
+        registered = registry(native)
+    except (SetupError, ToolDefinitionError, ValueError, TypeError) as exc:
         _fail(str(exc), 2)
-    rows: list[dict[str, Any]] = [
-        {
-            "name": t.name,
-            "server": None,
-            "replay": t.replay.value,
-            "approval": t.requires_approval if isinstance(t.requires_approval, bool) else "policy",
-            "why": t.policy_reason or "declared with @perdure.tool",
-        }
-        for t in native
-    ]
+    pinned = _pinned_calls(log_dir) if log_dir is not None else None
+    rows: list[dict[str, Any]] = []
+    for newest in registered.values():
+        for t in (*newest.earlier, newest):
+            approval = t.requires_approval
+            rows.append(
+                {
+                    "name": t.name,
+                    "version": t.version,
+                    "newest": t is newest,
+                    "registered": True,
+                    "server": None,
+                    "replay": t.replay.value,
+                    "approval": approval if isinstance(approval, bool) else "policy",
+                    "why": t.policy_reason or "declared with @perdure.tool",
+                }
+            )
     servers = _mcp_servers(mcp_config)
     if servers:
         try:
@@ -488,13 +543,97 @@ def tools_command(tool_specs: tuple[str, ...], mcp_config: Path | None, as_json:
         except Exception as exc:
             _fail_mcp_start(exc)
             raise
+    if pinned is not None:
+        rows += _with_pinned(rows, pinned)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    width = max((len(str(r["name"])) for r in rows), default=4)
+    width = max((len(str(r["name"])) for r in rows if r["registered"]), default=4)
+    vwidth = max((len(str(r["version"] or "-")) for r in rows if r["registered"]), default=1)
     for r in rows:
-        approval = {True: "approval", False: "-"}.get(r["approval"], "policy")
-        echo(f"{r['name']:<{width}}  {r['replay'] or '-':<5}  {approval:<8}  {r['why']}")
+        if not r["registered"]:
+            continue
+        shown = {True: "approval", False: "-"}.get(r["approval"], "policy")
+        echo(
+            f"{r['name']:<{width}}  {r['version'] or '-':<{vwidth}}  {r['replay'] or '-':<5}  "
+            f"{shown:<8}  {r['why']}"
+        )
+    if pinned is not None and log_dir is not None:
+        _print_pinned(rows, log_dir)
+
+
+def _with_pinned(
+    rows: list[dict[str, Any]], pinned: dict[tuple[str, str], list[str]]
+) -> list[dict[str, Any]]:
+    """Put each older version's pinned calls on its row (``pinned``), and return rows
+    for the versions calls are pinned to that are not registered here."""
+    for r in rows:
+        r["pinned"] = [] if r["newest"] else pinned.pop((r["name"], r["version"]), [])
+    newest = {r["name"]: r["version"] for r in rows if r["newest"]}
+    # An MCP tool has one version, the one it was listed with: its calls are not pinned.
+    served = {r["name"] for r in rows if r["server"] is not None}
+    return [
+        {
+            "name": name,
+            "version": version,
+            "newest": False,
+            "registered": False,
+            "server": None,
+            "replay": None,
+            "approval": None,
+            "why": "not registered here: recovery gives these calls to the newest version "
+            "if their arguments fit it, else reports their outcome unknown"
+            if name in newest
+            else "no version of this tool is registered here: recovery reports these "
+            "calls' outcome unknown",
+            "pinned": calls,
+        }
+        for (name, version), calls in sorted(pinned.items())
+        if newest.get(name) != version and name not in served
+    ]
+
+
+def _pinned_calls(log_dir: str) -> dict[tuple[str, str], list[str]]:
+    """The log's calls not finished, as ``session/call (phase)``, by the (tool, version)
+    they are pinned to. Only the sessions with unfinished work are read."""
+    from perdure.actors.state import SessionState
+    from perdure.storage.codec import CorruptRecord
+
+    log = _open_readonly(log_dir)
+    found: dict[tuple[str, str], list[str]] = {}
+    try:
+        for info in sorted(log.sessions(), key=lambda i: i.first_seq):
+            if not info.open_submissions:
+                continue
+            try:
+                records = log.read_session(info.session_id)
+            except CorruptRecord as exc:
+                _fail(f"{exc} (run: perdure check --log {_where(log_dir)})")
+            state = SessionState.fold(info.session_id, records)
+            for task in state.pinned_calls():
+                assert task.pinned_version is not None
+                found.setdefault((task.tool_name, task.pinned_version), []).append(
+                    f"{info.session_id}/{task.call_id} ({task.phase})"
+                )
+    finally:
+        log.close()
+    return found
+
+
+def _print_pinned(rows: list[dict[str, Any]], log_dir: str) -> None:
+    older = [r for r in rows if not r["newest"]]
+    if not older:
+        echo(f"\nno older tool version registered or in flight in {_where(log_dir)}", "dim")
+        return
+    echo(f"\ncalls in flight on an older version, in {_where(log_dir)}:", "title")
+    for r in older:
+        calls = ", ".join(r["pinned"])
+        if not r["registered"]:
+            echo(f"  {r['name']} version {r['version']}: {calls} ({r['why']})", "warning")
+        elif calls:
+            echo(f"  {r['name']} version {r['version']}: {calls}", "warning")
+        else:
+            echo(f"  {r['name']} version {r['version']}: none; it can be removed")
 
 
 async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
@@ -509,6 +648,9 @@ async def _mcp_rows(servers: list[Any]) -> list[dict[str, Any]]:
                 rows.append(
                     {
                         "name": info.name,
+                        "version": None,
+                        "newest": True,
+                        "registered": True,
                         "server": name,
                         "replay": None if info.problem or policy is None else policy.replay.value,
                         "approval": approval if isinstance(approval, bool) else "policy",
@@ -622,6 +764,17 @@ def run(
 )
 @click.option("--as", "new_id", default=None, help="The fork's session id (default: derived).")
 @click.option(
+    "--files",
+    is_flag=True,
+    help="Also put the workspace's files back as they were at that point (with --workspace).",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The workspace of the session (needed with --files).",
+)
+@click.option(
     "--request-id",
     default=None,
     help="Deduplication key (default: derived from SOURCE and --at, so repeating the "
@@ -635,6 +788,8 @@ def fork(
     source: str,
     at: str | None,
     new_id: str | None,
+    files: bool,
+    workspace: Path | None,
     request_id: str | None,
     log_dir: str,
     provider: str,
@@ -642,6 +797,8 @@ def fork(
     tool_specs: tuple[str, ...],
 ) -> None:
     """Start a new session from SOURCE's history up to the end of a run or of a turn.
+
+    With --files, the workspace's files are put back as they were at that point too.
 
     The fork's pending work (a turn to continue, queued input) starts like any
     recovered work, with the given provider and tools. Against a running daemon, use
@@ -659,8 +816,12 @@ def fork(
     async def go() -> Any:
         import perdure
 
-        async with perdure.open_runtime(log_dir, provider=prov, tools=tools) as rt:
-            return await rt.fork(source, at=where, session_id=new_id, request_id=rid)
+        if files and workspace is None:
+            _fail("--files needs --workspace: the folder whose files are put back", 2)
+        async with perdure.open_runtime(
+            log_dir, provider=prov, tools=tools, workspace=workspace
+        ) as rt:
+            return await rt.fork(source, at=where, session_id=new_id, request_id=rid, files=files)
 
     try:
         forked = trio.run(go)
@@ -670,6 +831,129 @@ def fork(
         _fail_log(exc, log_dir)
     again = " (already forked by this request)" if forked.duplicate else ""
     echo(f"session {forked.session_id} forked from {source} at record {forked.position}{again}")
+
+
+workspace_option = click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="The workspace whose history (its .perdure-tools/history.git) is used.",
+)
+
+
+@main.command()
+@click.argument("session")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    help="A call id (the workspace just before that call) or a sequence number of "
+    "SESSION that ends a run or a turn.",
+)
+@click.option(
+    "--request-id",
+    default=None,
+    help="Deduplication key (default: derived from SESSION and --to, so repeating the "
+    "command rewinds once).",
+)
+@workspace_option
+@log_option
+@provider_option
+@model_option
+@tools_option
+def rewind(
+    session: str,
+    to: str,
+    request_id: str | None,
+    workspace: Path,
+    log_dir: str,
+    provider: str,
+    model: str | None,
+    tool_specs: tuple[str, ...],
+) -> None:
+    """Put the workspace's files back as they were at a call or a settled point.
+
+    The conversation stays (to rewind both, fork with --files). Refused while the
+    session has a run in progress. The rewind is recorded before any file is
+    touched, so an interrupted one finishes the next time the log is opened. Against
+    a running daemon, use its route: POST /v1/sessions/SESSION/rewind.
+    """
+    import trio
+
+    from perdure.errors import Refused
+    from perdure.storage import LogError
+
+    where: int | str = int(to) if to.isdigit() else to
+    rid = request_id or "rewind-" + hashlib.sha256(f"{session}\x00{to}".encode()).hexdigest()[:24]
+    prov, tools = _setup(provider, model, tool_specs)
+
+    async def go() -> Any:
+        import perdure
+
+        async with perdure.open_runtime(
+            log_dir, provider=prov, tools=tools, workspace=workspace
+        ) as rt:
+            return await rt.rewind(session, to=where, request_id=rid)
+
+    try:
+        done = trio.run(go)
+    except Refused as exc:
+        _fail(str(exc))
+    except LogError as exc:
+        _fail_log(exc, log_dir)
+    again = " (already done by this request)" if done.duplicate else ""
+    echo(
+        f"the workspace of {session} is back at record {done.position} (tree "
+        f"{done.tree[:12]}; before the rewind: {done.before[:12]}){again}"
+    )
+
+
+@main.command()
+@click.argument("session")
+@click.argument("call", required=False)
+@workspace_option
+@log_option
+@click.option("--stat", is_flag=True, help="Only the files each call changed, no patch.")
+def diff(session: str, call: str | None, workspace: Path, log_dir: str, stat: bool) -> None:
+    """Show what each workspace call of SESSION changed (or only CALL's), as a diff.
+
+    Read-only: the log and the workspace's checkpoint store are only read.
+    """
+    from perdure.actors.state import SessionState
+    from perdure.storage.codec import CorruptRecord
+    from perdure.tools.history import HistoryError, WorkspaceHistory
+
+    log = _open_readonly(log_dir)
+    try:
+        if log.session_info(session) is None:
+            _fail(f"no session {session!r} in {_where(log_dir)} (see: perdure sessions)", 2)
+        state = SessionState.fold(session, log.read_session(session))
+    except CorruptRecord as exc:
+        _fail(f"{exc} (run: perdure check --log {_where(log_dir)})")
+    finally:
+        log.close()
+    marks = [m for m in state.checkpoints if call is None or m.call_id == call]
+    if not marks:
+        which = f"call {call!r} of " if call is not None else ""
+        _fail(f"no workspace checkpoint of {which}session {session!r}", 2)
+    history = WorkspaceHistory(workspace)
+    for mark in marks:
+        task = state.tasks.get(mark.call_id)
+        name = task.tool_name if task is not None else "?"
+        files = ", ".join(mark.changed) if mark.changed else "no file changed"
+        echo(f"call {mark.call_id} ({name}, attempt {mark.attempt}): {files}", "title")
+        if mark.outside:
+            others = ", ".join(mark.outside)
+            echo(f"  changed before it by others (another session, a person): {others}", "warning")
+        if mark.skipped:
+            echo(f"  not in the checkpoints (over the size limit): {', '.join(mark.skipped)}")
+        if stat or not mark.changed or not mark.after:
+            continue
+        try:
+            click.echo(history.patch(mark.before, mark.after), nl=False)
+        except HistoryError as exc:
+            _fail(str(exc))
 
 
 def _choose_run(
@@ -829,7 +1113,9 @@ class Live:
         if isinstance(rec, r.ToolAwaitingApproval):
             await self._approve(rec.call_id, rec.reason)
         elif isinstance(rec, r.ToolAwaitingHuman):
-            await _resolve_at_the_terminal(self.rt, self.session_id, rec.call_id)
+            await _resolve_at_the_terminal(
+                self.rt, self.session_id, rec.call_id, unknown_outcome=rec.unknown_outcome
+            )
         elif isinstance(rec, r.RunFinished) and rec.status != "interrupted":
             return rec.status
         return None
@@ -862,15 +1148,34 @@ def event_committed(event: Any) -> Any:
     return Committed(seq=event.seq, record=event.record)
 
 
-async def _resolve_at_the_terminal(rt: Any, sid: str, call_id: str) -> None:
-    """Ask at the terminal what to do with a call that needs a person; without one, fail it
-    (the model is told). A call already resolved (e.g. by an earlier run) is left alone."""
+async def _resolve_at_the_terminal(
+    rt: Any, sid: str, call_id: str, *, unknown_outcome: bool = False
+) -> None:
+    """Ask at the terminal what to do with a call that needs a person (for one whose
+    outcome is unknown: whether it was applied); without a terminal, fail it (the model
+    is told). A call already resolved (e.g. by an earlier run) is left alone."""
     import trio
 
+    from perdure._cli_control import OUTCOME_ANSWERS
     from perdure.errors import Refused
 
-    action, result = "fail", None
-    if sys.stdin.isatty():
+    action: str = "fail"
+    result: Any = None
+    if sys.stdin.isatty() and unknown_outcome:
+        answers = click.Choice(list(OUTCOME_ANSWERS))
+        said = await trio.to_thread.run_sync(
+            lambda: click.prompt(
+                f"did {call_id} take effect? applied, not-applied (run it once more) or failed",
+                type=answers,
+                default="failed",
+            )
+        )
+        action = OUTCOME_ANSWERS[said]
+        if action == "skip":
+            result = await trio.to_thread.run_sync(
+                lambda: click.prompt("its result, for the model", default="")
+            )
+    elif sys.stdin.isatty():
         choices = click.Choice(["retry", "skip", "fail"])
         action = await trio.to_thread.run_sync(
             lambda: click.prompt("retry, skip or fail it?", type=choices, default="fail")
@@ -997,18 +1302,39 @@ def _where(log_dir: str) -> str:
     metavar="SECONDS",
     help="With --stuck: how long without a committed record makes a session stuck.",
 )
-def sessions(log_dir: str, stuck: bool, stuck_after: float) -> None:
-    """List the sessions of a log (read-only)."""
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="A page of at most N sessions, in session-id order (a big log: page through it).",
+)
+@click.option(
+    "--after",
+    default=None,
+    metavar="SESSION",
+    help="The page after this session id (the last id of the page before).",
+)
+def sessions(
+    log_dir: str, stuck: bool, stuck_after: float, limit: int | None, after: str | None
+) -> None:
+    """List the sessions of a log (read-only): every one in order of creation, or with
+    --limit/--after a page in session-id order."""
     log = _open_readonly(log_dir)
+    paged = limit is not None or after is not None
     try:
-        infos = sorted(log.sessions(), key=lambda i: i.first_seq)
-        if stuck:
+        if stuck:  # only the sessions with unfinished work are read
+            infos = log.sessions(active=True, after=after or "", limit=limit)
             _stuck_sessions(log, infos, stuck_after, log_dir)
             return
+        if paged:
+            infos = log.sessions(after=after or "", limit=limit)
+        else:
+            infos = sorted(log.sessions(), key=lambda i: i.first_seq)
     finally:
         log.close()
     if not infos:
-        echo(f"no sessions in {_where(log_dir)}")
+        echo(f"no sessions {'in this page of' if paged else 'in'} {_where(log_dir)}")
         return
     width = max(7, *(len(i.session_id) for i in infos))
     echo(f"{'SESSION':<{width}}  {'RECORDS':>7}  {'FIRST':>7}  {'LAST':>7}  REV  OPEN", "title")
@@ -1099,7 +1425,13 @@ def show(session: str, log_dir: str, as_json: bool) -> None:
     is_flag=True,
     help="Every session must be finished (no pending work) — e.g. after a clean shutdown.",
 )
-def check(log_dir: str, settled: bool) -> None:
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Also check this workspace's checkpoint store against the log's checkpoints.",
+)
+def check(log_dir: str, settled: bool, workspace: Path | None) -> None:
     """Verify every record's checksum and the design's invariants (read-only)."""
     from perdure.check import check_log, last_seq
 
@@ -1114,7 +1446,9 @@ def check(log_dir: str, settled: bool) -> None:
             bar.update(seq - seen[0])
             seen[0] = seq
 
-        report = check_log(log_dir, settled="all" if settled else "idle", on_frame=tick)
+        report = check_log(
+            log_dir, settled="all" if settled else "idle", on_frame=tick, workspace=workspace
+        )
     echo(
         f"{report.records} records, {report.sessions} sessions checked"
         + (f"; {len(report.unfinished)} with work pending" if report.unfinished else ""),

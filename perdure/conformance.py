@@ -119,13 +119,16 @@ def world(workspace: Path, command: str | None) -> str:
     return h.hexdigest()
 
 
-def _plan(root: Path, tools_spec: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+def _plan(root: Path, tools_spec: str, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
     return {
         "log": str(root / "log"),
         "workspace": str(root / "ws"),
         "tools": tools_spec.split(","),
+        # Of several versions of the tool, the child registers the one under test only.
+        "tool": tool.name,
+        "version": tool.version,
         "script": [
-            {"text": f"calling {tool}", "tool_uses": [{"name": tool, "input": args}]},
+            {"text": f"calling {tool.name}", "tool_uses": [{"name": tool.name, "input": args}]},
             {"text": "done"},
         ],
     }
@@ -192,12 +195,13 @@ def check_tool(
     world_command: str | None = None,
     timeout: float = 120.0,
     progress: Callable[[str], None] = lambda text: None,
+    label: str = "",
 ) -> ToolReport:
-    report = ToolReport(tool.name, tool.replay.value, tool.reconcile is not None, args)
+    report = ToolReport(label or tool.name, tool.replay.value, tool.reconcile is not None, args)
     root = _fresh(scratch / "untouched", template)
     untouched = world(root / "ws", world_command)
     root = _fresh(scratch / "clean", template)
-    clean = _child(_plan(root, tools_spec, tool.name, args), None, timeout)
+    clean = _child(_plan(root, tools_spec, tool, args), None, timeout)
     if clean.returncode != 0:
         report.error = f"the clean run failed: {clean.stderr.strip()[-500:]}"
         return report
@@ -212,7 +216,7 @@ def check_tool(
     for point in points:
         progress(f"{tool.name}: {point}")
         root = _fresh(scratch / "point", template)
-        plan = _plan(root, tools_spec, tool.name, args)
+        plan = _plan(root, tools_spec, tool, args)
         first = _child(plan, point, timeout)
         if first.returncode != -9:
             report.points.append(PointResult(point, "-", "-", "the fault did not fire", True))
@@ -256,19 +260,23 @@ def run(
     scratch = Path(tempfile.mkdtemp(prefix="perdure-conformance-"))
     try:
         out = []
+        names = [t.name for t in tools]
         for t in tools:
             args = (examples or {}).get(t.name)
             if args is None:
                 args = example_args(t.input_schema)
+            # Several versions of one tool are checked one by one, each named so.
+            versioned = names.count(t.name) > 1
             out.append(
                 check_tool(
                     t,
                     tools_spec,
                     args,
-                    scratch / t.name,
+                    scratch / f"{t.name}@{t.version}",
                     template=template,
                     world_command=world_command,
                     progress=progress,
+                    label=f"{t.name} version {t.version}" if versioned else t.name,
                 )
             )
         return out
@@ -293,7 +301,11 @@ async def _child_main(plan: dict[str, Any]) -> dict[str, Any]:
     async with open_runtime(
         plan["log"],
         provider=ScriptedProvider(replies),
-        tools=load_tools(plan["tools"]),
+        tools=[
+            t
+            for t in load_tools(plan["tools"])
+            if t.name != plan.get("tool") or t.version == plan.get("version")
+        ],
         workspace=plan["workspace"],
         retry_base=0.05,
     ) as rt:

@@ -52,13 +52,19 @@ import trio
 
 from perdure import Runtime, StreamStats, StuckRun
 from perdure import open_runtime as open_trio_runtime
-from perdure.answers import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.providers.base import Message
 from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
-from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    CompactionPolicy,
+    ResolutionAction,
+    RunFinished,
+)
 from perdure.view import SessionView
 
 if TYPE_CHECKING:
@@ -375,10 +381,19 @@ class AsyncioRuntime:
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> str:
         create = self.trio_runtime.create_session
         return await self.run(
-            partial(create, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
+            partial(
+                create,
+                session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                tools=tools,
+                compaction=compaction,
+            )
         )
 
     async def ensure_session(
@@ -389,10 +404,19 @@ class AsyncioRuntime:
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         ensure = self.trio_runtime.ensure_session
         return await self.run(
-            partial(ensure, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
+            partial(
+                ensure,
+                session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                tools=tools,
+                compaction=compaction,
+            )
         )
 
     async def fork(
@@ -403,11 +427,21 @@ class AsyncioRuntime:
         at: int | str | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        files: bool = False,
     ) -> Forked:
         fork = self.trio_runtime.fork
         return await self.run(
-            partial(fork, source, at=at, session_id=session_id, request_id=request_id)
+            partial(fork, source, at=at, session_id=session_id, request_id=request_id, files=files)
         )
+
+    async def rewind(
+        self, session_id: str, *, to: int | str, request_id: str | None = None
+    ) -> Rewound:
+        rewind = self.trio_runtime.rewind
+        return await self.run(partial(rewind, session_id, to=to, request_id=request_id))
+
+    async def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
+        return await self.run(self.trio_runtime.workspace_diff, session_id, call_id)
 
     async def delete_session(self, session_id: str, *, reason: str = "") -> int:
         return await self.run(partial(self.trio_runtime.delete_session, session_id, reason=reason))
@@ -426,8 +460,13 @@ class AsyncioRuntime:
     async def children(self, session_id: str) -> list[str]:
         return await self.run(self.trio_runtime.children, session_id)
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self.run(self.trio_runtime.sessions)
+    async def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The log's session summaries, or a page of them (``Runtime.sessions``)."""
+        return await self.run(
+            partial(self.trio_runtime.sessions, after=after, limit=limit, active=active)
+        )
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)
@@ -437,9 +476,11 @@ class AsyncioRuntime:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self.trio_runtime.stuck_after
 
-    async def stuck_runs(self, after: float | None = None) -> list[StuckRun]:
+    async def stuck_runs(
+        self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None
+    ) -> list[StuckRun]:
         """The sessions stuck for ``after`` seconds (``Runtime.stuck_runs``)."""
-        return await self.run(partial(self.trio_runtime.stuck_runs, after))
+        return await self.run(partial(self.trio_runtime.stuck_runs, after, among=among))
 
     async def restarts(self) -> list[Committed]:
         return await self.run(self.trio_runtime.restarts)
@@ -553,8 +594,13 @@ class AsyncioRuntime:
     async def load_state(self, session_id: str) -> SessionState:
         return await self.run(self.trio_runtime.load_state, session_id)
 
-    async def transcript(self, session_id: str) -> list[Message]:
-        return await self.run(self.trio_runtime.transcript, session_id)
+    async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
+        return await self.run(partial(self.trio_runtime.transcript, session_id, history=history))
+
+    async def compact_context(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self.run(
+            partial(self.trio_runtime.compact_context, session_id, request_id=request_id)
+        )
 
     def events(
         self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False

@@ -45,6 +45,9 @@ from perdure.storage.records import (
     ToolOutcomeUnknown,
     ToolRetryPending,
     ToolTaskCreated,
+    WorkspaceCheckpointed,
+    WorkspaceRestored,
+    WorkspaceRestoreStarted,
 )
 from perdure.storage.redact import redacted
 
@@ -173,10 +176,15 @@ class Timeline:
                 f"({_short(r.error, 80)}); retry in {wait:.1f}s with the same key",
             )
         elif isinstance(r, ToolAwaitingHuman):
+            answers = (
+                "applied, not-applied or failed"
+                if r.unknown_outcome
+                else "answer with retry, skip or fail"
+            )
             add(
                 "warning",
                 f"{tools.get(r.call_id, '?')} [{r.call_id}] NEEDS A PERSON: {_short(r.reason)} "
-                f"(answer with retry, skip or fail)",
+                f"({answers})",
             )
         elif isinstance(r, ResolutionDecided):
             said = {"retry": "run it again", "skip": "skip it", "fail": "fail it"}[r.action]
@@ -215,6 +223,19 @@ class Timeline:
             add("plain", "session resumed")
         elif isinstance(r, SessionParked):
             add("warning", f"session PARKED: {r.reason}")
+        elif isinstance(r, WorkspaceCheckpointed):
+            files = ", ".join(r.changed) if r.changed else "no file"
+            add("plain", f"{tools.get(r.call_id, '?')} [{r.call_id}] changed {files}")
+            if r.outside:
+                others = ", ".join(r.outside)
+                add("warning", f"before [{r.call_id}], others changed the workspace: {others}")
+        elif isinstance(r, WorkspaceRestoreStarted):
+            add("warning", f"rewind of the workspace to record {r.position} ({r.tree[:12]})")
+        elif isinstance(r, WorkspaceRestored):
+            if r.error:
+                add("warning", f"rewind REFUSED, nothing restored: {r.error}")
+            else:
+                add("plain", f"workspace restored (it was {r.before[:12]} before the rewind)")
         if len(lines) > before:
             self._beats = {}  # another line came after the heartbeats: a new stretch starts
         return lines[before:]

@@ -41,15 +41,20 @@ class ActorContext:
     rng: random.Random = field(factory=random.Random)
     # The runtime's settings, checked once by ``open_runtime``; read here, never copied.
     settings: Settings = field(factory=Settings)
-    # Runs a sub-agent for a tool call (``ctx.run_agent``): set by the runtime, which
-    # owns the sessions. Called with (the call's executing record, its n-th sub-agent,
-    # task, system, tools, whether the call was told to stop).
+    compaction_provider: Provider | None = None  # makes the summaries (None: ``provider``)
+    # Runs a sub-agent for a tool call (``ctx.run_agent``): given by the supervisor,
+    # which owns the sessions (``supervisor.agents``). Called with (the call's
+    # executing record, its n-th sub-agent, task, system, tools, whether the call was
+    # told to stop, the link that records the child in the parent).
     agents: AgentRunner | None = None
     # Telemetry (perdure.observability): shown every commit; they never decide anything.
     observers: tuple[CommitObserver, ...] = ()
     # The worker threads that plain ``def`` tools run in, at most this many at once for
     # the whole runtime (a thread left running by a timed-out call keeps its place).
     tool_threads: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(40))
+    # Workspace calls run one at a time, each between its two snapshots, so that a
+    # checkpoint's diff is that call's alone (a rewind to before it, a reconcile).
+    workspace_calls: trio.Lock = field(factory=trio.Lock)
     # Which effects start while the commit that asks for them is in flight, and whether
     # such a commit goes to the writer thread so that its fsync overlaps them.
     overlap: Overlap = field(factory=Overlap)

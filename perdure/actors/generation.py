@@ -22,7 +22,7 @@ import trio
 from perdure import _faults
 from perdure.actors.context import ActorContext, report_last
 from perdure.actors.protocol import ModelFailed, ModelReplied, Result
-from perdure.providers.base import ModelRequest, classify
+from perdure.providers.base import ModelRequest, Provider, classify
 from perdure.storage.bus import Event
 
 
@@ -32,8 +32,15 @@ async def call_model(
     not_before: float | None,
     outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
+    *,
+    provider: Provider | None = None,
+    publish: bool = True,
     durable: trio.Event | None = None,
 ) -> None:
+    """Make one model call and report it. ``provider`` replaces the runtime's (a
+    compaction's summary may use a cheaper one); ``publish=False`` sends no deltas
+    (a summary is not a turn of the conversation)."""
+    provider = provider if provider is not None else ctx.provider
     with scope:
         if not_before is not None:
             delay = not_before - ctx.clock()
@@ -58,7 +65,7 @@ async def call_model(
                 hidden.add(data.get("index"))
             elif kind == "tool_input_delta" and data.get("index") in hidden:
                 return
-            if not bus.has_subscribers(session_id):
+            if not publish or not bus.has_subscribers(session_id):
                 return  # deltas are ephemeral: with nobody listening there is nothing to do
             payload = {
                 "generation_id": generation_id,
@@ -83,7 +90,7 @@ async def call_model(
         emit("model_call", {})
         result: Result
         try:
-            reply = await ctx.provider.complete(request, emit)
+            reply = await provider.complete(request, emit)
         except Exception as exc:
             err = classify(exc)
             result = ModelFailed(
@@ -95,8 +102,8 @@ async def call_model(
                 usage=err.usage,
                 jitter=ctx.rng.random(),
                 # Which model the failed attempt asked, so its usage is priced right.
-                model=err.model or str(getattr(ctx.provider, "model", "") or ""),
-                provider=err.provider or ctx.provider.name,
+                model=err.model or str(getattr(provider, "model", "") or ""),
+                provider=err.provider or provider.name,
                 fallback=err.fallback,
             )
         else:

@@ -90,6 +90,9 @@ TASK_TRANSITIONS: Final[dict[tuple[TaskPhase | None, str], TaskPhase]] = {
     ("awaiting_human", "ResolutionDecided(fail)"): "awaiting_human",
     ("awaiting_human", "ToolCompleted"): "completed",
     ("awaiting_human", "ToolCancelled"): "cancelled",
+    # A call whose outcome is unknown, waiting for a person, when its run is called off
+    # (cancelled, revised, given up): its outcome stays unknown, and the model is told.
+    ("awaiting_human", "ToolOutcomeUnknown"): "outcome_unknown",
 }
 
 # A model turn: called, failed and waiting for its retry (any number of times),

@@ -205,7 +205,54 @@ class Resolve:
         return text_body_hash(f"\x00resolve\x00{call_id}\x00{action}\x00{canonical}")
 
 
-Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate | Resolve
+@frozen
+class CompactContext:
+    """Summarise the session's conversation now (what the model is sent; the log keeps
+    everything), instead of waiting for its context to fill."""
+
+    kind: ClassVar[str] = "compact_context"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return CompactContext.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00compact_context")
+
+
+@frozen
+class Rewind:
+    """Restore the workspace's files to ``tree``, the workspace as it was at the
+    session's log position ``position`` (the runtime finds the tree in the log)."""
+
+    kind: ClassVar[str] = "rewind"
+    request_id: str
+    position: int
+    tree: str
+
+    @property
+    def body_hash(self) -> str:
+        return Rewind.hash_of(self.position, self.tree)
+
+    @staticmethod
+    def hash_of(position: int, tree: str) -> str:
+        return text_body_hash(f"\x00rewind\x00{position}\x00{tree}")
+
+
+Command = (
+    Submit
+    | Cancel
+    | Approve
+    | Revise
+    | Pause
+    | Resume
+    | Compensate
+    | Resolve
+    | Rewind
+    | CompactContext
+)
 
 # -- results: what the actors report ----------------------------------------------------------
 
@@ -243,6 +290,20 @@ ToolOutcome = Literal[
 
 
 @frozen(kw_only=True)
+class WorkspaceSeen:
+    """The workspace around one attempt of a workspace call, as the shell found it:
+    trees of the workspace history store (``perdure.tools.history``)."""
+
+    before: str  # "": no before-snapshot exists, so the attempt never reached its tool
+    after: str
+    changed: tuple[str, ...] = ()  # the files that differ between the two
+    skipped: tuple[str, ...] = ()  # files left out of a snapshot for their size
+    # Files changed since the session's previous checkpoint by something other than
+    # its calls (another session or runtime on the same workspace, a person).
+    outside: tuple[str, ...] = ()
+
+
+@frozen(kw_only=True)
 class ToolFinished:
     call_id: str
     attempt: int
@@ -253,6 +314,7 @@ class ToolFinished:
     duration: float = 0.0
     retry_after: float | None = None  # of a RetryableError
     jitter: float = 0.5  # a sample of U(0, 1) for the back-off, drawn by the shell
+    workspace: WorkspaceSeen | None = None  # a workspace call's checkpoints
 
 
 @frozen(kw_only=True)
@@ -289,6 +351,27 @@ class ReconcileFinished:
     reason: str = ""
     is_error: bool = False  # of an applied result
     terminate: bool = False  # an applied result ends the run
+    # A workspace call: the workspace since its before-snapshot (after = now).
+    workspace: WorkspaceSeen | None = None
+
+
+@frozen(kw_only=True)
+class RestoreFinished:
+    """The shell performed (or could not perform) a ``RestoreWorkspace``."""
+
+    request_id: str
+    tree: str
+    before: str = ""  # the workspace just before the restore
+    error: str = ""  # why nothing was restored
+
+    @property
+    def call_id(self) -> str:
+        return restore_key(self.request_id)
+
+
+def restore_key(request_id: str) -> str:
+    """How the shell tracks a restore in flight among its calls."""
+    return f"restore:{request_id}"
 
 
 Result = (
@@ -299,6 +382,7 @@ Result = (
     | HeartbeatReported
     | AgentLinked
     | BackOffOver
+    | RestoreFinished
 )
 
 # -- effects: what the shell performs once the step is durable ----------------------------------
@@ -307,6 +391,17 @@ Result = (
 @frozen
 class CallModel:
     generation_id: str
+    attempt: int
+    not_before: float | None = None
+
+
+@frozen
+class Summarize:
+    """Make the summary of the compaction in progress (its ``CompactionStarted`` is
+    durable): a model call, reported as ``ModelReplied``/``ModelFailed`` under the
+    compaction's id."""
+
+    compaction_id: str
     attempt: int
     not_before: float | None = None
 
@@ -322,6 +417,8 @@ class RunTool:
     executing: ToolExecuting
     tool: Tool
     last_heartbeat: Any = None
+    # A workspace call: the tree of the session's last checkpoint ("" if none).
+    workspace_since: str = ""
 
     @property
     def call_id(self) -> str:
@@ -375,7 +472,31 @@ class Forget:
     tool: Tool
 
 
-Effect = CallModel | RunTool | Reconcile | CancelTool | CancelModel | Forget | BackOff | StopBackOff
+@frozen
+class RestoreWorkspace:
+    """Make the workspace's files match ``tree`` (its ``WorkspaceRestoreStarted`` is
+    durable), then report ``RestoreFinished``."""
+
+    request_id: str
+    tree: str
+
+    @property
+    def call_id(self) -> str:
+        return restore_key(self.request_id)
+
+
+Effect = (
+    CallModel
+    | Summarize
+    | RunTool
+    | Reconcile
+    | CancelTool
+    | CancelModel
+    | Forget
+    | BackOff
+    | StopBackOff
+    | RestoreWorkspace
+)
 
 
 @frozen(kw_only=True)

@@ -23,21 +23,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
 import trio
 from attrs import define, evolve, field
 
+from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
 from perdure.actors.state import SessionState
-from perdure.actors.tool import run_forget, run_reconcile, run_tool
+from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, Record, RunFinished
+from perdure.storage.records import Committed, ContextCompacted, Record, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -367,6 +369,9 @@ class SessionActor:
             if self._models.pop(message.generation_id, None) is None:
                 return  # the call was cancelled; its late report means nothing
             await self._result(message)
+        elif isinstance(message, protocol.RestoreFinished):
+            self._tools.pop(message.call_id, None)
+            await self._result(message)
         elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
             await self._last_heartbeat(message.call_id)
             self._tools.pop(message.call_id, None)
@@ -631,6 +636,8 @@ class SessionActor:
             for c in committed:
                 state.note_committed(c)
             self._observe_after(state, committed)
+            if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
+                _faults.hit("compaction.after")
         self._perform_all(effects)
         return committed
 
@@ -713,6 +720,8 @@ class SessionActor:
             ids.update(run_id=executing.run_id, call_id=executing.call_id)
         if isinstance(effect, protocol.CallModel):
             ids["generation_id"] = effect.generation_id
+        elif isinstance(effect, protocol.Summarize):
+            ids["compaction_id"] = effect.compaction_id
         with logs.bound(**ids):
             self._start(effect, durable)
 
@@ -725,11 +734,36 @@ class SessionActor:
                 self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
-            nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope, durable)
+            call = partial(call_model, durable=durable)
+            nursery.start_soon(call, ctx, request, effect.not_before, outbox, scope)
+        elif isinstance(effect, protocol.Summarize):
+            if _faults.ACTIVE:
+                _faults.hit("summary.before")
+            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+            scope = self._models[effect.compaction_id] = trio.CancelScope()
+            nursery.start_soon(
+                partial(
+                    call_model,
+                    provider=ctx.compaction_provider,
+                    publish=False,
+                ),
+                ctx,
+                request,
+                effect.not_before,
+                outbox,
+                scope,
+            )
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(
-                run_tool, ctx, effect.tool, effect.executing, outbox, scope, effect.last_heartbeat
+                run_tool,
+                ctx,
+                effect.tool,
+                effect.executing,
+                outbox,
+                scope,
+                effect.last_heartbeat,
+                effect.workspace_since,
             )
         elif isinstance(effect, protocol.BackOff):
             wait = self._waits[effect.call_id] = trio.CancelScope()
@@ -743,6 +777,9 @@ class SessionActor:
             nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)
         elif isinstance(effect, protocol.Forget):
             nursery.start_soon(run_forget, ctx, effect.tool, effect.executing)
+        elif isinstance(effect, protocol.RestoreWorkspace):
+            self._tools[effect.call_id] = trio.CancelScope()
+            nursery.start_soon(run_restore, ctx, self.session_id, effect, outbox)
         elif isinstance(effect, protocol.CancelTool):
             tool_scope = self._tools.get(effect.call_id)
             if tool_scope is not None:

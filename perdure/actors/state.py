@@ -16,6 +16,7 @@ from attrs import define, field
 from perdure.actors.lifecycle import (
     TERMINAL_PHASES,
     GenerationPhase,
+    ImpossibleTransition,
     TaskPhase,
     generation_moves,
     task_moves,
@@ -23,11 +24,13 @@ from perdure.actors.lifecycle import (
 from perdure.actors.protocol import (
     Approve,
     Cancel,
+    CompactContext,
     Compensate,
     Pause,
     Resolve,
     Resume,
     Revise,
+    Rewind,
     Submit,
     with_budget_hash,
 )
@@ -37,8 +40,13 @@ from perdure.storage.records import (
     Budget,
     CancelRequested,
     Committed,
+    CompactionAbandoned,
+    CompactionPolicy,
+    CompactionRetryPending,
+    CompactionStarted,
     CompensationFinished,
     CompensationRequested,
+    ContextCompacted,
     GenerationCompleted,
     GenerationStarted,
     GoalRevised,
@@ -66,6 +74,9 @@ from perdure.storage.records import (
     ToolRetryPending,
     ToolTaskCreated,
     Usage,
+    WorkspaceCheckpointed,
+    WorkspaceRestored,
+    WorkspaceRestoreStarted,
 )
 from perdure.view import (
     GenerationView,
@@ -101,8 +112,16 @@ class Task:
     last_error: str = ""
     not_before: float | None = None
     retry_by_human: bool = False  # the pending retry was a person's choice
+    # awaiting_human because its outcome is unknown (not because it raised NeedsHuman)
+    unknown_outcome: bool = False
+    rerun_of: str | None = None  # a goal-dependent call run again under a newer revision
+    reruns: dict[int, str] = field(factory=dict)  # revision -> the call run again under it
     last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
     children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
+    # The tool version the call is pinned to: its executing record's, or for a
+    # compensation not yet run, that of the call it undoes (None: not started, or a
+    # log older than versions). It finishes on that version while it is registered.
+    pinned_version: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -111,6 +130,12 @@ class Task:
     @property
     def attempt(self) -> int:
         return self.executing.attempt if self.executing else 0
+
+    @property
+    def result_rev(self) -> int:
+        """The goal revision the call's result answers (its call's, in older logs)."""
+        recorded = getattr(self.result, "goal_rev", None)
+        return recorded if isinstance(recorded, int) else self.goal_rev
 
 
 @define
@@ -195,11 +220,13 @@ class Note:
 
 @define
 class Revision:
-    """The user revised the request; ``call_ids`` were unfinished at that moment."""
+    """The user revised the request; ``call_ids`` were unfinished at that moment, and
+    ``earlier`` had their results already (under the revision each call names)."""
 
     goal_rev: int
     text: str
     call_ids: list[str]
+    earlier: list[str] = field(factory=list)
 
 
 ConversationItem = UserTurn | AssistantTurn | Note | Revision
@@ -210,6 +237,17 @@ class Compensation:
     call_id: str
     compensation_id: str
     automatic: bool
+
+
+@define
+class Compacting:
+    """A compaction started and not finished: its summary's model call, by attempt."""
+
+    started: CompactionStarted
+    attempt: int = 1  # the attempt to make next
+    not_before: float | None = None
+    last_error: str = ""
+    failures: tuple[CompactionRetryPending, ...] = ()  # the failed attempts, in order
 
 
 @define
@@ -243,13 +281,46 @@ class SessionState:
     parked: str | None = None
     last_outcome: RunFinished | None = None
     last_seq: int = 0
+    # Context compaction. The model sees ``summary`` in place of the conversation items
+    # it covers (``[0, summary.end)``); the log and ``conversation`` keep them all.
+    compaction: CompactionPolicy | None = None  # the session's own policy (None: runtime's)
+    summary: ContextCompacted | None = None
+    compactions: list[ContextCompacted] = field(factory=list)  # every one, in order
+    compacting: Compacting | None = None
+    compactions_started: int = 0  # numbers the next compaction's id
+    abandoned: CompactionAbandoned | None = None  # the last compaction that made nothing
+    abandoned_at: int = 0  # the conversation's length when it was abandoned
+    # Calls inside the summary whose outcome is unknown: stated to the model after the
+    # summary, whatever their age (found when the summary is folded; terminal, so fixed).
+    summary_unknown: tuple[str, ...] = ()
+    # The input tokens the latest reply reported (input + cache reads and writes), and
+    # the model that answered; 0 once a compaction changed what the model is sent.
+    last_input_tokens: int = 0
+    last_model: str = ""
+    # Workspace history: each workspace call's checkpoints, in order, and a rewind of
+    # the files under way (its restore is performed again after a crash).
+    checkpoints: list[WorkspaceCheckpointed] = field(factory=list)
+    restoring: WorkspaceRestoreStarted | None = None
+    restores: dict[str, WorkspaceRestored] = field(factory=dict)  # by request id
 
     # -- queries ----------------------------------------------------------------------
 
     @property
     def idle(self) -> bool:
-        """No run in progress, no input waiting, no compensation unfinished."""
-        return self.run is None and not self.queue and not self.compensations
+        """No run in progress, no input waiting, no compensation, rewind or compaction
+        unfinished."""
+        return (
+            self.run is None
+            and not self.queue
+            and not self.compensations
+            and self.restoring is None
+            and self.compacting is None
+        )
+
+    @property
+    def compacted_end(self) -> int:
+        """The conversation items the current summary stands for: ``[0, compacted_end)``."""
+        return self.summary.end if self.summary is not None else 0
 
     def open_compensations(self) -> list[Task]:
         return [self.tasks[c.compensation_id] for c in self.compensations.values()]
@@ -262,7 +333,7 @@ class SessionState:
             if t.phase == "completed"
             and t.compensates is None
             and t.compensated_by is None
-            and has_compensation(t.tool_name)
+            and has_compensation(t)
         ]
 
     def current_generation(self) -> Generation | None:
@@ -273,6 +344,13 @@ class SessionState:
 
     def tasks_of(self, generation: Generation) -> list[Task]:
         return [self.tasks[c] for c in generation.call_ids]
+
+    def pinned_calls(self) -> list[Task]:
+        """Calls not finished that are pinned to a tool version: each will finish (a
+        re-run, a reconcile, a retry, a compensation) on its ``pinned_version`` while
+        that version is registered. ``perdure tools --log`` lists them, so that an
+        operator knows when an older version may be removed."""
+        return [t for t in self.tasks.values() if not t.terminal and t.pinned_version is not None]
 
     def open_tasks(self) -> list[Task]:
         """Tasks of the current run that are not terminal yet."""
@@ -443,6 +521,7 @@ class SessionState:
         self.if_busy = r.if_busy
         self.parent = r.parent
         self.allowed_tools = None if r.tools is None else frozenset(r.tools)
+        self.compaction = r.compaction
 
     def _session_forked(self, r: SessionForked) -> None:
         if self.forked is None:  # copies of the source's own lineage come later
@@ -525,6 +604,11 @@ class SessionState:
         gen.model = r.model or gen.model
         self._add_usage(gen, r.usage)
         self.conversation.append(AssistantTurn(r.generation_id))
+        u = r.usage
+        self.last_input_tokens = (
+            u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+        )
+        self.last_model = gen.model
         if self.run is not None:
             self.run.progressed = True
 
@@ -559,7 +643,17 @@ class SessionState:
             lineage=gen.submission_id if gen is not None else "compensation",
             compensates=r.compensates,
             secret=r.secret,
+            rerun_of=r.rerun_of,
         )
+        original = self.tasks.get(r.rerun_of) if r.rerun_of is not None else None
+        if original is not None:
+            # Run again beside the calls of its turn, so that the turn (and the
+            # revision) waits for it and recovery finds it among the open calls.
+            original.reruns[r.goal_rev] = r.call_id
+            if gen is not None:
+                gen.call_ids = (*gen.call_ids, r.call_id)
+        if r.compensates is not None and r.compensates in self.tasks:
+            self.tasks[r.call_id].pinned_version = self.tasks[r.compensates].pinned_version
 
     def _tool_awaiting_approval(self, r: ToolAwaitingApproval) -> None:
         self._move_task(r.call_id, "ToolAwaitingApproval")
@@ -573,6 +667,7 @@ class SessionState:
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self._move_task(r.call_id, "ToolExecuting")
         task.executing = r
+        task.pinned_version = r.tool_version
         task.not_before = None
         task.retry_by_human = False
 
@@ -599,6 +694,7 @@ class SessionState:
     def _tool_awaiting_human(self, r: ToolAwaitingHuman) -> None:
         task = self._move_task(r.call_id, "ToolAwaitingHuman")
         task.last_error = r.reason
+        task.unknown_outcome = r.unknown_outcome
 
     def _resolution_decided(self, r: ResolutionDecided) -> None:
         task = self._move_task(r.call_id, f"ResolutionDecided({r.action})")
@@ -623,9 +719,10 @@ class SessionState:
 
     def _goal_revised(self, r: GoalRevised) -> None:
         open_calls = [t.call_id for t in self.open_tasks()]
+        earlier = self._results_of_the_request()
         self.goal_rev = r.goal_rev
         self.revisions.append(r)
-        self.conversation.append(Revision(r.goal_rev, r.text, open_calls))
+        self.conversation.append(Revision(r.goal_rev, r.text, open_calls, earlier))
         if r.budget is not None:
             self.budget = r.budget
         body = with_budget_hash(r.text, r.budget)
@@ -634,6 +731,18 @@ class SessionState:
             self.requests[r.request_id] = RequestSeen(Submit.kind, body, ref, disposition="steered")
         else:
             self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
+
+    def _results_of_the_request(self) -> list[str]:
+        """The calls of the running request that have their result, in call order."""
+        if self.run is None:
+            return []
+        sub = self.submissions[self.run.submission_id]
+        return [
+            c
+            for g in sub.generations
+            for c in self.generations[g].call_ids
+            if self.tasks[c].result is not None
+        ]
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True
@@ -663,6 +772,94 @@ class SessionState:
                 f"{task.phase}: {output}]"
             )
         )
+
+    # -- context compaction: CompactionStarted -> (CompactionRetryPending ...) ->
+    #    ContextCompacted | CompactionAbandoned; one at a time, each range starting where
+    #    the last summary ended, so no range is ever summarised twice.
+
+    def _compaction_started(self, r: CompactionStarted) -> None:
+        if self.compacting is not None:
+            raise ImpossibleTransition(
+                self.session_id, r.compaction_id, "compacting", "CompactionStarted"
+            )
+        if not self.compacted_end <= r.start < r.end <= len(self.conversation) or (
+            r.start != self.compacted_end
+        ):
+            raise ValueError(
+                f"session {self.session_id}: compaction {r.compaction_id} covers items "
+                f"[{r.start}, {r.end}), but the summary ends at {self.compacted_end} and the "
+                f"conversation has {len(self.conversation)} items"
+            )
+        self.compacting = Compacting(r)
+        self.compactions_started += 1
+        if r.request_id is not None:
+            body = CompactContext.hash_of()
+            self.requests[r.request_id] = RequestSeen(CompactContext.kind, body, r.compaction_id)
+
+    def _pending_compaction(self, compaction_id: str, event: str) -> Compacting:
+        pending = self.compacting
+        if pending is None or pending.started.compaction_id != compaction_id:
+            phase = None if pending is None else "compacting " + pending.started.compaction_id
+            raise ImpossibleTransition(self.session_id, compaction_id, phase, event)
+        return pending
+
+    def _compaction_usage(self, pending: Compacting, model: str, usage: Usage) -> None:
+        run = self.runs.get(pending.started.run_id)
+        if run is not None:
+            self._spend(run, model, usage)
+        else:
+            self.usage = self.usage + usage
+            self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
+
+    def _compaction_retry_pending(self, r: CompactionRetryPending) -> None:
+        pending = self._pending_compaction(r.compaction_id, "CompactionRetryPending")
+        pending.attempt = r.attempt + 1
+        pending.not_before = r.not_before
+        pending.last_error = r.error
+        pending.failures = (*pending.failures, r)
+        self._compaction_usage(pending, r.model, r.usage)
+
+    def _context_compacted(self, r: ContextCompacted) -> None:
+        pending = self._pending_compaction(r.compaction_id, "ContextCompacted")
+        started = pending.started
+        if (r.start, r.end) != (started.start, started.end):
+            raise ValueError(
+                f"session {self.session_id}: compaction {r.compaction_id} was started for "
+                f"items [{started.start}, {started.end}), not [{r.start}, {r.end})"
+            )
+        self._compaction_usage(pending, r.model, r.usage)
+        unknown = [
+            call_id
+            for item in self.conversation[started.start : started.end]
+            if isinstance(item, AssistantTurn)
+            for call_id in self.generations[item.generation_id].call_ids
+            if self.tasks[call_id].phase == "outcome_unknown"
+        ]
+        self.summary_unknown = (*self.summary_unknown, *unknown)
+        self.summary = r
+        self.compactions.append(r)
+        self.compacting = None
+        self.last_input_tokens = 0  # what the model is sent changed: the next reply tells
+
+    def _compaction_abandoned(self, r: CompactionAbandoned) -> None:
+        pending = self._pending_compaction(r.compaction_id, "CompactionAbandoned")
+        self._compaction_usage(pending, r.model, r.usage)
+        self.abandoned = r
+        self.abandoned_at = len(self.conversation)
+        self.compacting = None
+
+    def _checkpointed(self, r: WorkspaceCheckpointed) -> None:
+        self.checkpoints.append(r)
+
+    def _restore_started(self, r: WorkspaceRestoreStarted) -> None:
+        self.restoring = r
+        body = Rewind.hash_of(r.position, r.tree)
+        self.requests[r.request_id] = RequestSeen(Rewind.kind, body, r.tree)
+
+    def _restored(self, r: WorkspaceRestored) -> None:
+        if self.restoring is not None and self.restoring.request_id == r.request_id:
+            self.restoring = None
+        self.restores[r.request_id] = r
 
     def _recovery_decision(self, r: RecoveryDecision) -> None:
         self.decisions.append(r)
@@ -699,10 +896,17 @@ _HANDLERS: dict[type, Any] = {
     GoalRevised: SessionState._goal_revised,
     SessionPaused: SessionState._paused,
     SessionResumed: SessionState._resumed,
+    CompactionStarted: SessionState._compaction_started,
+    CompactionRetryPending: SessionState._compaction_retry_pending,
+    ContextCompacted: SessionState._context_compacted,
+    CompactionAbandoned: SessionState._compaction_abandoned,
     RecoveryDecision: SessionState._recovery_decision,
     SessionParked: SessionState._parked,
     CompensationRequested: SessionState._compensation_requested,
     CompensationFinished: SessionState._compensation_finished,
+    WorkspaceCheckpointed: SessionState._checkpointed,
+    WorkspaceRestoreStarted: SessionState._restore_started,
+    WorkspaceRestored: SessionState._restored,
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }

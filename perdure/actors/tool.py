@@ -28,15 +28,18 @@ from typing import Any
 import attrs
 import trio
 
-from perdure import _faults
+from perdure import _faults, _threads
 from perdure.actors.context import ActorContext, report_last
 from perdure.actors.protocol import (
     AgentLinked,
     HeartbeatReported,
     ReconcileFinished,
+    RestoreFinished,
+    RestoreWorkspace,
     Result,
     ToolFinished,
     ToolOutcome,
+    WorkspaceSeen,
 )
 from perdure.storage import SessionFenced
 from perdure.storage.bus import Event
@@ -46,6 +49,7 @@ from perdure.tools.contract import (
     NeedsAsyncio,
     NeedsHuman,
     OutcomeUnknown,
+    Reconciled,
     ResultNotSerializable,
     RetryableError,
     Tool,
@@ -53,6 +57,7 @@ from perdure.tools.contract import (
     ToolResult,
     render_result,
 )
+from perdure.tools.history import HistoryError, Snapshot, WorkspaceHistory, ref_name
 
 log = logging.getLogger("perdure.tool")
 
@@ -215,6 +220,7 @@ async def run_tool(
     outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
     last_heartbeat: Any = None,
+    workspace_since: str = "",
 ) -> None:
     if _faults.ACTIVE:
         _faults.hit("tool.before", tool.name)
@@ -240,6 +246,37 @@ async def run_tool(
         link=link,
         stopping=lambda: scope.cancel_called,
     )
+    history = _history(ctx, tool)
+    async with ctx.workspace_calls if history is not None else contextlib.nullcontext():
+        await _attempt_between_snapshots(
+            ctx, tool, executing, outbox, scope, history, tctx, beats, workspace_since
+        )
+
+
+async def _attempt_between_snapshots(
+    ctx: ActorContext,
+    tool: Tool,
+    executing: ToolExecuting,
+    outbox: trio.MemorySendChannel[Result],
+    scope: trio.CancelScope,
+    history: WorkspaceHistory | None,
+    tctx: ToolContext,
+    beats: Heartbeats,
+    workspace_since: str = "",
+) -> None:
+    """The attempt, with a workspace call's snapshots before and after it."""
+    before: Snapshot | None = None
+    if history is not None:
+        try:
+            before = await _threads.run_sync(history.snapshot, _ref(executing, "before"))
+        except HistoryError as exc:
+            # No checkpoint, no call: the promise of a rewind to before it would be broken.
+            said = f"perdure could not checkpoint the workspace, so the call did not run: {exc}"
+            log.error("%s", said)
+            await report_last(outbox, _attempt(executing, "error", said))
+            return
+        if _faults.ACTIVE:
+            _faults.hit("workspace.before", tool.name)
     started = time.monotonic()
     finished = _attempt(executing, "cancelled", "cancelled")
     # This task runs in the session's nursery: the relay, if a heartbeat starts one, too.
@@ -259,12 +296,81 @@ async def run_tool(
     final_beat = beats.take()
     if final_beat is not None:  # before the result, so that a retry resumes from it
         await outbox.send(final_beat)
+    if history is not None and before is not None:
+        with trio.CancelScope(shield=True):  # a stopped call's files changed too
+            seen = await _after(history, executing, before)
+            if workspace_since and workspace_since != before.tree:
+                outside = await _outside(history, workspace_since, before)
+                seen = attrs.evolve(seen, outside=outside)
+        finished = attrs.evolve(finished, workspace=seen)
+        if _faults.ACTIVE:
+            _faults.hit("workspace.after", tool.name)
     if _faults.ACTIVE:
         _faults.hit("tool.after", tool.name)
     await report_last(
         outbox,
         attrs.evolve(finished, duration=time.monotonic() - started, jitter=ctx.rng.random()),
     )
+
+
+def _history(ctx: ActorContext, tool: Tool) -> WorkspaceHistory | None:
+    """The checkpoint store, for a tool that may change a configured workspace."""
+    if not tool.changes_workspace or ctx.workspace is None:
+        return None
+    return WorkspaceHistory(ctx.workspace)
+
+
+def _ref(executing: ToolExecuting, when: str) -> str:
+    """Where an attempt's snapshot is kept: found again by the call's key and attempt."""
+    label = f"{executing.idempotency_key}/{executing.attempt}/{when}"
+    return ref_name(executing.session_id, label)
+
+
+async def _after(
+    history: WorkspaceHistory, executing: ToolExecuting, before: Snapshot
+) -> WorkspaceSeen:
+    """The workspace after an attempt, and what changed since its before-snapshot."""
+    try:
+        after = await _threads.run_sync(history.snapshot, _ref(executing, "after"))
+        changes = await _threads.run_sync(history.changes, before.tree, after.tree)
+    except HistoryError as exc:
+        log.error("the after-snapshot of call %s failed: %s", executing.call_id, exc)
+        return WorkspaceSeen(before=before.tree, after="", skipped=before.skipped)
+    return WorkspaceSeen(
+        before=before.tree,
+        after=after.tree,
+        changed=tuple(c.path for c in changes),
+        skipped=tuple(sorted(set(before.skipped) | set(after.skipped))),
+    )
+
+
+async def _outside(history: WorkspaceHistory, since: str, before: Snapshot) -> tuple[str, ...]:
+    """Files changed between the session's previous checkpoint and this call's
+    before-snapshot: none of its own calls ran meanwhile, so other hands did."""
+    try:
+        changes = await _threads.run_sync(history.changes, since, before.tree)
+    except HistoryError as exc:
+        log.error("the workspace diff since the last checkpoint failed: %s", exc)
+        return ()
+    return tuple(c.path for c in changes)
+
+
+async def _workspace_since(
+    history: WorkspaceHistory, executing: ToolExecuting
+) -> WorkspaceSeen | None:
+    """An interrupted attempt's workspace: its before-snapshot (if it was taken) and now.
+
+    No before-snapshot means the attempt never reached its tool (the snapshot precedes
+    it). None when the store itself failed: nothing can be said from it then.
+    """
+    try:
+        before = await _threads.run_sync(history.lookup, _ref(executing, "before"))
+        if before is None:
+            return WorkspaceSeen(before="", after="")
+        return await _after(history, executing, Snapshot(tree=before))
+    except HistoryError as exc:
+        log.error("the workspace diff of call %s failed: %s", executing.call_id, exc)
+        return None
 
 
 async def _invoke(
@@ -360,11 +466,19 @@ async def run_reconcile(
         call_id=call_id, status="unknown", reason="the reconcile was cancelled"
     )
     tctx = make_context(ctx, executing)
+    history = _history(ctx, tool)
     with scope:
+        seen = None
+        if history is not None:
+            async with ctx.workspace_calls:
+                seen = await _workspace_since(history, executing)
         limit = tool.timeout if tool.timeout is not None else math.inf
         with trio.move_on_after(limit) as timer:
             try:
-                found = await tool.run_reconcile(tctx, dict(executing.args))
+                if tool.reconcile is None:  # a workspace tool: the diff is all there is
+                    found = Reconciled.unknown("")
+                else:
+                    found = await tool.run_reconcile(tctx, dict(executing.args))
             except Exception as exc:
                 finished = ReconcileFinished(
                     call_id=call_id, status="unknown", reason=f"reconcile raised {_describe(exc)}"
@@ -384,6 +498,7 @@ async def run_reconcile(
             finished = ReconcileFinished(
                 call_id=call_id, status="unknown", reason="reconcile timed out"
             )
+        finished = attrs.evolve(finished, workspace=seen)
     await report_last(outbox, finished)
 
 
@@ -401,3 +516,35 @@ async def run_forget(ctx: ActorContext, tool: Tool, executing: ToolExecuting) ->
             log.warning("forget of %s (%s) raised %s", tool.name, tctx.call_id, _describe(exc))
     if limit.cancelled_caught:
         log.warning("forget of %s (%s) timed out", tool.name, tctx.call_id)
+
+
+async def run_restore(
+    ctx: ActorContext,
+    session_id: str,
+    effect: RestoreWorkspace,
+    outbox: trio.MemorySendChannel[Result],
+) -> None:
+    """Put the workspace's files back as ``effect.tree`` (a rewind), and report it.
+
+    The store refuses a tree it cannot prove whole, and then nothing is written; the
+    session records that refusal. The state just before is kept under the request's
+    ref, so a rewind can itself be undone.
+    """
+    finished = RestoreFinished(request_id=effect.request_id, tree=effect.tree)
+    if ctx.workspace is None:
+        finished = attrs.evolve(finished, error="this runtime has no workspace to restore")
+    else:
+        history = WorkspaceHistory(ctx.workspace)
+        keep = ref_name(session_id, f"rewind/{effect.request_id}/before")
+        if _faults.ACTIVE:
+            _faults.hit("workspace.restore")
+        try:
+            async with ctx.workspace_calls:
+                before = await _threads.run_sync(history.restore, effect.tree, keep)
+        except HistoryError as exc:
+            finished = attrs.evolve(finished, error=str(exc))
+        else:
+            finished = attrs.evolve(finished, before=before.tree)
+            if _faults.ACTIVE:
+                _faults.hit("workspace.restored")
+    await report_last(outbox, finished)

@@ -26,11 +26,11 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from attrs import field, frozen
 
-from perdure.answers import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.client.errors import DaemonError, ProtocolError, Unavailable, error_from
 
 T = TypeVar("T")
@@ -275,10 +275,20 @@ def stats() -> Call[Stats]:
     )
 
 
-def sessions() -> Call[list[SessionInfo]]:
+def sessions(
+    after: str = "", limit: int | None = None, active: bool = False
+) -> Call[list[SessionInfo]]:
+    # Nothing asked: no query, the whole list in order of creation.
+    query: dict[str, str] = {}
+    if after or limit is not None or active:
+        query["after"] = after
+        if limit is not None:
+            query["limit"] = str(limit)
+        if active:
+            query["active"] = "1"
     return Call(
         "GET",
-        "/v1/sessions",
+        "/v1/sessions" + ("?" + urlencode(query) if query else ""),
         lambda d: [
             SessionInfo(
                 s["session_id"],
@@ -324,13 +334,15 @@ def delete_session(session_id: str) -> Call[int]:
 
 
 def fork(
-    source: str, at: int | str | None, session_id: str | None, rid: str | None
+    source: str, at: int | str | None, session_id: str | None, rid: str | None, files: bool
 ) -> Call[Forked]:
     if isinstance(at, bool) or not (at is None or isinstance(at, int | str)):
         raise ValueError(f"at must be None, a run id or a sequence number, not {at!r}")
     body: dict[str, Any] = {"request_id": rid or request_id(), "at": at}
     if session_id is not None:
         body["session_id"] = session_id
+    if files:
+        body["files"] = True
     return Call(
         "POST",
         _s(source) + "/forks",
@@ -339,6 +351,44 @@ def fork(
         ),
         body,
         ok=(200, 201),
+    )
+
+
+def rewind(session_id: str, to: int | str, rid: str | None) -> Call[Rewound]:
+    if isinstance(to, bool) or not isinstance(to, int | str):
+        raise ValueError(f"to must be a call id or a sequence number, not {to!r}")
+    return Call(
+        "POST",
+        _s(session_id) + "/rewind",
+        lambda d: Rewound(
+            d["session_id"],
+            d["tree"],
+            int(d["position"]),
+            d["before"],
+            duplicate=bool(d["duplicate"]),
+        ),
+        {"request_id": rid or request_id(), "to": to},
+    )
+
+
+def workspace_diff(session_id: str, call_id: str | None) -> Call[list[CallDiff]]:
+    query = "" if call_id is None else "?" + urlencode({"call_id": call_id})
+    return Call(
+        "GET",
+        _s(session_id) + "/diff" + query,
+        lambda d: [
+            CallDiff(
+                call_id=c["call_id"],
+                attempt=int(c["attempt"]),
+                tool_name=c["tool_name"],
+                before=c["before"],
+                after=c["after"],
+                changed=tuple(c["changed"]),
+                skipped=tuple(c["skipped"]),
+                patch=c["patch"],
+            )
+            for c in d["calls"]
+        ],
     )
 
 
@@ -362,10 +412,10 @@ def state(session_id: str) -> Call[SessionState]:
     return Call("GET", _s(session_id), _state)
 
 
-def transcript(session_id: str) -> Call[list[TranscriptMessage]]:
+def transcript(session_id: str, history: bool = False) -> Call[list[TranscriptMessage]]:
     return Call(
         "GET",
-        _s(session_id) + "/transcript",
+        _s(session_id) + "/transcript" + ("?history=1" if history else ""),
         lambda d: [TranscriptMessage(m["role"], tuple(m["content"])) for m in d["messages"]],
     )
 
@@ -410,6 +460,12 @@ def approve(
 def revise(session_id: str, text: str, rid: str | None) -> Call[Done]:
     body = {"text": text, "request_id": rid or request_id()}
     return Call("POST", _s(session_id) + "/revisions", _done(lambda d: d["goal_rev"]), body)
+
+
+def compact_context(session_id: str, rid: str | None) -> Call[Done]:
+    body = {"request_id": rid or request_id()}
+    path = _s(session_id) + "/compact-context"
+    return Call("POST", path, _done(lambda d: d["compaction_id"]), body)
 
 
 def pause(session_id: str, rid: str | None) -> Call[Done]:

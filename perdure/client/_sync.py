@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from perdure.answers import Accepted, Done, Forked, IfBusy
+from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.client import _model as m
 from perdure.client.errors import DaemonError
 
@@ -84,14 +84,20 @@ class PerdureClient:
     def stats(self) -> m.Stats:
         return self._send(m.stats())
 
-    def sessions(self) -> list[m.SessionInfo]:
-        return self._send(m.sessions())
+    def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[m.SessionInfo]:
+        """Every session in order of creation, or with ``after``, ``limit`` (at most
+        10,000) or ``active`` a page in session-id order (``GET /v1/sessions``)."""
+        return self._send(m.sessions(after, limit, active))
 
     def state(self, session_id: str) -> m.SessionState:
         return self._send(m.state(session_id))
 
-    def transcript(self, session_id: str) -> list[m.TranscriptMessage]:
-        return self._send(m.transcript(session_id))
+    def transcript(self, session_id: str, *, history: bool = False) -> list[m.TranscriptMessage]:
+        """What the model is sent; ``history``: every message, as if nothing was
+        compacted."""
+        return self._send(m.transcript(session_id, history))
 
     def whoami(self) -> m.Grant:
         """What this client's token opens."""
@@ -141,11 +147,24 @@ class PerdureClient:
         at: int | str | None = None,
         session_id: str | None = None,
         request_id: str | None = None,
+        files: bool = False,
     ) -> Forked:
         """A new session from ``source``'s history up to a settled point: ``at`` is None
         (the latest), a run id (the end of that run) or a sequence number. The same
-        request id forks once (``duplicate`` on a retry)."""
-        return self._send(m.fork(source, at, session_id, request_id))
+        request id forks once (``duplicate`` on a retry). ``files=True`` also puts the
+        workspace's files back as they were there (answered once they are)."""
+        return self._send(m.fork(source, at, session_id, request_id, files))
+
+    def rewind(self, session_id: str, *, to: int | str, request_id: str | None = None) -> Rewound:
+        """Put the workspace's files back as they were at ``to`` (a call id: before that
+        call; a settled point's seq); the conversation stays. ``NotFound`` without a
+        checkpoint there; a ``Refused`` (409) while a run is active."""
+        return self._send(m.rewind(session_id, to, request_id))
+
+    def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
+        """What each checkpointed workspace call changed (or only ``call_id``'s), with a
+        unified diff of each."""
+        return self._send(m.workspace_diff(session_id, call_id))
 
     def delete_session(self, session_id: str) -> int:
         """Remove a finished session from the log; the number of records removed.
@@ -171,6 +190,11 @@ class PerdureClient:
 
     def revise(self, session_id: str, text: str, *, request_id: str | None = None) -> Done:
         return self._send(m.revise(session_id, text, request_id))
+
+    def compact_context(self, session_id: str, *, request_id: str | None = None) -> Done:
+        """Summarise the session's conversation now (what the model is sent; the log
+        keeps everything); ``ref`` is the compaction's id."""
+        return self._send(m.compact_context(session_id, request_id))
 
     def pause(self, session_id: str, *, request_id: str | None = None) -> Done:
         return self._send(m.pause(session_id, request_id))

@@ -67,16 +67,22 @@ from perdure.server.openapi import (
     ANY_EVENT,
     CHAT_DOC,
     CHAT_REQUEST,
+    DIFF_PARAMS,
     EVENT_PARAMS,
     EVENTS_DOC,
     FORK_REQUEST,
     HEALTH,
     HTML,
+    REWIND_REQUEST,
     SESSION_LIST,
+    SESSION_LIST_DOC,
+    SESSION_LIST_PARAMS,
     SESSION_SUMMARY,
     SSE,
     TRACEPARENT,
     TRANSCRIPT,
+    TRANSCRIPT_PARAMS,
+    WORKSPACE_DIFF,
     Body,
     Operation,
     documented,
@@ -88,6 +94,7 @@ from perdure.server.payloads import (
     ApprovalBody,
     CancelAnswer,
     CommandBody,
+    CompactionAnswer,
     CompensationAnswer,
     CreateSessionBody,
     ForkAnswer,
@@ -98,6 +105,8 @@ from perdure.server.payloads import (
     ResolutionAnswer,
     ResolutionBody,
     RevisionAnswer,
+    RewindAnswer,
+    RewindBody,
     SessionCreatedAnswer,
     SessionDeletedAnswer,
     StatsAnswer,
@@ -112,6 +121,7 @@ from perdure.server.payloads import (
     read_body,
     read_json,
     session_list,
+    session_page,
     stream_start,
 )
 from perdure.server.streams import EventStreamResponse, FrameCache, Streams
@@ -373,14 +383,28 @@ class Api:
 
     @documented(
         Operation(
-            summary="Every session of the log, in order of creation",
+            summary="The sessions of the log: every one in order of creation, or a page",
+            description=SESSION_LIST_DOC,
             tag="sessions",
             answers={200: Body(schema=SESSION_LIST)},
+            errors=(400,),
+            params=SESSION_LIST_PARAMS,
         )
     )
     async def list_sessions(self, request: Request) -> Response:
-        infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
-        return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
+        page = session_page(request)
+        if page is None:
+            infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
+            return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
+        after, limit, active = page
+        # One more than asked: whether a next page exists, without a second read.
+        infos = await self.rt.sessions(after=after, limit=limit + 1, active=active)
+        more = len(infos) > limit
+        infos = infos[:limit]
+        stuck = await self.rt.stuck_runs(among=infos)
+        return JSONResponse(
+            session_list(infos, stuck, next_after=infos[-1].session_id if more else None)
+        )
 
     @documented(
         Operation(
@@ -434,12 +458,14 @@ class Api:
             tag="sessions",
             access="session",
             answers={200: Body(schema=TRANSCRIPT)},
+            params=TRANSCRIPT_PARAMS,
             errors=(404,),
         )
     )
     async def transcript(self, request: Request) -> Response:
         sid = path_session(request)
-        messages = await self.rt.transcript(sid)
+        history = request.query_params.get("history", "0") in ("1", "true", "yes")
+        messages = await self.rt.transcript(sid, history=history)
         return JSONResponse({"session_id": sid, "messages": [message_json(m) for m in messages]})
 
     # -- commands --------------------------------------------------------------------
@@ -509,10 +535,63 @@ class Api:
             why = "the field 'at' must be a run id, a sequence number or null"
             raise ApiError(400, "invalid_field", why, "at")
         forked = await self.rt.fork(
-            sid, at=at, session_id=body.session_id, request_id=body.request_id
+            sid, at=at, session_id=body.session_id, request_id=body.request_id, files=body.files
         )
         answer = ForkAnswer(forked.session_id, forked.source, forked.position, forked.duplicate)
         return _json(answer, 200 if forked.duplicate else 201)
+
+    @documented(
+        Operation(
+            summary="Put the workspace's files back as they were at a call or a settled point",
+            tag="commands",
+            access="session",
+            body=Body(schema=REWIND_REQUEST),
+            answers={200: Body(RewindAnswer, description="the files are back")},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
+    async def rewind(self, request: Request) -> Response:
+        """Restore the workspace's files (``to``: a call id or a settled point's seq);
+        409 ``invalid_state`` while a run is active or if the store cannot prove the
+        checkpoint whole."""
+        sid = path_session(request)
+        data = await read_json(request, self.max_body)
+        body = parse({k: v for k, v in data.items() if k != "to"}, RewindBody)
+        to = data.get("to")
+        if isinstance(to, bool) or not isinstance(to, int | str):
+            why = "the field 'to' must be a call id or a sequence number"
+            raise ApiError(400, "invalid_field", why, "to")
+        done = await self.rt.rewind(sid, to=to, request_id=body.request_id)
+        return _json(RewindAnswer(sid, done.tree, done.position, done.before, done.duplicate))
+
+    @documented(
+        Operation(
+            summary="What each workspace call of the session changed, with its diff",
+            tag="sessions",
+            access="session",
+            params=DIFF_PARAMS,
+            answers={200: Body(schema=WORKSPACE_DIFF)},
+            errors=(404,),
+        )
+    )
+    async def workspace_diff(self, request: Request) -> Response:
+        sid = path_session(request)
+        call_id = request.query_params.get("call_id") or None
+        diffs = await self.rt.workspace_diff(sid, call_id)
+        calls = [
+            {
+                "call_id": d.call_id,
+                "attempt": d.attempt,
+                "tool_name": d.tool_name,
+                "before": d.before,
+                "after": d.after,
+                "changed": list(d.changed),
+                "skipped": list(d.skipped),
+                "patch": d.patch,
+            }
+            for d in diffs
+        ]
+        return JSONResponse({"session_id": sid, "calls": calls})
 
     @documented(
         Operation(
@@ -596,6 +675,24 @@ class Api:
         body = await read_body(request, CommandBody, self.max_body)
         done = await self.rt.resume(sid, request_id=body.request_id)
         return _json(PauseAnswer(**_recorded(done), paused=False))
+
+    @documented(
+        Operation(
+            summary="Compact the session's context now (summarise what the model is sent)",
+            tag="commands",
+            access="session",
+            body=Body(CommandBody),
+            answers={200: Body(CompactionAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
+    async def compact_context(self, request: Request) -> Response:
+        """Start a context compaction: a summary replaces the older messages in what the
+        model is sent; the log keeps them all. Not the log's compaction."""
+        sid = path_session(request)
+        body = await read_body(request, CommandBody, self.max_body)
+        done = await self.rt.compact_context(sid, request_id=body.request_id)
+        return _json(CompactionAnswer(**_recorded(done), compaction_id=done.ref))
 
     @documented(
         Operation(
@@ -772,9 +869,12 @@ def create_app(
         Route(s + "/messages", api.post_message, methods=["POST"]),
         Route(s + "/cancel", api.cancel, methods=["POST"]),
         Route(s + "/forks", api.fork, methods=["POST"]),
+        Route(s + "/rewind", api.rewind, methods=["POST"]),
+        Route(s + "/diff", api.workspace_diff, methods=["GET"]),
         Route(s + "/approvals/{call_id}", api.approve, methods=["POST"]),
         Route(s + "/revisions", api.revise, methods=["POST"]),
         Route(s + "/pause", api.pause, methods=["POST"]),
+        Route(s + "/compact-context", api.compact_context, methods=["POST"]),
         Route(s + "/resume", api.resume, methods=["POST"]),
         Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
         Route(s + "/calls/{call_id}/resolution", api.resolve, methods=["POST"]),

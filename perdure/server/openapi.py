@@ -26,7 +26,7 @@ from attrs import frozen
 from starlette.routing import Route
 
 from perdure import __version__
-from perdure.server.payloads import ForkBody
+from perdure.server.payloads import ForkBody, RewindBody
 from perdure.storage import SessionInfo
 from perdure.stuck import WAITING_KINDS
 
@@ -552,10 +552,44 @@ STUCK: Final = {
     },
 }
 
+SESSION_LIST_PARAMS: Final = (
+    Param(
+        "limit",
+        "query",
+        {"type": "integer", "minimum": 1, "maximum": 10_000},
+        "a page of at most this many sessions, in session-id order",
+    ),
+    Param(
+        "after",
+        "query",
+        {"type": "string"},
+        "the page after this session id (the `next` of the page before)",
+    ),
+    Param(
+        "active",
+        "query",
+        {"enum": ["1", "0", "true", "false"]},
+        "`1` or `true`: only the sessions with unfinished work (read from the log's index of them)",
+    ),
+)
+
+SESSION_LIST_DOC: Final = """\
+Without `limit`, `after` or `active`: every session, in order of creation (each call
+reads every session's summary). With any of them: a page in session-id order, at most
+`limit` sessions (10,000 when left out) after the id `after` (with `active=1` only
+sessions with unfinished work), and `next`, the `after` of the next page (null after
+the last page); a page reads only its own sessions' summaries, and `stuck` only for
+its sessions with unfinished work."""
+
 SESSION_LIST: Final = {
     "type": "object",
     "required": ["sessions"],
     "properties": {
+        "next": {
+            "description": "a page's answer only: the `after` of the next page, or null "
+            "after the last",
+            "anyOf": [{"type": "null"}, {"type": "string"}],
+        },
         "sessions": {
             "type": "array",
             "items": {
@@ -576,7 +610,7 @@ SESSION_LIST: Final = {
                     },
                 ]
             },
-        }
+        },
     },
 }
 
@@ -607,9 +641,25 @@ SESSION_SUMMARY: Final = {
         "decisions",
         "usage",
         "cost",
+        "context",
     ],
     "properties": {
         "session_id": {"type": "string"},
+        "context": {
+            "type": "object",
+            "description": "Context compaction: what the model is sent in place of the "
+            "older turns (every compaction, the one in progress, the last that made "
+            "nothing); the log keeps every record.",
+            "required": ["items", "summarised", "last_input_tokens", "compactions"],
+            "properties": {
+                "items": {"type": "integer"},
+                "summarised": {"type": "integer"},
+                "last_input_tokens": {"type": "integer"},
+                "compactions": _LIST,
+                "compacting": {"type": ["object", "null"]},
+                "abandoned": {"type": ["string", "null"]},
+            },
+        },
         "status": {
             "enum": [
                 "parked",
@@ -716,11 +766,77 @@ FORK_REQUEST: Final = {
     ]
 }
 
+REWIND_REQUEST: Final = {
+    "allOf": [
+        {"$attrs": RewindBody},
+        {
+            "type": "object",
+            "required": ["to"],
+            "properties": {
+                "to": {
+                    "type": ["string", "integer"],
+                    "description": "a call id (the workspace before it) or a sequence "
+                    "number of a settled point",
+                }
+            },
+        },
+    ]
+}
+
+WORKSPACE_DIFF: Final = {
+    "type": "object",
+    "required": ["session_id", "calls"],
+    "properties": {
+        "session_id": {"type": "string"},
+        "calls": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": [
+                    "call_id",
+                    "attempt",
+                    "tool_name",
+                    "before",
+                    "after",
+                    "changed",
+                    "skipped",
+                    "patch",
+                ],
+                "properties": {
+                    "call_id": {"type": "string"},
+                    "attempt": {"type": "integer"},
+                    "tool_name": {"type": "string"},
+                    "before": {"type": "string"},
+                    "after": {"type": "string"},
+                    "changed": {"type": "array", "items": {"type": "string"}},
+                    "skipped": {"type": "array", "items": {"type": "string"}},
+                    "patch": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+DIFF_PARAMS: Final = (
+    Param("call_id", "query", {"type": "string"}, "only this call's checkpoints"),
+)
+
 TRACEPARENT: Final = Param(
     "traceparent",
     "header",
     {"type": "string"},
     "W3C trace context: the run becomes a child of the caller's span (ignored if malformed)",
+)
+
+TRANSCRIPT_PARAMS: Final = (
+    Param(
+        "history",
+        "query",
+        {"type": "string"},
+        "`1`, `true` or `yes`: every message the log keeps, as if no context compaction "
+        "had been made; otherwise what the model is sent (a summary in place of what it "
+        "covers)",
+    ),
 )
 
 EVENT_PARAMS: Final = (

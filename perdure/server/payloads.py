@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import cattrs
 from attrs import Attribute, field, frozen
@@ -152,6 +152,15 @@ class ForkBody:
 
     request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
     session_id: str | None = field(default=None, validator=_session_id, metadata=_SESSION_ID)
+    # Restore the workspace's files as they were at that point, too.
+    files: bool = False
+
+
+@frozen(kw_only=True)
+class RewindBody:
+    """A rewind's request id (``to`` is read apart: a call id or a seq)."""
+
+    request_id: str = field(validator=_request_id, metadata=_REQUEST_ID)
 
 
 @frozen(kw_only=True)
@@ -224,6 +233,15 @@ class ForkAnswer:
     duplicate: bool
 
 
+@frozen
+class RewindAnswer:
+    session_id: str
+    tree: str
+    position: int
+    before: str
+    duplicate: bool
+
+
 @frozen(kw_only=True)
 class Recorded:
     """The answer to a command: ``seq`` is None when nothing had to be recorded."""
@@ -252,6 +270,11 @@ class RevisionAnswer(Recorded):
 @frozen(kw_only=True)
 class PauseAnswer(Recorded):
     paused: bool
+
+
+@frozen(kw_only=True)
+class CompactionAnswer(Recorded):
+    compaction_id: str  # the compaction started (or the one already in progress)
 
 
 @frozen(kw_only=True)
@@ -364,11 +387,19 @@ def answer(value: Any) -> dict[str, Any]:
     return data
 
 
-def session_list(infos: list[SessionInfo], stuck: Sequence[StuckRun] = ()) -> dict[str, Any]:
+def session_list(
+    infos: list[SessionInfo],
+    stuck: Sequence[StuckRun] = (),
+    *,
+    next_after: str | Literal[False] | None = False,
+) -> dict[str, Any]:
     """``GET /v1/sessions``: each session's summary as the log keeps it, plus ``active``
-    and ``stuck`` (what a stuck session waits for, or null)."""
+    and ``stuck`` (what a stuck session waits for, or null); for a page, ``next``: the
+    ``after`` of the next page, or null after the last (``next_after``; False: no page)."""
     by_session = {run.session_id: run for run in stuck}
+    paging = {} if next_after is False else {"next": next_after}
     return {
+        **paging,
         "sessions": [
             {
                 **answer(i),
@@ -376,7 +407,7 @@ def session_list(infos: list[SessionInfo], stuck: Sequence[StuckRun] = ()) -> di
                 "stuck": _stuck(by_session.get(i.session_id)),
             }
             for i in infos
-        ]
+        ],
     }
 
 
@@ -447,6 +478,32 @@ def path_session(request: Request) -> str:
         return check_session_id(sid)
     except ValueError:
         raise ApiError(404, "not_found", f"no session {sid!r} in this log") from None
+
+
+MAX_PAGE: Final = 10_000  # sessions in one page of ``GET /v1/sessions``
+
+
+def session_page(request: Request) -> tuple[str, int, bool] | None:
+    """``GET /v1/sessions``'s page, ``(after, limit, active)``, or None for the whole
+    list (none of ``limit``, ``after``, ``active`` given; a page is ``MAX_PAGE`` long
+    unless ``limit`` says less)."""
+    raw_limit = request.query_params.get("limit")
+    after = request.query_params.get("after")
+    raw_active = request.query_params.get("active")
+    if raw_limit is None and after is None and raw_active is None:
+        return None
+    if raw_active not in (None, "0", "1", "true", "false"):
+        raise ApiError(400, "invalid_field", "active must be 1, 0, true or false", "active")
+    active = raw_active in ("1", "true")
+    limit = MAX_PAGE
+    if raw_limit is not None:
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            raise ApiError(400, "invalid_field", "limit must be a whole number", "limit") from None
+        if not 1 <= limit <= MAX_PAGE:
+            raise ApiError(400, "invalid_field", f"limit must be between 1 and {MAX_PAGE}", "limit")
+    return after or "", limit, active
 
 
 def stream_start(request: Request) -> int:

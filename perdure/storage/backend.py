@@ -33,8 +33,9 @@ Ownership hooks (the part that differs between one owner and many nodes):
 ``acquire(sid)``     make this process the session's writer, or raise ``NotOwner``
                      naming the live node that holds it. LMDB: always granted
                      (its whole-log lock already fences).
-``claim()``          the active sessions this process should run now. LMDB: every
-                     active session; PostgreSQL: orphaned ones (lease free or
+``claim()``          the active sessions this process should run now, in recovery
+                     order (``recovery_order``: the longest waiting first). LMDB:
+                     every active session; PostgreSQL: orphaned ones (lease free or
                      expired), up to a fair share over the live nodes.
 ``renew()``          extend the leases held; return the sessions whose lease was lost.
 ``survey()``         the live nodes and how many active sessions each holds
@@ -52,7 +53,7 @@ Ownership hooks (the part that differs between one owner and many nodes):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import attrs
@@ -112,6 +113,15 @@ class SessionInfo:
             goal_rev=goal_rev,
             open_submissions=open_submissions,
         )
+
+
+def recovery_order(infos: Iterable[SessionInfo]) -> list[str]:
+    """The order in which start-up resumes interrupted sessions: the one whose last
+    record is oldest first (it has waited longest), ties by session id.
+
+    Only the active sessions' summaries are read for it, never the whole history.
+    """
+    return [i.session_id for i in sorted(infos, key=lambda i: (i.last_seq, i.session_id))]
 
 
 @attrs.frozen
@@ -192,7 +202,14 @@ class LogBackend(Protocol):
 
     def active_sessions(self) -> list[str]: ...
 
-    def sessions(self) -> list[SessionInfo]: ...
+    def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The sessions' summaries in session-id order (LMDB and in memory: the ids'
+        UTF-8 bytes; PostgreSQL: the database's collation): only ids after ``after`` (a
+        page's last id; "" from the start), at most ``limit`` of them, and with
+        ``active`` only the sessions with unfinished work (read from the active index,
+        not from every session)."""
 
     def session_info(self, session_id: str) -> SessionInfo | None: ...
 

@@ -455,8 +455,12 @@ class Journal:
     async def active_sessions(self) -> list[str]:
         return await self.run(self.log.active_sessions)
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self.run(self.log.sessions)
+    async def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        return await self.run(
+            functools.partial(self.log.sessions, after=after, limit=limit, active=active)
+        )
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.log.session_info, session_id)

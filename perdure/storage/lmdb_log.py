@@ -46,6 +46,7 @@ from perdure.storage.backend import (
     CommitResult,
     Durability,
     SessionInfo,
+    recovery_order,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import SingleOwner, claim_writer
@@ -579,16 +580,60 @@ class LmdbLog(SingleOwner):
         with self._read() as txn, txn.cursor(db=self._active) as cur:
             return [bytes(key).decode() for key in cur.iternext(values=False)]
 
-    def sessions(self) -> list[SessionInfo]:
+    def claim(self) -> list[str]:
+        """Every active session, in recovery order (``recovery_order``): one read of the
+        active index and of those sessions' summaries."""
+        with self._read() as txn, txn.cursor(db=self._active) as cur:
+            sids = [bytes(key).decode() for key in cur.iternext(values=False)]
+            infos = [self._summary(txn, sid) for sid in sids]
+        return recovery_order(i for i in infos if i is not None)
+
+    def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        out: list[SessionInfo] = []
+        if limit is not None and limit <= 0:
+            return out
+        start = after.encode()
         with self._read() as txn:
-            active = {
-                bytes(k).decode(): int(bytes(v)) for k, v in txn.cursor(db=self._active).iternext()
-            }
-            out = []
-            for k, v in txn.cursor(db=self._sessions).iternext():
-                sid = bytes(k).decode()
-                info = json.loads(bytes(v))
-                out.append(SessionInfo(session_id=sid, open_submissions=active.get(sid, 0), **info))
+            counts: dict[str, int] | None = None
+            if limit is None and not active:
+                # Every session from here on: one scan of the (small) active index
+                # instead of a lookup per session.
+                counts = {
+                    bytes(k).decode(): int(bytes(v))
+                    for k, v in txn.cursor(db=self._active).iternext()
+                }
+
+            # Keys sort as the ids' UTF-8 bytes: a page starts at the first key past
+            # ``after``, and no key outside the page is read.
+            cursor = txn.cursor(db=self._active if active else self._sessions)
+            # An ``after`` longer than any key LMDB takes (no session id is) still
+            # places the page: the search starts at its prefix, and keys up to it are
+            # skipped.
+            prefix = start[: self.env.max_key_size()]
+            found = cursor.set_range(prefix) if prefix else cursor.first()
+            while found:
+                key = bytes(cursor.key())
+                if key > start:
+                    sid = key.decode()
+                    if active:
+                        summary = self._summary(txn, sid)
+                        if summary is not None:
+                            out.append(summary)
+                    else:
+                        out.append(
+                            SessionInfo(
+                                session_id=sid,
+                                open_submissions=(
+                                    self._count(txn, sid) if counts is None else counts.get(sid, 0)
+                                ),
+                                **json.loads(bytes(cursor.value())),
+                            )
+                        )
+                    if limit is not None and len(out) >= limit:
+                        break
+                found = cursor.next()
             return out
 
     def session_info(self, session_id: str) -> SessionInfo | None:

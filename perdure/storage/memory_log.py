@@ -39,6 +39,7 @@ from perdure.storage.backend import (
     CommitResult,
     Durability,
     SessionInfo,
+    recovery_order,
 )
 from perdure.storage.codec import CorruptRecord, decode, encode
 from perdure.storage.common import SingleOwner, claim_writer
@@ -271,9 +272,21 @@ class MemoryLog(SingleOwner):
         with self._store.lock:
             return sorted(s for s, i in self._store.summaries.items() if i.open_submissions > 0)
 
-    def sessions(self) -> list[SessionInfo]:
+    def claim(self) -> list[str]:
+        """Every active session, in recovery order (``recovery_order``)."""
         with self._store.lock:
-            return [self._store.summaries[s] for s in sorted(self._store.summaries)]
+            return recovery_order(i for i in self._store.summaries.values() if i.open_submissions)
+
+    def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        with self._store.lock:
+            # Sorted by the ids' UTF-8 bytes, as LMDB keys sort.
+            ids = sorted(self._store.summaries, key=str.encode)
+            infos = [self._store.summaries[s] for s in ids if s.encode() > after.encode()]
+        if active:
+            infos = [i for i in infos if i.open_submissions]
+        return infos if limit is None else infos[: max(0, limit)]
 
     def session_info(self, session_id: str) -> SessionInfo | None:
         with self._store.lock:

@@ -805,9 +805,19 @@ class PgLog:
         "FROM perdure_sessions"
     )
 
-    def sessions(self) -> list[SessionInfo]:
+    def sessions(
+        self, *, after: str = "", limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        # In the database's order of text (its collation), which its primary key index
+        # serves: a page is read from the index, not sorted from every session.
+        query = self._INFO + " WHERE session_id > %(after)s"
+        if active:
+            query += " AND open_submissions > 0"
+        query += " ORDER BY session_id LIMIT %(limit)s"
         with self._reader() as conn:
-            rows = conn.execute(self._INFO + " ORDER BY session_id").fetchall()
+            rows = conn.execute(
+                query, {"after": after, "limit": None if limit is None else max(0, limit)}
+            ).fetchall()
         return [SessionInfo(*row) for row in rows]
 
     def session_info(self, session_id: str) -> SessionInfo | None:
@@ -894,7 +904,7 @@ class PgLog:
             ).fetchone()
             live = max(1, int(row[0]) if row else 1)
             rows = conn.execute(
-                """SELECT s.session_id, l.owner,
+                """SELECT s.session_id, s.last_seq, l.owner,
                           l.owner IS NULL OR l.expires_at < statement_timestamp()
                           OR (%(takeover)s AND n.epoch < %(node_epoch)s)
                      FROM perdure_sessions s
@@ -904,9 +914,10 @@ class PgLog:
                 params,
             ).fetchall()
             held = self.held()
-            mine = sum(1 for sid, _, _ in rows if sid in held)
+            mine = sum(1 for sid, _, _, _ in rows if sid in held)
             want = math.ceil(len(rows) / live) - mine
-            candidates = [sid for sid, owner, free in rows if free and sid not in held]
+            last_seqs = {sid: int(last) for sid, last, _, _ in rows}
+            candidates = [sid for sid, _, owner, free in rows if free and sid not in held]
             random.shuffle(candidates)
             gained: list[str] = []
             for sid in candidates:
@@ -916,7 +927,9 @@ class PgLog:
                 if epoch is not None:
                     self._hold(sid, epoch, asked_at)
                     gained.append(sid)
-        return sorted(gained)
+        # Which ones this node takes is random (fair between nodes); the order it
+        # resumes them in is the recovery order.
+        return sorted(gained, key=lambda sid: (last_seqs[sid], sid))
 
     def renew(self) -> list[str]:
         """Extend this node's liveness and leases; return the sessions whose lease was lost."""

@@ -15,6 +15,10 @@ follow the lifecycles of docs/DESIGN.md:
 * course:     CancelRequested, GoalRevised, SessionPaused, SessionResumed,
               CompensationRequested -> (a tool task) -> CompensationFinished
 * lineage:    SessionForked (a session made from a settled prefix of another)
+* workspace:  WorkspaceCheckpointed (with a workspace call's result),
+              WorkspaceRestoreStarted -> WorkspaceRestored (a rewind of the files)
+* context:    CompactionStarted -> (CompactionRetryPending ...)
+              -> ContextCompacted | CompactionAbandoned
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
 * retention:  SessionDeleted (system record: a session removed from the log)
@@ -140,7 +144,21 @@ class RedactedThinkingBlock:
 Thinking = ThinkingBlock | RedactedThinkingBlock
 
 
-# -- session and run lifecycle --------------------------------------------------------
+@frozen(kw_only=True)
+class CompactionPolicy:
+    """When a session's context is compacted, and how much of it stays verbatim.
+
+    ``threshold``: compact once the input tokens the last reply reported reach this
+    share of the model's context window (``window``, or the runtime's table of windows
+    by model). ``keep_recent``: how many of the latest conversation items (a user turn,
+    a model turn with its tool results, a note) stay verbatim after the summary.
+    ``auto=False`` compacts only on demand.
+    """
+
+    threshold: float = 0.8
+    keep_recent: int = 6
+    window: int | None = None
+    auto: bool = True
 
 
 @frozen(kw_only=True)
@@ -156,6 +174,8 @@ class SessionCreated:
     # ("session/call_id"), and the only tools it may use (None: all the runtime's).
     parent: str | None = None
     tools: list[str] | None = None
+    # The session's own compaction policy (None: the runtime's).
+    compaction: CompactionPolicy | None = None
     at: float
 
 
@@ -291,6 +311,9 @@ class ToolTaskCreated:
     goal_rev: int
     compensates: str | None = None  # the call id this task undoes (a compensation)
     secret: list[str] = field(factory=list)  # the input's secret parameters (redacted)
+    # A goal-dependent call run again under a newer revision (``goal_rev``): the call
+    # whose earlier result it replaces for the model. None for a call of the model.
+    rerun_of: str | None = None
     at: float
 
 
@@ -329,6 +352,10 @@ class ToolExecuting:
     at: float
     policy_reason: str = ""  # why the tool has this policy (e.g. an MCP tool's annotations)
     secret: list[str] = field(factory=list)  # the args' secret parameters (redacted)
+    # The version of the tool (``@tool(version=...)``) the call runs on, for a
+    # compensation the version of the tool whose compensation it is; the call finishes
+    # on it while it is registered. None in logs written before versions were recorded.
+    tool_version: str | None = None
 
 
 @frozen(kw_only=True)
@@ -383,12 +410,21 @@ class ToolRetryPending:
 
 @frozen(kw_only=True)
 class ToolAwaitingHuman:
-    """An attempt ended with ``NeedsHuman``: the call waits for ``rt.resolve``."""
+    """The call waits for ``rt.resolve``: an attempt ended with ``NeedsHuman``, or (with
+    ``unknown_outcome``) its outcome is unknown and its tool asks a person to say it.
+
+    For an unknown outcome the person's three answers are the usual actions: the call
+    was *applied* (``skip``, with the result they state), *not applied* (``retry``: run
+    once more with the same key), or *failed* (``fail``).
+    """
 
     session_id: str
     call_id: str
-    attempt: int  # the attempt that asked
+    attempt: int  # the attempt that asked (or whose outcome is unknown)
     reason: str
+    # Interrupted, timed out, or a reconcile that could not tell, under a tool declared
+    # ``unknown_outcome="ask_person"``. False in logs written before it existed.
+    unknown_outcome: bool = False
     at: float
 
 
@@ -418,6 +454,9 @@ class ToolCompleted:
     attempt: int = 1
     duration: float = 0.0
     terminate: bool = False  # the tool ended the run with this result
+    # The goal revision the result answers (its call's). None in logs written before it
+    # was recorded: the call's ToolTaskCreated says the same.
+    goal_rev: int | None = None
     at: float
 
 
@@ -443,6 +482,57 @@ class ToolCancelled:
 
 
 # -- changes of course ----------------------------------------------------------------
+
+
+@frozen(kw_only=True)
+class WorkspaceCheckpointed:
+    """A workspace call's snapshots: the workspace before its attempt and after it.
+
+    Committed with the call's result (or with what recovery decided for an interrupted
+    call). ``before`` and ``after`` are trees of the workspace history store
+    (``perdure.tools.history``), taken by the tool actor around the tool's function;
+    the ``before`` tree is kept in the store, durably, before the tool starts, so a
+    recovery finds it by the call's key and attempt. ``changed`` names the files
+    that differ; ``skipped`` the files left out of a snapshot for their size.
+    """
+
+    session_id: str
+    call_id: str
+    attempt: int
+    before: str
+    after: str
+    changed: list[str] = field(factory=list)
+    skipped: list[str] = field(factory=list)
+    # Files that changed between this session's previous checkpoint and ``before``:
+    # the workspace is shared (another session or runtime) or was edited by hand.
+    outside: list[str] = field(factory=list)
+    at: float
+
+
+@frozen(kw_only=True)
+class WorkspaceRestoreStarted:
+    """A rewind of the workspace's files to ``tree`` (the state at log position
+    ``position``) was accepted; committed before any file is touched, so a crash
+    halfway through the restore finishes it after the restart."""
+
+    session_id: str
+    tree: str
+    position: int
+    request_id: str
+    at: float
+
+
+@frozen(kw_only=True)
+class WorkspaceRestored:
+    """The restore begun by ``request_id`` is over: the files match ``tree``, or it was
+    refused (``error``, e.g. a damaged store) and nothing was written."""
+
+    session_id: str
+    request_id: str
+    tree: str
+    before: str = ""  # the workspace just before the restore (a rewind can be undone)
+    error: str = ""
+    at: float
 
 
 @frozen(kw_only=True)
@@ -500,6 +590,85 @@ class SessionPaused:
 class SessionResumed:
     session_id: str
     request_id: str
+    at: float
+
+
+# -- context compaction ---------------------------------------------------------------
+#
+# Conversation items are counted as the fold counts them (``SessionState.conversation``):
+# a compaction covers the items ``[0, end)``, summarising the previous summary (which
+# covered ``[0, start)``) and the items ``[start, end)``. The log keeps every record; only
+# what the model is sent changes.
+
+
+@frozen(kw_only=True)
+class CompactionStarted:
+    """A summary of the conversation items ``[start, end)`` is to be made.
+
+    Committed before the summary's model call; a restart that finds it without a result
+    makes the call again (a model call has no effects).
+    """
+
+    session_id: str
+    compaction_id: str
+    run_id: str = ""  # the run it happens in ("" when asked for while idle)
+    start: int
+    end: int
+    tokens_before: int  # the input tokens the last reply reported (0: not known)
+    window: int = 0  # the context window it was measured against (0: not known)
+    reason: str = ""  # "auto" or "requested"
+    request_id: str | None = None  # of an on-demand compaction
+    at: float
+
+
+@frozen(kw_only=True)
+class CompactionRetryPending:
+    """The summary's model call failed and will be made again after ``not_before``."""
+
+    session_id: str
+    compaction_id: str
+    attempt: int  # the attempt that failed
+    not_before: float
+    error: str
+    usage: Usage = field(factory=Usage)
+    model: str = ""
+    provider: str = ""
+    fallback: bool = False
+    at: float
+
+
+@frozen(kw_only=True)
+class ContextCompacted:
+    """The summary of the conversation items ``[0, end)``: the model sees it in their place.
+
+    ``tokens_after`` is an estimate (the share of characters the summary leaves, applied
+    to ``tokens_before``); the next reply reports the real count.
+    """
+
+    session_id: str
+    compaction_id: str
+    start: int
+    end: int
+    summary: str
+    tokens_before: int = 0
+    tokens_after: int = 0
+    model: str = ""
+    provider: str = ""
+    usage: Usage = field(factory=Usage)
+    attempt: int = 1
+    at: float
+
+
+@frozen(kw_only=True)
+class CompactionAbandoned:
+    """No summary could be made (the provider failed past its retries, the budget was
+    spent, the summary was empty): nothing was cut, the history stays whole."""
+
+    session_id: str
+    compaction_id: str
+    reason: str
+    usage: Usage = field(factory=Usage)  # of the last failed attempt
+    model: str = ""
     at: float
 
 
@@ -576,12 +745,19 @@ Record = (
     | ToolCompleted
     | ToolOutcomeUnknown
     | ToolCancelled
+    | WorkspaceCheckpointed
+    | WorkspaceRestoreStarted
+    | WorkspaceRestored
     | CancelRequested
     | GoalRevised
     | CompensationRequested
     | CompensationFinished
     | SessionPaused
     | SessionResumed
+    | CompactionStarted
+    | CompactionRetryPending
+    | ContextCompacted
+    | CompactionAbandoned
     | RecoveryDecision
     | SessionParked
     | LogOpened
@@ -609,12 +785,19 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     ToolCompleted,
     ToolOutcomeUnknown,
     ToolCancelled,
+    WorkspaceCheckpointed,
+    WorkspaceRestoreStarted,
+    WorkspaceRestored,
     CancelRequested,
     GoalRevised,
     CompensationRequested,
     CompensationFinished,
     SessionPaused,
     SessionResumed,
+    CompactionStarted,
+    CompactionRetryPending,
+    ContextCompacted,
+    CompactionAbandoned,
     RecoveryDecision,
     SessionParked,
     LogOpened,
@@ -636,17 +819,23 @@ class Committed:
 
 
 def active_delta(record: Record) -> int | None:
-    """How a record changes its session's count of unfinished work (inputs, compensations).
+    """How a record changes its session's count of unfinished work (inputs, compensations,
+    context compactions).
 
     The log keeps this count in its ``active`` index in the same transaction as the
     record, so start-up reads only sessions with unfinished work. ``None`` means
     "the session is no longer active, whatever the count" (a parked session).
     """
-    if isinstance(record, InputAccepted | CompensationRequested):
-        return 1
+    if isinstance(
+        record,
+        InputAccepted | CompensationRequested | WorkspaceRestoreStarted | CompactionStarted,
+    ):
+        return 1  # a compaction is unfinished work: a restart makes its summary
     if isinstance(record, RunFinished) and record.status in FINAL_RUN_STATUSES:
         return -1
-    if isinstance(record, CompensationFinished):
+    if isinstance(
+        record, CompensationFinished | WorkspaceRestored | ContextCompacted | CompactionAbandoned
+    ):
         return -1
     if isinstance(record, SessionParked):
         return None

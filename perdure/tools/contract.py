@@ -57,6 +57,9 @@ class ReplayPolicy(enum.Enum):
 HostRunner = Callable[[Callable[[], Coroutine[Any, Any, Any]]], Awaitable[Any]]
 
 Loop = Literal["trio", "asyncio"]
+# Who hears of an outcome perdure cannot know: the model (the default), or a person.
+UnknownOutcome = Literal["tell_model", "ask_person"]
+UNKNOWN_OUTCOME_CHOICES: tuple[UnknownOutcome, ...] = ("tell_model", "ask_person")
 
 
 class NeedsAsyncio(RuntimeError):
@@ -183,8 +186,10 @@ class OutcomeUnknown(Exception):
 
     For example the connection to the service broke after the request was sent and
     before its answer came back. The runtime records ``ToolOutcomeUnknown`` with
-    ``reason`` and tells the model, whatever the tool's replay policy: it is never
-    reported as a plain error, which would tell the model that nothing happened.
+    ``reason`` and tells the model, whatever the tool's replay policy (a tool declared
+    ``unknown_outcome="ask_person"`` waits for a person to say what happened instead):
+    it is never reported as a plain error, which would tell the model that nothing
+    happened.
     """
 
     def __init__(self, reason: str) -> None:
@@ -329,7 +334,21 @@ class Tool:
     retry: RetryPolicy | None = None  # transient failures retried (SAFE and KEYED only)
     heartbeat_timeout: float | None = None  # silent this long: hung, cancelled
     needs_human_on: tuple[type[Exception], ...] = ()  # exceptions that wait for a person
+    # An unknown outcome (interrupted, timed out, a reconcile that cannot tell): told to
+    # the model ("tell_model"), or the call waits for a person to say what happened.
+    unknown_outcome: UnknownOutcome = "tell_model"
+    # A SAFE read whose result depends on the request: run again under a revision.
+    depends_on_goal: bool = False
     version: str = "1"
+    # Workspace history: the tool may change the workspace's files, so each attempt is
+    # checkpointed (a snapshot before and after), and an interrupted call is diffed
+    # from its before-snapshot at recovery. ``workspace_only``: the files are its only
+    # effect, so an interrupted call that changed none did not happen and runs again.
+    changes_workspace: bool = False
+    workspace_only: bool = False
+    # The other versions of this tool registered beside it (oldest first), when this one
+    # is the newest: calls that started on one of them finish on it (``at_version``).
+    earlier: tuple[Tool, ...] = ()
     takes_context: bool = True
     param_types: dict[str, Any] = field(factory=dict)
     definition_hash: str = ""
@@ -355,6 +374,19 @@ class Tool:
         _check_failure_options(
             self.name, self.replay, self.retry, self.heartbeat_timeout, self.needs_human_on
         )
+        _check_outcome_options(self.name, self.replay, self.unknown_outcome, self.depends_on_goal)
+
+    def at_version(self, version: str) -> Tool | None:
+        """This tool as registered in ``version`` (itself or one of ``earlier``), or None
+        if that version is not registered."""
+        if version == self.version:
+            return self
+        return next((t for t in self.earlier if t.version == version), None)
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """Every registered version of this tool, oldest first (the newest is its own)."""
+        return (*(t.version for t in self.earlier), self.version)
 
     def validate(self, args: Any) -> list[str]:
         """Problems with arguments from the model (empty when they are valid)."""
@@ -480,13 +512,18 @@ def _build(
     retry: RetryPolicy | None,
     heartbeat_timeout: float | None,
     needs_human_on: tuple[type[Exception], ...],
-    version: str,
+    version: str | int,
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
+    unknown_outcome: UnknownOutcome = "tell_model",
+    depends_on_goal: bool = False,
 ) -> Tool:
     if not callable(fn) or isinstance(fn, Tool):
         raise TypeError(f"@tool needs a function, not {fn!r}")
     tool_name = name if name is not None else fn.__name__
     check_name(tool_name)
+    version = _check_version(tool_name, version)
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise ToolDefinitionError(
             f"tool {tool_name!r}: a generator cannot be a tool; return the whole result"
@@ -500,6 +537,7 @@ def _build(
     # Checked before the timeout is made a float below (float("5") or float(True) would
     # let a wrong value through); the Tool checks again, for attrs.evolve.
     _check_failure_options(tool_name, replay, retry, heartbeat_timeout, needs_human_on)
+    _check_outcome_options(tool_name, replay, unknown_outcome, depends_on_goal)
     summary, parameters = describe(tool_name, fn, skip_first=takes_context)
     schema = parameters.schema
     hints = typing.get_type_hints(fn, include_extras=True)
@@ -531,13 +569,44 @@ def _build(
         retry=retry,
         heartbeat_timeout=None if heartbeat_timeout is None else float(heartbeat_timeout),
         needs_human_on=needs_human_on,
+        unknown_outcome=unknown_outcome,
+        depends_on_goal=depends_on_goal,
         version=version,
         takes_context=takes_context,
         param_types=param_types,
         definition_hash=digest,
         parameters=parameters,
         runs_on=_loop_of(fn, runs_on) if inspect.iscoroutinefunction(fn) else "trio",
+        changes_workspace=changes_workspace or workspace_only,
+        workspace_only=workspace_only,
     )
+
+
+def _check_version(name: str, version: object) -> str:
+    """A tool's version as it is recorded: a non-empty string (an integer is written as
+    one), so that ``version=2`` and ``version="2"`` are the same version."""
+    if isinstance(version, int) and not isinstance(version, bool):
+        version = str(version)
+    if not isinstance(version, str) or not version.strip():
+        raise ToolDefinitionError(
+            f"tool {name!r}: version must be a non-empty string or an integer, not {version!r}"
+        )
+    return version
+
+
+def version_order(name: str, version: str) -> tuple[int, ...]:
+    """Where ``version`` stands among the versions of tool ``name`` registered side by
+    side: dot-separated numbers, compared as numbers ("10" is newer than "9", "2.1"
+    newer than "2"). Anything else cannot say which version is the newest, and is
+    refused with ``ToolDefinitionError``."""
+    parts = version.split(".")
+    if not all(part.isdigit() and part.isascii() for part in parts):
+        raise ToolDefinitionError(
+            f"tool {name!r} is registered in several versions, and {version!r} is not a "
+            "version number: versions registered side by side must be numbers such as "
+            "2 or 2.1, so that the newest is clear"
+        )
+    return tuple(int(part) for part in parts)
 
 
 def _for_the_host_loop(ctx: ToolContext) -> ToolContext:
@@ -615,6 +684,25 @@ def _check_failure_options(
     _exception_types(f"tool {name}: needs_human_on")(None, None, needs_human_on)
 
 
+def _check_outcome_options(
+    name: str, replay: ReplayPolicy, unknown_outcome: str, depends_on_goal: bool
+) -> None:
+    """Refuse, at definition time, an unknown-outcome choice or goal dependency that
+    could not be honoured."""
+    if unknown_outcome not in UNKNOWN_OUTCOME_CHOICES:
+        raise ValueError(
+            f"tool {name}: unknown_outcome must be one of "
+            f"{', '.join(UNKNOWN_OUTCOME_CHOICES)}, not {unknown_outcome!r}"
+        )
+    if not isinstance(depends_on_goal, bool):
+        raise TypeError(f"tool {name}: depends_on_goal must be True or False")
+    if depends_on_goal and replay is not ReplayPolicy.SAFE:
+        raise ValueError(
+            f"tool {name}: depends_on_goal=True needs replay=SAFE: the call is run again "
+            "under a revised request, which only a call without side effects may be"
+        )
+
+
 def _compensation_tool(
     name: str, compensate: Tool | Callable[..., Awaitable[Any]] | None, timeout: float | None
 ) -> Tool | None:
@@ -669,8 +757,12 @@ def tool(
     retry: RetryPolicy | None = None,
     heartbeat_timeout: float | None = None,
     needs_human_on: tuple[type[Exception], ...] = (),
-    version: str = "1",
+    version: str | int = "1",
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
+    unknown_outcome: UnknownOutcome = "tell_model",
+    depends_on_goal: bool = False,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -692,8 +784,12 @@ def tool(
     retry: RetryPolicy | None = None,
     heartbeat_timeout: float | None = None,
     needs_human_on: tuple[type[Exception], ...] = (),
-    version: str = "1",
+    version: str | int = "1",
     runs_on: Loop | None = None,
+    changes_workspace: bool = False,
+    workspace_only: bool = False,
+    unknown_outcome: UnknownOutcome = "tell_model",
+    depends_on_goal: bool = False,
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function as a tool.
 
@@ -715,12 +811,27 @@ def tool(
     ``ctx.heartbeat`` for that long, then treats it as a timeout (retried by the
     policy, or an unknown outcome for a NEVER tool); ``needs_human_on`` lists
     exceptions that, like ``perdure.NeedsHuman``, make the call wait for a person.
+    ``unknown_outcome="ask_person"`` sends an outcome perdure cannot know (a NEVER
+    call interrupted or timed out, a reconcile answering unknown) to a person instead
+    of the model: the call waits for ``rt.resolve`` (applied: ``skip`` with the
+    result; not applied: ``retry``, same key; failed: ``fail``).
+
+    ``depends_on_goal=True`` (SAFE tools only) says the result depends on the request:
+    when the request is revised, a completed call is run once more under the new
+    revision before the model continues, and the model reads both results.
 
     A plain ``def`` runs in a worker thread. An ``async def`` runs on the runtime's
     trio loop, except under ``perdure.embed``, where a tool written for asyncio is
     awaited on the application's asyncio loop: ``runs_on="asyncio"`` or ``"trio"``
     says which, and by default a tool whose module imports trio is trio code, any
     other asyncio code.
+
+    ``changes_workspace=True`` declares that the tool may change the runtime's
+    workspace: each attempt is checkpointed (``perdure.tools.history``), its diff and a
+    rewind to before it are offered, and an interrupted call is reconciled from the
+    diff (the model is told which files changed; any other effect stays unknown).
+    ``workspace_only=True`` says the files are its only effect: an interrupted call
+    that changed no file is run once more.
     """
 
     def wrap(f: ToolFn) -> Tool:
@@ -742,6 +853,10 @@ def tool(
             needs_human_on=needs_human_on,
             version=version,
             runs_on=runs_on,
+            changes_workspace=changes_workspace,
+            workspace_only=workspace_only,
+            unknown_outcome=unknown_outcome,
+            depends_on_goal=depends_on_goal,
         )
 
     return wrap(fn) if fn is not None else wrap
@@ -761,12 +876,31 @@ def render_result(value: Any) -> str:
 
 
 def registry(tools: typing.Iterable[Tool]) -> dict[str, Tool]:
-    """Index tools by name, refusing duplicates and non-tools with a clear error."""
-    out: dict[str, Tool] = {}
+    """Index tools by name, refusing non-tools and duplicates with a clear error.
+
+    Several versions of one tool (``@tool(version=...)``, one name) may be registered
+    side by side: the newest is the tool of that name, the one the model sees and new
+    calls run on, and it carries the others (``Tool.earlier``), on which the calls
+    that started on them finish. Two tools of one name and one version are refused.
+    """
+    by_name: dict[str, list[Tool]] = {}
     for t in tools:
         if not isinstance(t, Tool):
             raise TypeError(f"{t!r} is not a tool; decorate it with @perdure.tool")
-        if t.name in out:
-            raise ValueError(f"two tools are named {t.name!r}")
-        out[t.name] = t
+        same = by_name.setdefault(t.name, [])
+        # A tool that already carries its earlier versions (a registry's output) brings them.
+        for each in (*t.earlier, t):
+            if any(other.version == each.version for other in same):
+                raise ValueError(
+                    f"two tools are named {t.name!r} with version {each.version!r}: "
+                    "versions of one tool registered side by side need distinct version="
+                )
+            same.append(attrs.evolve(each, earlier=()) if each.earlier else each)
+    out: dict[str, Tool] = {}
+    for name, versions in by_name.items():
+        if len(versions) == 1:
+            out[name] = versions[0]
+            continue
+        ordered = sorted(versions, key=lambda t: version_order(name, t.version))
+        out[name] = attrs.evolve(ordered[-1], earlier=tuple(ordered[:-1]))
     return out

@@ -22,6 +22,12 @@ Replay policies and crash recovery:
 * ``bash`` is NEVER with a reconcile that finds the command's record, see
   ``perdure.tools._bash``.
 
+Workspace history: the mutating tools and ``bash`` are checkpointed (a snapshot of
+the workspace before and after each attempt, ``perdure.tools.history``), which is
+what ``rt.workspace_diff`` shows and ``rt.rewind`` restores. At recovery an
+interrupted call is also diffed from its before-snapshot: a file tool that changed
+nothing runs once more; for ``bash`` the model is told which files changed.
+
 A call's tool-state directory is removed once the call is settled (``forget``), so
 ``.perdure-tools/`` holds only the calls that may still need a reconcile (and the
 rare leftovers of a crash between a settling commit and its clean-up).
@@ -497,6 +503,7 @@ def workspace_tools(
             requires_approval=writes_require_approval,
             reconcile=reconcile,
             forget=_forgetter(name),
+            workspace_only=True,  # checkpointed; a call that changed nothing runs again
         )
 
     tools = [
@@ -516,6 +523,7 @@ def workspace_tools(
                 requires_approval=bash_requires_approval,
                 timeout=BASH_TIMEOUT_LIMIT + 60.0,  # a backstop; bash enforces its own
                 cancellable=True,  # a cancelled run kills the command's process group
+                changes_workspace=True,  # checkpointed; its other effects stay unknown
             )(bash)
         )
     return tuple(tools)

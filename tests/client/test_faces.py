@@ -22,6 +22,7 @@ import inspect
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import attrs
 import pytest
@@ -168,6 +169,7 @@ ONLY_IN_CLIENTS = {
 # Parameters of Runtime that the clients (and the daemon) do not take, and why.
 NOT_OVER_HTTP = {
     ("create_session", "budget"): "budgets are set where the runtime opens, not by callers",
+    ("create_session", "compaction"): "compaction policies are set where the runtime opens",
     ("submit", "budget"): "budgets are set where the runtime opens, not by callers",
     ("revise", "budget"): "budgets are set where the runtime opens, not by callers",
     ("delete_session", "reason"): "the daemon records its own reason (deleted through the API)",
@@ -228,6 +230,12 @@ SAMPLES: dict[str, Any] = {
     "scope": "write",
     "ttl_s": 60,
     "tools": ["lookup"],
+    "history": True,
+    "files": True,
+    "to": "call-7",
+    "after": "sess-0",
+    "limit": 5,
+    "active": True,
 }
 # Sent in a header, not in the body.
 HEADERS = {"traceparent": "traceparent"}
@@ -269,6 +277,11 @@ def _endpoint(method: str, path: str) -> tuple[Any, dict[str, Any]]:
     raise AssertionError(f"no route of the daemon takes {method} {path}")
 
 
+def _query_params(endpoint: Any) -> set[str]:
+    """The query parameters the route's document names."""
+    return {p.name for p in endpoint.__openapi__.params if p.where == "query"}
+
+
 def _body_fields(endpoint: Any) -> set[str]:
     """The JSON fields the route's handler reads: its body class's, and any it reads itself."""
     source = inspect.getsource(endpoint)
@@ -282,11 +295,14 @@ def _body_fields(endpoint: Any) -> set[str]:
 @pytest.mark.parametrize("name", sorted(set(operations(PerdureClient)) - NOT_ONE_REQUEST), ids=str)
 def test_each_client_request_reaches_a_route_that_reads_every_field_it_sends(name: str) -> None:
     call, given = _request(name)
-    endpoint, path_params = _endpoint(call.method, call.path)
+    path, _, query = call.path.partition("?")
+    endpoint, path_params = _endpoint(call.method, path)
     in_path = {p for p, v in given.items() if v in path_params.values()}
     in_headers = {p for p in given if p in HEADERS and (call.headers or {}).get(HEADERS[p])}
+    in_query = set(parse_qs(query))
+    assert in_query <= set(_query_params(endpoint)), f"{name}: the route reads other parameters"
     body = set(call.body or {})
-    assert body == set(given) - in_path - in_headers, name
+    assert body == set(given) - in_path - in_headers - in_query, name
     assert body == _body_fields(endpoint), f"{name}: the route reads other fields"
 
 

@@ -12,7 +12,7 @@ from attrs import evolve
 
 from perdure.actors import decide, protocol
 from perdure.actors.protocol import Overlap, RunTool
-from perdure.storage.records import RunStarted, ToolExecuting
+from perdure.storage.records import ContextCompacted, RunStarted, ToolExecuting
 from tests.core.sim import Session, only
 
 BOTH = Overlap(model_calls=True, safe_tools=True)
@@ -94,3 +94,11 @@ def test_a_step_that_starts_or_resumes_a_run_overlaps_nothing() -> None:
     mixed = protocol.Step((), (forget, call, run))
     assert decide.overlapping(mixed, Overlap()) == (call,)
     assert decide.overlapping(mixed, BOTH) == (call, run)
+
+
+def test_the_turn_after_a_compaction_waits_for_its_summary() -> None:
+    call = protocol.CallModel("in1.g4", 1)
+    compacted = ContextCompacted(
+        session_id="s1", compaction_id="k1", start=0, end=4, summary="so far", at=1.0
+    )
+    assert decide.overlapping(protocol.Step((compacted,), (call,)), BOTH) == ()

@@ -115,3 +115,58 @@ def test_a_deletion_names_why_it_is_refused() -> None:
     with pytest.raises(Refused, match="unfinished work") as busy:
         sessions.refuse_unfinished("s1", SessionInfo("s1", 1, 4, 4, 0, 1))
     assert busy.value.code == "busy"
+
+
+def _two_runs() -> list[Committed]:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("first")
+    s.command(protocol.Submit("r2", "again"))
+    s.reply("second")
+    return committed(s.log)
+
+
+def test_a_fork_answers_with_its_ids_and_is_taken_where_asked_at_the_time_given() -> None:
+    history = _two_runs()
+    ends = [c for c in history if type(c.record).__name__ == "RunFinished"]
+    first_end = ends[0]
+    decided = sessions.fork(
+        "s1", "f1", first_end.record.run_id, "fk1", existing=None, history=history, now=9.0
+    )
+    assert (decided.forked.session_id, decided.forked.source) == ("f1", "s1")
+    assert decided.forked.position == first_end.seq < history[-1].seq  # not the latest point
+    assert all(r.at == 9.0 for r in decided.records[:2])  # created and forked: now
+    created, forked = decided.records[:2]
+    again = sessions.fork(
+        "s1", "f1", None, "fk1", existing=committed([created, forked]), history=[], now=10.0
+    )
+    assert (again.forked.session_id, again.forked.source) == ("f1", "s1")
+
+
+def test_a_fork_over_a_session_that_is_not_this_fork_is_a_conflict() -> None:
+    plain = committed([SessionCreated(session_id="f1", at=1.0)])
+    for existing in (plain, []):  # another session of that id (or one not readable yet)
+        with pytest.raises(Refused, match="is not this fork") as refused:
+            sessions.fork("s1", "f1", None, "fk1", existing=existing, history=[], now=2.0)
+        assert refused.value.code == "conflict"
+    with pytest.raises(UnknownSession) as unknown:
+        sessions.fork("nope", "f2", None, "fk2", existing=None, history=[], now=2.0)
+    assert unknown.value.session_id == "nope"
+
+
+def test_a_parent_call_id_may_hold_a_slash() -> None:
+    """A session id never holds "/" (``check_session_id``), a model's call id may: the
+    link "session/call" is split at its first "/"."""
+    first = committed([SessionCreated(session_id="p.agent-1", parent="p/call/7", at=1.0)])
+    assert sessions.parent_call(first) == ("p", "call/7")
+    assert sessions.parent_call([]) is None  # nothing read: not a sub-agent
+
+
+def test_a_deletion_refused_names_the_session_and_says_busy() -> None:
+    info = SessionInfo("s1", 1, 4, 4, 0, 0)
+    with pytest.raises(UnknownSession) as unknown:
+        sessions.deletion("s1", None, None, "", 7.0)
+    assert unknown.value.session_id == "s1"
+    with pytest.raises(Refused) as kept:
+        sessions.deletion("s1", info, "its parent call s1/c1 still waits for it", "", 7.0)
+    assert kept.value.code == "busy"

@@ -95,3 +95,45 @@ def test_the_fold_refuses_a_second_reply_to_one_model_turn() -> None:
     with pytest.raises(ImpossibleTransition, match=r"model turn in1\.g1 in phase 'completed'"):
         state.apply(reply)
     assert ("completed", "GenerationCompleted") not in GENERATION_TRANSITIONS
+
+
+def test_a_table_with_a_row_for_an_unknown_phase_is_an_error_at_import() -> None:
+    rows: dict[str, object] = {**decide.ADVANCE, "sleeping": object()}
+    with pytest.raises(ImportError, match=r"unknown phase\(s\) \['sleeping'\]") as refused:
+        every_phase_has_a_row(rows, "a table")  # type: ignore[arg-type]
+    assert "no row for the phase(s) []" in str(refused.value)
+    del rows["executing"]
+    with pytest.raises(ImportError, match=r"\['executing'\] and rows for unknown") as both:
+        every_phase_has_a_row(rows, "a table")  # type: ignore[arg-type]
+    assert str(both.value).startswith("the table a table has no row")
+
+
+def test_a_lifecycle_table_naming_an_unknown_or_unreached_phase_is_an_error_at_import() -> None:
+    check = lifecycle._check_table
+    check(TASK_TRANSITIONS, TASK_PHASES)  # the real tables pass
+    check(GENERATION_TRANSITIONS, lifecycle.GENERATION_PHASES)
+    typo = {**TASK_TRANSITIONS, ("executing", "ToolDone"): "complete"}
+    with pytest.raises(ImportError, match=r"unknown phases \['complete'\], phases no transition"):
+        check(typo, TASK_PHASES)
+    from_typo = {**TASK_TRANSITIONS, ("runing", "ToolCompleted"): "completed"}
+    with pytest.raises(ImportError, match=r"unknown phases \['runing'\]"):
+        check(from_typo, TASK_PHASES)
+    unreached = {k: v for k, v in TASK_TRANSITIONS.items() if v != "denied"}
+    with pytest.raises(ImportError, match=r"unknown phases \[\], .* enters \['denied'\]"):
+        check(unreached, TASK_PHASES)
+
+
+def test_an_impossible_transition_names_the_session_the_subject_its_phase_and_the_event() -> None:
+    early = ImpossibleTransition("s1", "tool call c1", None, "ToolCompleted")
+    assert (early.session_id, early.subject, early.phase, early.event) == (
+        "s1",
+        "tool call c1",
+        None,
+        "ToolCompleted",
+    )
+    assert str(early) == (
+        "session s1: ToolCompleted for tool call c1 before it exists is not a transition "
+        "of its lifecycle (docs/DESIGN.md §3)"
+    )
+    late = ImpossibleTransition("s1", "model turn g1", "completed", "RetryPending")
+    assert "RetryPending for model turn g1 in phase 'completed' is not" in str(late)

@@ -179,7 +179,8 @@ def test_the_page_shows_a_call_that_needs_a_person_and_its_three_actions(
     script = [
         {"text": "first payment", "tool_uses": [charge(100)]},
         {"text": "second payment", "tool_uses": [charge(200)]},
-        {"text": "both settled"},
+        {"text": "a wire", "tool_uses": [{"name": "wire_money", "input": {"cents": 300}}]},
+        {"text": "all settled"},
     ]
     daemon = make_daemon(script, tools=TOOLS).start()
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -206,6 +207,18 @@ def test_the_page_shows_a_call_that_needs_a_person_and_its_three_actions(
     second.locator("button.resolve-retry").click()
     expect(second).to_have_attribute("data-phase", "completed", timeout=15_000)
     expect(second.locator(".output")).to_have_text("charged 200")
+
+    # An unknown outcome its tool sends to a person: the buttons say what happened.
+    wire = page.locator(".tool", has_text="wire_money")
+    expect(wire).to_have_attribute("data-phase", "awaiting_human", timeout=15_000)
+    expect(wire.locator(".note")).to_contain_text("a person must say whether it took effect")
+    expect(wire.locator(".note")).to_contain_text("the bank's answer was lost")
+    expect(wire.locator(".actions button")).to_have_text(
+        ["Applied…", "Not applied: run once more", "Failed…"]
+    )
+    wire.locator("button.resolve-retry").click()  # not applied: once more, same key
+    expect(wire).to_have_attribute("data-phase", "completed", timeout=15_000)
+    expect(wire.locator(".output")).to_have_text("wired 300")
     expect(page.locator(".event.run-finished.completed")).to_be_visible(timeout=15_000)
     expect(page.locator(".tool .actions")).to_have_count(0)
     assert errors == []

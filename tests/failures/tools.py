@@ -100,4 +100,14 @@ async def charge_card(ctx: ToolContext, cents: int) -> str:
     return f"charged {cents}"
 
 
-TOOLS = [flaky_book, process_items, mirror, announce, flaky_notify, charge_card]
+@perdure.tool(replay=ReplayPolicy.NEVER, unknown_outcome="ask_person")
+async def wire_money(ctx: ToolContext, cents: int) -> str:
+    """Wire money (NEVER); when the bank's answer is lost, a person says what happened."""
+    await note(ctx, "wire_money", "start")
+    if ctx.attempt == 1:
+        raise perdure.OutcomeUnknown("the bank's answer was lost")
+    await note(ctx, "wire_money", "effect", cents=cents)
+    return f"wired {cents}"
+
+
+TOOLS = [flaky_book, process_items, mirror, announce, flaky_notify, charge_card, wire_money]

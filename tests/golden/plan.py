@@ -18,6 +18,7 @@ from perdure.actors import decide, protocol
 from perdure.actors.state import SessionState
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import Record
+from tests.recovery.session_tools import AGENT_TOOLS
 from tests.support.ledger_tools import ALL_TOOLS
 
 _KEEP = (
@@ -37,6 +38,7 @@ _KEEP = (
     "idempotency_key",
     "args",
     "compensation_id",
+    "compaction_id",
 )
 
 
@@ -62,7 +64,7 @@ def _effect(effect: protocol.Effect) -> str:
 def recovery_plan(log_dir: Path) -> dict[str, Any]:
     log = LmdbLog(log_dir, readonly=True)
     try:
-        env = protocol.Env(tools={t.name: t for t in ALL_TOOLS}, now=1_000_000.0)
+        env = protocol.Env(tools={t.name: t for t in ALL_TOOLS + AGENT_TOOLS}, now=1_000_000.0)
         plan: dict[str, Any] = {}
         for sid in sorted(log.active_sessions()):
             state = SessionState.fold(sid, log.read_session(sid))

@@ -138,6 +138,30 @@ def test_create_list_and_get_sessions(api_daemon: Daemon) -> None:
         assert_error(c.get("/v1/sessions/nope"), 404, "not_found")
         assert_error(c.get("/v1/sessions/" + "x" * 300), 404, "not_found")
         assert_error(c.get("/v1/nothing-here"), 404, "not_found")
+
+
+def test_the_session_list_pages_by_id(api_daemon: Daemon) -> None:
+    with api_daemon.client() as c:
+        for sid in ("page-c", "page-a", "page-b"):
+            assert c.post("/v1/sessions", json={"session_id": sid}).status_code in (200, 201)
+        everything = c.get("/v1/sessions").json()
+        assert "next" not in everything  # the whole list, in order of creation
+        ids = [s["session_id"] for s in everything["sessions"]]
+        assert ids.index("page-c") < ids.index("page-a") < ids.index("page-b")
+        walked, after, pages = [], "", 0
+        while after is not None:
+            page = c.get("/v1/sessions", params={"limit": 2, "after": after}).json()
+            assert len(page["sessions"]) <= 2
+            walked += [s["session_id"] for s in page["sessions"]]
+            after, pages = page["next"], pages + 1
+        assert walked == sorted(ids, key=str.encode)  # every session once, in id order
+        assert pages == -(-len(ids) // 2)  # no empty page at the end
+        first = c.get("/v1/sessions", params={"limit": 1, "after": "page-a"}).json()
+        assert [s["session_id"] for s in first["sessions"]] == ["page-b"]
+        assert first["sessions"][0]["active"] is False and first["sessions"][0]["stuck"] is None
+        for bad in ("0", "-1", "x", "10001", "1.5"):
+            resp = c.get("/v1/sessions", params={"limit": bad})
+            assert_error(resp, 400, "invalid_field", "limit")
         assert_error(c.delete("/v1/sessions"), 405, "method_not_allowed")
 
 

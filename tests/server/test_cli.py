@@ -233,6 +233,12 @@ def test_sessions_lists_the_log(recovered_log: tuple[Path, int]) -> None:
     assert header.split() == ["SESSION", "RECORDS", "FIRST", "LAST", "REV", "OPEN"]
     assert row.split()[0] == "s1" and row.split()[-1] == "0"
     assert perdure("sessions", "--log", str(log.parent / "nowhere")).returncode == 2
+    page = perdure("sessions", "--log", str(log), "--limit", "1")
+    assert page.returncode == 0 and page.stdout == proc.stdout
+    after = perdure("sessions", "--log", str(log), "--after", "s1")
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.strip() == f"no sessions in this page of {log}"
+    assert perdure("sessions", "--log", str(log), "--limit", "0").returncode == 2
 
 
 def test_show_tells_the_restart_and_what_recovery_decided(recovered_log: tuple[Path, int]) -> None:

@@ -309,6 +309,8 @@ def test_nobody_to_deliver_to_is_one_line(held_log: tuple[Path, int], tmp_path: 
     )
     said(person("pause", "a", log=tmp_path / "none"), 2, "no perdure log here")
     said(person("resolve", "a", "c1", "retry", "--result", "x", log=log), 2, "--result")
+    # An unknown outcome's words are the actions they mean: not-applied is a retry.
+    said(person("resolve", "a", "c1", "not-applied", "--result", "x", log=log), 2, "a retry")
 
 
 # -- the default request ids (pure) --------------------------------------------------------

@@ -23,9 +23,14 @@ STUCK_ARGS = ("--stuck-after", "1")
 
 
 def listed(c: httpx.Client, sid: str) -> dict[str, Any]:
+    """The session's entry in the whole list; its entry in a page is the same."""
     resp = c.get("/v1/sessions")
     assert resp.status_code == 200, resp.text
     [entry] = [s for s in resp.json()["sessions"] if s["session_id"] == sid]
+    page = c.get("/v1/sessions", params={"limit": 1, "after": sid[:-1]}).json()
+    [paged] = page["sessions"]
+    assert paged["session_id"] == sid
+    assert (paged["stuck"] is None) == (entry["stuck"] is None)
     return entry  # type: ignore[no-any-return]
 
 

@@ -10,6 +10,8 @@ Each test runs once per backend, through the interface only:
   runs, a parked session), checked against an oracle written here, not the
   backend's own rule;
 * ``commit`` is refused off the bound writer thread and writes nothing;
+* ``claim`` gives the active sessions in recovery order (last record oldest first);
+* session summaries page by id (``after``, ``limit``) and filter the active ones;
 * reads page correctly (``after``, ``limit``), ``scan_frames`` holds exactly the
   frames of ``read_global``, every open is a ``LogOpened`` system record;
 * through the Journal, concurrent appenders each get their own increasing seqs,
@@ -277,6 +279,43 @@ def test_a_batch_of_several_sessions_records_indexes_and_sums_up_each(log: LogBa
     assert (b.first_seq, b.last_seq, b.records, b.open_submissions) == (seqs[2], seqs[5], 3, 0)
     assert log.active_sessions() == ["a"]
     check_consistent(log)
+
+
+def test_claim_gives_the_active_sessions_longest_waiting_first(backend: Backend) -> None:
+    """Recovery order: by each session's last record, oldest first, not by session id;
+    a finished session is not claimed (PostgreSQL: by a node taking over the writer's)."""
+    log = backend.open()
+    write(log, [accepted("b", "u")])
+    write(log, [accepted("a", "u")])
+    write(log, [accepted("c", "u")])
+    write(log, [accepted("d", "u")])
+    write(log, [tool_result("a", "later")])  # a moved after c and d
+    write(log, [finished("d", "u")])
+    claimer = backend.open(takeover=True, name="new") if backend.kind == "pg" else log
+    assert claimer.claim() == ["b", "c", "a"]
+
+
+def test_session_summaries_page_by_id_and_filter_the_active(log: LogBackend) -> None:
+    for sid in ("b", "a", "d", "c"):
+        write(log, [accepted(sid, "u")])
+    write(log, [finished("d", "u")])
+
+    def ids(**page: Any) -> list[str]:
+        return [i.session_id for i in log.sessions(**page)]
+
+    assert ids() == ["a", "b", "c", "d"]
+    assert ids(limit=2) == ["a", "b"]
+    assert ids(after="b") == ["c", "d"]
+    assert ids(after="b", limit=1) == ["c"]
+    assert ids(after="bb") == ["c", "d"]  # an id that is not in the log still places the page
+    assert ids(after="d") == []
+    assert ids(after="b" + "z" * 2000) == ["c", "d"]  # longer than any key LMDB takes
+    assert ids(limit=0) == []
+    assert ids(active=True) == ["a", "b", "c"]
+    assert ids(active=True, after="a", limit=1) == ["b"]
+    (d,) = log.sessions(after="c", limit=1)
+    assert d == log.session_info("d")  # a page holds the same summary as a lookup
+    assert [i.open_submissions for i in log.sessions(limit=2)] == [1, 1]
 
 
 def test_reads_page_by_after_and_limit(log: LogBackend) -> None:

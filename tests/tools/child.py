@@ -179,7 +179,21 @@ def sync_never(ctx: ToolContext, note: str) -> str:
     return _sync_note(ctx, "sync_never", note)
 
 
+@tool(replay=ReplayPolicy.NEVER, changes_workspace=True)
+async def render_and_post(ctx: ToolContext, name: str) -> str:
+    """A declared workspace tool with an effect outside it (here, a post nobody can
+    check): it writes two files of the workspace, then 'posts' them."""
+
+    def write() -> None:
+        (WORKDIR / "ws" / f"{name}.html").write_text(f"<h1>{name}</h1>\n")
+        (WORKDIR / "ws" / f"{name}.txt").write_text(f"{name}\n")
+
+    await trio.to_thread.run_sync(write)
+    return f"rendered and posted {name}"
+
+
 TEST_TOOLS = [
+    render_and_post,
     sync_keyed,
     sync_never,
     ledger,
@@ -244,7 +258,11 @@ def _summary(state: Any, transcript: list[Any], extra: dict[str, Any]) -> dict[s
 async def main(args: argparse.Namespace) -> None:
     plan = json.loads((WORKDIR / "plan.json").read_text())
     uses = [ToolUse(u["name"], u.get("input", {})) for u in plan["uses"]]
-    provider = ScriptedProvider([Reply(tool_uses=uses), Reply(text="all done")])
+    if plan.get("sequential"):  # one call per model turn, in order
+        replies = [Reply(tool_uses=[use]) for use in uses]
+    else:
+        replies = [Reply(tool_uses=uses)]
+    provider = ScriptedProvider([*replies, Reply(text="all done")])
     tools = [*TEST_TOOLS, *workspace_tools(include_bash=True)]
     extra: dict[str, Any] = {}
     async with perdure.open_runtime(
@@ -275,7 +293,15 @@ async def main(args: argparse.Namespace) -> None:
         if args.resume:
             await rt.resume(SESSION, request_id="resume-1")
         await rt.wait_idle(SESSION)
+        if args.rewind_to:
+            to = int(args.rewind_to) if args.rewind_to.isdigit() else args.rewind_to
+            done = await rt.rewind(SESSION, to=to, request_id=f"rewind-{args.rewind_to}")
+            extra["rewound"] = {"tree": done.tree, "before": done.before}
         state = await rt.load_state(SESSION)
+        extra["checkpoints"] = [
+            {"call_id": m.call_id, "before": m.before, "after": m.after, "changed": m.changed}
+            for m in state.checkpoints
+        ]
         transcript = await rt.transcript(SESSION)
         asked = 0
         async for event in rt.events(SESSION, live=False):
@@ -294,6 +320,7 @@ if __name__ == "__main__":
     parser.add_argument("--pause-while", help="pause while this call executes, then hang")
     parser.add_argument("--approve", help="approve this call")
     parser.add_argument("--resume", action="store_true", help="resume the paused session")
+    parser.add_argument("--rewind-to", help="once idle, rewind the files to this call or seq")
     ns = parser.parse_args()
     WORKDIR = ns.workdir
     trio.run(main, ns)

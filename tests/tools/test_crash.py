@@ -255,7 +255,11 @@ def test_bash_finished_before_the_crash_is_recovered_from_its_record(tmp_path: P
     assert again.task()["kind"] == "reconciled"
     content = again.result()["content"]
     assert "recovered after a restart" in content
-    assert content.endswith("exit status: 0\n--- stdout ---\nhello")
+    # the diff from the call's before-snapshot names what it changed in the workspace
+    assert content.endswith(
+        "exit status: 0\n--- stdout ---\nhello\n"
+        "[perdure: in the workspace 1 file changed: runs.txt]"
+    )
 
 
 def test_bash_that_failed_before_the_crash_is_recovered_as_an_error(tmp_path: Path) -> None:

@@ -497,3 +497,23 @@ def test_import_perdure_loads_neither_pydantic_nor_griffe() -> None:
     probe = "import sys, perdure; print(sorted({'pydantic', 'griffe'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"  # both come with the first tool defined
+
+
+def test_a_type_pydantic_cannot_describe_is_named_with_pydantic_s_reason() -> None:
+    """The error names the parameter, its type (a class by its name, anything else as
+    written) and pydantic's own first line, then says which types work."""
+
+    async def attrs_param(p: Point) -> None: ...
+
+    async def not_a_class(p: Point | None) -> None: ...
+
+    with pytest.raises(ToolDefinitionError) as point:
+        tool(attrs_param)
+    said = str(point.value)
+    reason = said.split("cannot describe Point (", 1)[1].split("); use a type", 1)[0]
+    assert reason and reason != "None" and "\n" not in reason  # pydantic's first line
+    assert said.endswith(
+        "; use a type pydantic handles (a pydantic model, a dataclass, a TypedDict, an Enum...)"
+    )
+    with pytest.raises(ToolDefinitionError, match=r"cannot describe .*Point \| None \("):
+        tool(not_a_class)

@@ -20,7 +20,8 @@ This module is the face; each door is a module of its own, and each is a table:
 * ``commands`` — ``command``, what a caller's submit, cancel, approve, revise,
   pause, resume, compensate or resolve changes (``COMMANDS``); what a submit does
   while a run is busy is a row of ``IF_BUSY`` (queue, interrupt, reject, steer);
-* ``forks`` — ``fork_points`` / ``fork_position`` / ``fork_records``: where a
+* ``forks`` — ``fork_points`` / ``fork_position`` / ``fork_records`` /
+  ``workspace_at`` (the tree a rewind restores): where a
   session's history may be forked (the end of a run or of a turn) and the records of
   the fork;
 * ``settling`` — ``settle``, the driver: fold a step, advance, until nothing changes;
@@ -36,14 +37,21 @@ transient failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes
 once it is over, ``advancing._retry``), ``NeedsHuman`` becomes ``ToolAwaitingHuman``
 (``commands._resolve`` answers it), anything else a result for the model. A NEVER call
 is never retried by these rows: only a reconcile answering ``not_applied`` or a
-person's ``retry`` runs it again.
+person's ``retry`` runs it again. An outcome nobody can know (a NEVER call interrupted
+or timed out, a reconcile answering ``unknown``) is told to the model as UNKNOWN, or,
+when its tool declares ``unknown_outcome="ask_person"``, becomes a ``ToolAwaitingHuman``
+for a person to say what happened (``verbs._unknown_or_ask``).
+
+When a revision lands, ``advancing._apply_revision`` calls off what the old request
+left, runs the request's goal-dependent results again under the new revision
+(``_rerun_for_revision``), and only then starts the next turn.
 """
 
 from __future__ import annotations
 
 from perdure.actors.decide.advancing import ADVANCE, advance
 from perdure.actors.decide.commands import COMMANDS, IF_BUSY, command, compensation_id
-from perdure.actors.decide.forks import fork_points, fork_position, fork_records
+from perdure.actors.decide.forks import fork_points, fork_position, fork_records, workspace_at
 from perdure.actors.decide.recovery import RECOVER, recover
 from perdure.actors.decide.results import RESULTS, on_result
 from perdure.actors.decide.settling import settle
@@ -53,6 +61,7 @@ from perdure.actors.decide.verbs import (
     interrupted_text,
     overlapping,
     overlaps_commit,
+    registered_for,
     retry_delay,
     tool_for,
     unknown_outcome_text,
@@ -77,8 +86,10 @@ __all__ = [
     "overlapping",
     "overlaps_commit",
     "recover",
+    "registered_for",
     "retry_delay",
     "settle",
     "tool_for",
     "unknown_outcome_text",
+    "workspace_at",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import (
     _budget_stop,
     _call_off,
@@ -45,11 +46,14 @@ from perdure.actors.protocol import (
 from perdure.actors.state import Generation, SessionState, Task
 from perdure.storage.records import (
     CompensationFinished,
+    Record,
     RunStarted,
     ToolAwaitingApproval,
     ToolCompleted,
     ToolResultKind,
+    ToolTaskCreated,
 )
+from perdure.tools.contract import ReplayPolicy
 
 
 def advance(s: SessionState, env: Env, view: View) -> Step:
@@ -59,9 +63,13 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     compensating = _advance_compensations(s, env, view)
     if compensating:
         return compensating
+    summarizing = compacting.summarize(s, env, view)
+    if summarizing:
+        return summarizing
     run = s.run
     if run is None:
-        if s.queue and not _holding(s, view):
+        # No run starts while a rewind puts the files back: its calls would race it.
+        if s.queue and not _holding(s, view) and s.restoring is None:
             return _start_run(s, env)
         return NOTHING
     if run.cancel_requested:
@@ -70,6 +78,9 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     if gen is None:  # a new run: its first model turn
         if _holding(s, view):
             return NOTHING
+        held = compacting.before_turn(s, env)
+        if held is not None:
+            return held
         return _budget_stop(s, env) or _next_generation(s, env, run.run_id, run.submission_id)
     if gen.goal_rev < s.goal_rev:
         return _apply_revision(s, env, view, gen)
@@ -92,7 +103,7 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         if stop == "pause_turn":  # the model is not done: its turn goes on, never "completed"
             if _holding(s, view):
                 return NOTHING
-            return _continue_turn(s, env, run.run_id, run.submission_id)
+            return _next_turn(s, env, run.run_id, run.submission_id)
         note = {
             "max_tokens": "the reply was cut off at the model's output limit (max_tokens)",
             "refusal": "the model declined to continue (refusal)",
@@ -104,7 +115,13 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
             return _finish(s, env, "completed", text=result.output)
     if _holding(s, view):
         return NOTHING
-    return _continue_turn(s, env, run.run_id, run.submission_id)
+    return _next_turn(s, env, run.run_id, run.submission_id)
+
+
+def _next_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
+    """The run's next model turn, after the summary of a compaction that is due."""
+    held = compacting.before_turn(s, env)
+    return held if held is not None else _continue_turn(s, env, run_id, submission_id)
 
 
 def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
@@ -186,22 +203,89 @@ def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> S
 
     Its model call is abandoned; its tasks that have not started are cancelled
     before dispatch; executing ones are stopped where the tool allows it, or left
-    to finish. Once all are terminal the next turn starts under the new revision,
-    and the model reads the revision with the fate of every earlier action.
+    to finish. Once all are terminal, the completed calls of goal-dependent tools
+    are run again under the new revision (``_rerun_for_revision``); once those are
+    terminal too the next turn starts under the new revision, and the model reads
+    the revision with the fate of every earlier action and the revision each earlier
+    result came under.
     """
     assert s.run is not None
-    if gen.phase != "completed":
-        stop = (CancelModel(gen.generation_id),) if gen.generation_id in view.models else ()
-        if _holding(s, view):
-            return Step((), stop)
-        return Step((), stop) + _continue_turn(s, env, s.run.run_id, s.run.submission_id)
-    tasks = s.tasks_of(gen)
-    records, effects, _ = _call_off(s, env, view, tasks, "the request was revised before it ran")
+    in_flight = gen.phase != "completed" and gen.generation_id in view.models
+    stop = Step((), (CancelModel(gen.generation_id),)) if in_flight else NOTHING
+    # The re-runs of this revision hang on ``gen`` too; they are not called off.
+    old = [t for t in s.tasks_of(gen) if t.goal_rev < s.goal_rev]
+    records, effects, _ = _call_off(s, env, view, old, "the request was revised before it ran")
     if records or effects:
-        return Step(tuple(records), tuple(effects))
-    if not all(t.terminal for t in tasks) or _holding(s, view):
-        return NOTHING
-    return _continue_turn(s, env, s.run.run_id, s.run.submission_id)
+        return stop + Step(tuple(records), tuple(effects))
+    if not all(t.terminal for t in old) or _holding(s, view):
+        return stop
+    rerunning = _rerun_for_revision(s, env, view, gen)
+    if rerunning is not None:
+        return stop + rerunning
+    return stop + _next_turn(s, env, s.run.run_id, s.run.submission_id)
+
+
+def rerun_id(call_id: str, goal_rev: int) -> str:
+    """The id of ``call_id`` run again under revision ``goal_rev`` (derived: a restart
+    decides the same)."""
+    return f"{call_id}@rev{goal_rev}"
+
+
+def _rerun_for_revision(s: SessionState, env: Env, view: View, gen: Generation) -> Step | None:
+    """Run again, under the revision in force, each completed call of the request whose
+    tool declares ``depends_on_goal`` (SAFE, as recorded and as registered).
+
+    The re-run is a task of its own (``ToolTaskCreated{rerun_of}``) beside the calls of
+    ``gen``, so the turn waits for it and recovery finds it. None once every re-run is
+    terminal (the next turn may start); else the step that creates or advances them
+    (NOTHING while they run).
+    """
+    assert s.run is not None
+    created: list[Record] = []
+    for task in _goal_dependent_results(s, env):
+        created.append(
+            ToolTaskCreated(
+                session_id=s.session_id,
+                generation_id=gen.generation_id,
+                call_id=rerun_id(task.call_id, s.goal_rev),
+                tool_name=task.tool_name,
+                input=task.input,
+                goal_rev=s.goal_rev,
+                secret=task.secret,
+                rerun_of=task.call_id,
+                at=env.now,
+            )
+        )
+    if created:
+        return Step(tuple(created))
+    open_reruns = [
+        t
+        for t in s.tasks_of(gen)
+        if t.rerun_of is not None and t.goal_rev == s.goal_rev and not t.terminal
+    ]
+    if not open_reruns:
+        return None
+    return _advance_tasks(s, env, view, open_reruns)
+
+
+def _goal_dependent_results(s: SessionState, env: Env) -> list[Task]:
+    """The request's completed calls, made under an older revision, that ran a
+    goal-dependent SAFE tool and were not run again since (the latest re-run stands
+    for its call)."""
+    assert s.run is not None
+    found: list[Task] = []
+    for generation_id in s.submissions[s.run.submission_id].generations:
+        for call_id in s.generations[generation_id].call_ids:
+            task = s.tasks[call_id]
+            if task.phase != "completed" or task.executing is None or task.reruns:
+                continue
+            if task.goal_rev >= s.goal_rev:
+                continue
+            tool = tool_for(env.tools, task)
+            recorded_safe = task.executing.replay == ReplayPolicy.SAFE.value
+            if tool is not None and tool.depends_on_goal and recorded_safe:
+                found.append(task)
+    return found
 
 
 def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
@@ -225,7 +309,7 @@ def _recheck(s: SessionState, env: Env, task: Task) -> Step:
     """
     assert task.executing is not None
     tool = tool_for(env.tools, task)
-    if tool is None or tool.reconcile is None:  # unregistered since: nobody can tell
+    if tool is None or (tool.reconcile is None and not tool.changes_workspace):
         why = "its tool is no longer registered" if tool is None else "it cannot reconcile"
         return Step((_unknown(s, env, task, f"not re-run: {why}"),))
     return Step((), (Reconcile(task.executing, tool),))
@@ -255,6 +339,7 @@ def _dispatch(s: SessionState, env: Env, task: Task) -> Step:
             output=output,
             is_error=True,
             kind=kind,
+            goal_rev=task.goal_rev,
             at=env.now,
         )
         return Step((record,))
@@ -322,5 +407,6 @@ def _not_retried(s: SessionState, env: Env, task: Task, why: str) -> ToolComplet
         is_error=True,
         kind="error",
         attempt=task.attempt,
+        goal_rev=task.goal_rev,
         at=env.now,
     )

@@ -1,6 +1,8 @@
 """``command``: what a caller's command changes (``COMMANDS``).
 
-Submit, cancel, approve, resolve, revise, pause, resume, compensate. A request id
+Submit, cancel, approve, resolve, revise, pause, resume, compensate, rewind (the
+workspace's files, while the session is idle), compact the context (``compacting``).
+A request id
 already seen answers as it did the first time; a command that cannot be done raises
 ``Refused`` and records nothing. What a submit does while a run is busy is a row of
 ``IF_BUSY`` (queue, interrupt, reject, steer). A compensation is an ordinary tool
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from perdure.actors.decide import compacting
+from perdure.actors.decide.verbs import registered_for
 from perdure.actors.protocol import (
     NOTHING,
     Accepted,
@@ -19,17 +23,20 @@ from perdure.actors.protocol import (
     Approve,
     Cancel,
     Command,
+    CompactContext,
     Compensate,
     Done,
     Env,
     Pause,
     Resolve,
+    RestoreWorkspace,
     Resume,
     Revise,
+    Rewind,
     Step,
     Submit,
 )
-from perdure.actors.state import SessionState
+from perdure.actors.state import SessionState, Task
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.records import (
     ApprovalDecided,
@@ -43,6 +50,7 @@ from perdure.storage.records import (
     SessionResumed,
     ToolCompleted,
     ToolTaskCreated,
+    WorkspaceRestoreStarted,
 )
 from perdure.tools.contract import render_result
 
@@ -157,7 +165,7 @@ def _cancel_run(s: SessionState, env: Env, request_id: str) -> Step:
         for g in s.submissions[s.run.submission_id].generations
         for c in s.generations[g].call_ids
     ]
-    compensable = s.compensable(done, lambda name: _has_compensation(env, name))
+    compensable = s.compensable(done, lambda task: _has_compensation(env, task))
     record = CancelRequested(
         session_id=s.session_id,
         run_id=s.run.run_id,
@@ -188,7 +196,11 @@ def _approve(s: SessionState, env: Env, cmd: Approve) -> tuple[Step, Answer]:
 
 
 def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
-    """A person answers a call awaiting one: retry it (same key), skip it, or fail it."""
+    """A person answers a call awaiting one: retry it (same key), skip it, or fail it.
+
+    For a call whose outcome was unknown the same three answers say what happened: not
+    applied (retry: run once more, same key), applied (skip: record the result they
+    state), or failed."""
     task = s.tasks.get(cmd.call_id)
     if task is None:
         raise Refused("not_found", f"no tool call {cmd.call_id!r} in session {s.session_id}")
@@ -206,12 +218,24 @@ def _resolve(s: SessionState, env: Env, cmd: Resolve) -> tuple[Step, Answer]:
         output, is_error = render_result(cmd.result), False
     else:
         told = f" They said: {render_result(cmd.result)}" if cmd.result is not None else ""
-        output = (
-            f"perdure: this call needed a person ({task.last_error}); they chose to fail it.{told}"
-        )
+        if task.unknown_outcome:  # the person says what happened: it failed
+            output = (
+                f"perdure: this call's outcome was unknown ({task.last_error}); a person "
+                f"checked and said it failed.{told}"
+            )
+        else:
+            output = (
+                f"perdure: this call needed a person ({task.last_error}); they chose to fail "
+                f"it.{told}"
+            )
         is_error = True
     done = ToolCompleted(
-        output=output, is_error=is_error, kind="resolved", attempt=task.attempt, **common
+        output=output,
+        is_error=is_error,
+        kind="resolved",
+        attempt=task.attempt,
+        goal_rev=task.goal_rev,
+        **common,
     )
     return Step((decided, done)), Done(cmd.call_id)
 
@@ -237,7 +261,7 @@ def _revision(
     """``GoalRevised`` for the current run (and the compensations it triggers)."""
     rev = s.goal_rev + 1
     old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
-    compensable = s.compensable(old_goal, lambda name: _has_compensation(env, name))
+    compensable = s.compensable(old_goal, lambda task: _has_compensation(env, task))
     record = GoalRevised(
         session_id=s.session_id,
         goal_rev=rev,
@@ -270,12 +294,58 @@ def _resume(s: SessionState, env: Env, cmd: Resume) -> tuple[Step, Answer]:
     return Step((record,)), Done("")
 
 
+def _compact_context(s: SessionState, env: Env, cmd: CompactContext) -> tuple[Step, Answer]:
+    """Start a compaction now (answered with its id); the one in progress, if any."""
+    if s.compacting is not None:
+        return NOTHING, Done(s.compacting.started.compaction_id)
+    started = compacting.start(s, env, "requested", cmd.request_id)
+    if started is None:
+        keep = compacting.policy_of(s, env).keep_recent
+        raise Refused(
+            "invalid_state",
+            f"nothing to compact in session {s.session_id}: the conversation has "
+            f"{len(s.conversation)} items, {s.compacted_end} already summarised, the last "
+            f"{keep} kept verbatim (and any unsettled turn with them)",
+        )
+    return Step((started,)), Done(started.compaction_id)
+
+
+def _rewind(s: SessionState, env: Env, cmd: Rewind) -> tuple[Step, Answer]:
+    """Restore the workspace's files; only while nothing of the session runs, so that
+    no call of its own writes the files while they are put back."""
+    busy = []
+    if s.run is not None:
+        busy.append(f"run {s.run.run_id} is in progress")
+    if s.queue:
+        busy.append(f"{len(s.queue)} input(s) wait their turn")
+    if s.compensations:
+        busy.append(f"{len(s.compensations)} compensation(s) are unfinished")
+    if s.restoring is not None:
+        busy.append(f"the rewind {s.restoring.request_id!r} is still restoring the files")
+    if busy:
+        raise Refused(
+            "invalid_state",
+            f"session {s.session_id} cannot rewind its workspace now: {'; '.join(busy)}. "
+            "Cancel the run (or wait until the session is idle), then rewind.",
+        )
+    started = WorkspaceRestoreStarted(
+        session_id=s.session_id,
+        tree=cmd.tree,
+        position=cmd.position,
+        request_id=cmd.request_id,
+        at=env.now,
+    )
+    return Step((started,), (RestoreWorkspace(cmd.request_id, cmd.tree),)), Done(cmd.tree)
+
+
 def compensation_id(call_id: str) -> str:
     return f"comp-{call_id}"
 
 
-def _has_compensation(env: Env, tool_name: str) -> bool:
-    tool = env.tools.get(tool_name)
+def _has_compensation(env: Env, task: Task) -> bool:
+    """Whether the version of the tool ``task`` ran on (or the newest, once that
+    version is gone) declares a compensation."""
+    tool = registered_for(env.tools, task)
     return tool is not None and tool.compensation is not None
 
 
@@ -298,7 +368,7 @@ def _compensate(
         raise Refused(
             "invalid_state", f"{call_id} is {task.phase}; only a completed call can be undone"
         )
-    if not _has_compensation(env, task.tool_name):
+    if not _has_compensation(env, task):
         raise Refused("invalid_state", f"the tool {task.tool_name!r} declares no compensation")
     assert task.executing is not None and task.result is not None
     comp_id = compensation_id(call_id)
@@ -329,7 +399,7 @@ def _automatic_compensations(
     """Compensations the tools declared safe to run unasked, under ``goal_rev``."""
     step = NOTHING
     for call_id in call_ids:
-        tool = env.tools.get(s.tasks[call_id].tool_name)
+        tool = registered_for(env.tools, s.tasks[call_id])
         if tool is not None and tool.compensate_automatically:
             auto_id = f"{request_id}/auto/{call_id}"
             step += _compensate(s, env, call_id, auto_id, automatic=True, goal_rev=goal_rev)
@@ -345,4 +415,6 @@ COMMANDS: dict[type, Callable[[SessionState, Env, Any], tuple[Step, Answer]]] = 
     Resume: _resume,
     Compensate: _compensate_command,
     Resolve: _resolve,
+    CompactContext: _compact_context,
+    Rewind: _rewind,
 }

@@ -1,4 +1,5 @@
-"""Forks: where a session's history may be forked, and the records of a fork.
+"""Forks: where a session's history may be forked, and the records of a fork; and which
+workspace tree a rewind (or a fork with its files) restores.
 
 A fork is taken at a settled point (the end of a run, or of a turn, with no
 compensation open; or the end of an idle session's history), so it inherits no call
@@ -24,6 +25,7 @@ from perdure.storage.records import (
     ToolCancelled,
     ToolCompleted,
     ToolOutcomeUnknown,
+    WorkspaceCheckpointed,
 )
 
 
@@ -144,3 +146,43 @@ def fork_records(
         at=now,
     )
     return (created, forked, *copies)
+
+
+def workspace_at(committed: Sequence[Committed], to: int | str) -> tuple[int, str]:
+    """The position and the workspace tree a rewind ``to`` restores, or ``Refused``.
+
+    ``to`` is a call id (the workspace just before that call's first checkpointed
+    attempt) or a settled point of the history (``fork_points``: the workspace after
+    the last checkpointed call before it, or, with none before it, before the first
+    one after it). Only checkpoints of this session count: a workspace shared with
+    other sessions or changed by hand between calls is put back as this session's
+    calls left it.
+    """
+    sid = committed[0].record.session_id if committed else "?"
+    marks = [(c.seq, c.record) for c in committed if isinstance(c.record, WorkspaceCheckpointed)]
+    if not marks:
+        raise Refused(
+            "not_found",
+            f"session {sid} has no workspace checkpoint: none of its calls changed the "
+            "workspace through a checkpointed tool",
+        )
+    if isinstance(to, str):
+        for seq, mark in marks:
+            if mark.call_id == to:
+                return seq, mark.before
+        calls = ", ".join(dict.fromkeys(mark.call_id for _, mark in marks))
+        raise Refused(
+            "not_found", f"session {sid} has no checkpointed call {to!r} (its calls: {calls})"
+        )
+    position = fork_position(committed, to)
+    earlier = [mark for seq, mark in marks if seq <= position and mark.after]
+    if earlier:
+        return position, earlier[-1].after
+    later = [mark for seq, mark in marks if seq > position]
+    if later:
+        return position, later[0].before
+    raise Refused(
+        "invalid_state",
+        f"session {sid} has no complete checkpoint at {position}: the after-snapshot of "
+        f"call {marks[-1][1].call_id} is missing (the store failed then)",
+    )

@@ -16,14 +16,20 @@ from collections.abc import Callable, Sequence
 from attrs import frozen
 
 from perdure.actors.decide.verbs import (
+    ASK_A_PERSON,
+    _called_off,
     _definition_change,
     _execute,
     _finish,
     _retry_blocker,
-    _task_result_cancelled,
     _unknown,
+    _unknown_or_ask,
+    asks_a_person,
     every_phase_has_a_row,
+    interrupted_text,
+    registered_for,
     tool_for,
+    version_words,
 )
 from perdure.actors.lifecycle import (
     IN_FLIGHT_PHASES,
@@ -33,6 +39,7 @@ from perdure.actors.protocol import (
     NOTHING,
     Env,
     Reconcile,
+    RestoreWorkspace,
     Step,
 )
 from perdure.actors.state import SessionState, Task
@@ -58,6 +65,30 @@ def recover(s: SessionState, env: Env) -> Step:
     """
     if s.parked:
         return NOTHING
+    return _recover_compaction(s, env) + _recover_work(s, env)
+
+
+def _recover_compaction(s: SessionState, env: Env) -> Step:
+    """A compaction started and not finished: its summary is made again (``advance``
+    makes the call; a model call has no effects), after what is left of a back-off."""
+    pending = s.compacting
+    if pending is None:
+        return NOTHING
+    started = pending.started
+    found = "summary call in flight" if not pending.failures else "summary retry pending"
+    decision = RecoveryDecision(
+        session_id=s.session_id,
+        run_id=started.run_id,
+        subject=started.compaction_id,
+        found=found,
+        action="make the summary again",
+        reason=f"no summary of items [{started.start}, {started.end}) was committed",
+        at=env.now,
+    )
+    return Step((decision,))
+
+
+def _recover_work(s: SessionState, env: Env) -> Step:
     run = s.run
 
     def decision(subject: str, found: str, action: str, reason: str) -> RecoveryDecision:
@@ -73,6 +104,8 @@ def recover(s: SessionState, env: Env) -> Step:
 
     as_compensation = _Recovering(decision, run_id="", compensation=True)
     compensating = _recover_tasks(s, env, s.open_compensations(), as_compensation)
+    if s.restoring is not None:  # a rewind of the files was under way: finish it
+        compensating = _recover_restore(s, decision) + compensating
     if run is None:
         if not s.queue:
             return compensating
@@ -90,11 +123,15 @@ def recover(s: SessionState, env: Env) -> Step:
         return compensating + _recover_cancelled(s, env, decision)
     if not in_flight:
         approvals = [t.call_id for t in open_tasks if t.phase == "awaiting_approval"]
-        people = [t.call_id for t in open_tasks if t.phase == "awaiting_human"]
-        if approvals or people:
+        waiting = [t for t in open_tasks if t.phase == "awaiting_human"]
+        people = [t.call_id for t in waiting if not t.unknown_outcome]
+        unknown = [t.call_id for t in waiting if t.unknown_outcome]
+        if approvals or waiting:
             found = "; ".join(
                 [f"awaiting approval of {', '.join(approvals)}"] * bool(approvals)
                 + [f"awaiting a person to resolve {', '.join(people)}"] * bool(people)
+                + [f"awaiting a person to say whether {', '.join(unknown)} took effect"]
+                * bool(unknown)
             )
             action = "keep waiting"
         elif s.paused:
@@ -226,32 +263,40 @@ def _recover_retry(s: SessionState, env: Env, task: Task, r: _Recovering) -> Ste
     else:
         action = f"run attempt {nxt} now (its back-off is over)"
         why = f"the same arguments and idempotency key; attempt {task.attempt}: {task.last_error}"
+    why += version_words(env.tools, task)
     return Step((r.decide(task.call_id, found, action, why),))
 
 
 def _recover_human(s: SessionState, env: Env, task: Task, r: _Recovering) -> Step:
-    """Waiting for a person's resolution (``NeedsHuman``): keep waiting."""
-    decided = r.decide(
-        task.call_id,
-        "awaiting a person (NeedsHuman)",
-        "keep waiting for rt.resolve: retry, skip or fail",
-        task.last_error or "no resolution yet",
-    )
+    """Waiting for a person's resolution (``NeedsHuman``, or an unknown outcome its
+    tool sends to a person): keep waiting."""
+    if task.unknown_outcome:
+        found = "awaiting a person (outcome unknown)"
+        action = "keep waiting to " + ASK_A_PERSON
+    else:
+        found = "awaiting a person (NeedsHuman)"
+        action = "keep waiting for rt.resolve: retry, skip or fail"
+    decided = r.decide(task.call_id, found, action, task.last_error or "no resolution yet")
     return Step((decided,))
 
 
 def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) -> Step:
     """The heart of recovery: a call that may or may not have taken effect.
 
+    The call finishes on the tool version it started on (recorded in its ``executing``
+    record) while that version is registered, whatever newer versions sit beside it.
     A blind re-run needs both the policy recorded with the call and the policy of the
     tool registered now to allow it, and the call to still be the same call: if the
-    tool's definition changed since dispatch (its fingerprint differs), it is re-run
-    only if the recorded arguments still fit the new definition, and the decision
-    says so. Anything else is asked of the tool's ``reconcile`` or reported unknown.
+    tool's definition changed since dispatch (its fingerprint differs: the version it
+    started on is gone, or a log older than versions meets a changed tool), it is
+    re-run only if the recorded arguments still fit the new definition, and the
+    decision says so. Anything else is asked of the tool's ``reconcile`` or reported
+    unknown. When versions are in play, the decision names the one it acts on.
     """
     assert task.executing is not None
     recorded = ReplayPolicy(task.executing.replay)
     tool = tool_for(env.tools, task)
+    versions = version_words(env.tools, task)
     if task.goal_rev < s.goal_rev and recorded.replayable:
         why = f"the request was revised (revision {s.goal_rev}) since it was dispatched"
         cancelled = ToolCancelled(
@@ -273,25 +318,53 @@ def _recover_executing(s: SessionState, env: Env, task: Task, r: _Recovering) ->
         )
     policy = f"recorded policy {recorded.value}, registered policy {tool.replay.value}"
     change, still_fits = _definition_change(task.executing, tool)
+    change = versions + change
+    # The version acted on, named in the action when several are (or were) in play.
+    on = f" on version {_version_of(env, task)}" if versions else ""
     if recorded.replayable and tool.replay.replayable and still_fits:
-        action = f"re-run with the same idempotency key (policy {tool.replay.value})"
+        action = f"re-run with the same idempotency key (policy {tool.replay.value}){on}"
         rerun = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=r.run_id)
         return Step((r.decide(task.call_id, "executing", action, policy + change),)) + rerun
     if recorded.replayable and tool.replay.replayable:
         why = f"{policy}{change}"
     else:
         why = f"{policy}: no blind re-run{change}"
-    if tool.reconcile is not None:
+    if tool.reconcile is not None or tool.changes_workspace:
+        # A workspace call is also diffed from its before-snapshot (by the shell).
+        asked = "ask the tool's reconcile()" if tool.reconcile is not None else ""
+        diffed = "diff the workspace from its before-snapshot" if tool.changes_workspace else ""
+        action = " and ".join(a for a in (asked, diffed) if a) + on
         return Step(
-            (r.decide(task.call_id, "executing", "ask the tool's reconcile()", why),),
+            (r.decide(task.call_id, "executing", action, why),),
             (Reconcile(task.executing, tool),),
         )
-    return Step(
-        (
-            r.decide(task.call_id, "executing", "report outcome unknown", why + "; no reconcile"),
-            _unknown(s, env, task, "interrupted before its result was saved; not re-run"),
-        )
+    action = ASK_A_PERSON if asks_a_person(s, env, task) else "report outcome unknown"
+    outcome = _unknown_or_ask(
+        s,
+        env,
+        task,
+        reason="interrupted before its result was saved; not re-run",
+        output=interrupted_text(task.tool_name),
     )
+    return Step((r.decide(task.call_id, "executing", action, why + "; no reconcile"), outcome))
+
+
+def _recover_restore(s: SessionState, decision: Decide) -> Step:
+    """A restore is idempotent (the files are made to match one tree): do it again."""
+    started = s.restoring
+    assert started is not None
+    found = f"the rewind {started.request_id!r} to position {started.position} unfinished"
+    why = "a restore makes the files match its tree, however far it got"
+    return Step(
+        (decision(started.request_id, found, "restore the files again", why),),
+        (RestoreWorkspace(started.request_id, started.tree),),
+    )
+
+
+def _version_of(env: Env, task: Task) -> str:
+    """The version of the registered tool a recovered call goes on with."""
+    registered = registered_for(env.tools, task)
+    return registered.version if registered is not None else ""
 
 
 RECOVER: dict[TaskPhase, RecoverRow] = {
@@ -347,6 +420,6 @@ def _close_open_tasks(s: SessionState, env: Env, *, unknown: str, cancelled: str
     return [
         _unknown(s, env, task, unknown)
         if task.phase == "executing"
-        else _task_result_cancelled(s, env, task, cancelled)
+        else _called_off(s, env, task, cancelled)
         for task in s.open_tasks()
     ]

@@ -3,7 +3,8 @@
 A model reply (the turn completes and its calls become tasks), a model error (a
 retry after a back-off, or the run fails), a tool result (by the tool's policy: a
 result, a retry after a back-off, a wait for a person, an unknown outcome), a
-heartbeat, the end of a back-off, a reconciliation. A report that no longer
+heartbeat, the end of a back-off, a reconciliation (with, for a workspace call, the
+diff from its before-snapshot), the end of a rewind's restore. A report that no longer
 matches the state (a superseded attempt, a discarded turn) changes nothing.
 """
 
@@ -14,11 +15,15 @@ from typing import Any
 
 from attrs import evolve
 
+from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import (
+    ASK_A_PERSON,
     _execute,
     _finish,
     _run_id,
     _task_result_cancelled,
+    _unknown_or_ask,
+    asks_a_person,
     interrupted_text,
     retry_delay,
     tool_for,
@@ -33,9 +38,11 @@ from perdure.actors.protocol import (
     ModelFailed,
     ModelReplied,
     ReconcileFinished,
+    RestoreFinished,
     Result,
     Step,
     ToolFinished,
+    WorkspaceSeen,
 )
 from perdure.actors.state import Generation, SessionState, Task
 from perdure.storage.records import (
@@ -50,10 +57,11 @@ from perdure.storage.records import (
     ToolCancelled,
     ToolCompleted,
     ToolHeartbeat,
-    ToolOutcomeUnknown,
     ToolResultKind,
     ToolRetryPending,
     ToolTaskCreated,
+    WorkspaceCheckpointed,
+    WorkspaceRestored,
 )
 from perdure.tools.contract import ReplayPolicy
 
@@ -75,6 +83,8 @@ def _live_generation(s: SessionState, generation_id: str) -> Generation | None:
 
 
 def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
+    if compacting.is_summary(s, msg.generation_id):
+        return compacting.summary_replied(s, env, msg)
     gen = _live_generation(s, msg.generation_id)
     if gen is None or s.run is None:
         return NOTHING
@@ -123,6 +133,8 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
 
 
 def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
+    if compacting.is_summary(s, msg.generation_id):
+        return compacting.summary_failed(s, env, msg)
     gen = _live_generation(s, msg.generation_id)
     if gen is None:
         return NOTHING
@@ -159,9 +171,31 @@ _RESULT_KIND: dict[str, ToolResultKind] = {
 
 
 def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
+    """The attempt's outcome, with its workspace checkpoints (a workspace call's)."""
     task = s.tasks.get(msg.call_id)
     if task is None or task.phase != "executing" or task.attempt != msg.attempt:
         return NOTHING  # a duplicate or a report from a superseded attempt
+    outcome = _tool_outcome(s, env, task, msg)
+    if msg.workspace is None or not msg.workspace.before:
+        return outcome
+    return Step((checkpointed(s, env, task, msg.workspace),)) + outcome
+
+
+def checkpointed(s: SessionState, env: Env, task: Task, seen: WorkspaceSeen) -> Record:
+    return WorkspaceCheckpointed(
+        session_id=s.session_id,
+        call_id=task.call_id,
+        attempt=task.attempt,
+        before=seen.before,
+        after=seen.after,
+        changed=list(seen.changed),
+        skipped=list(seen.skipped),
+        outside=list(seen.outside),
+        at=env.now,
+    )
+
+
+def _tool_outcome(s: SessionState, env: Env, task: Task, msg: ToolFinished) -> Step:
     assert task.executing is not None
     common: dict[str, Any] = {"session_id": s.session_id, "call_id": task.call_id, "at": env.now}
     never = task.executing.replay == ReplayPolicy.NEVER.value
@@ -187,16 +221,20 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             **common,
         )
     elif msg.outcome == "unknown":
-        record = ToolOutcomeUnknown(
-            output=unknown_outcome_text(task.tool_name, f"could not tell ({msg.output})"),
+        record = _unknown_or_ask(
+            s,
+            env,
+            task,
             reason="the tool could not tell: " + msg.output,
-            **common,
+            output=unknown_outcome_text(task.tool_name, f"could not tell ({msg.output})"),
         )
     elif msg.outcome == "timeout" and never:
-        record = ToolOutcomeUnknown(
+        record = _unknown_or_ask(
+            s,
+            env,
+            task,
+            reason=f"timeout ({msg.output})" if asks_a_person(s, env, task) else "timeout",
             output=unknown_outcome_text(task.tool_name, f"timed out ({msg.output})"),
-            reason="timeout",
-            **common,
         )
     else:
         record = ToolCompleted(
@@ -206,6 +244,7 @@ def _tool_finished(s: SessionState, env: Env, msg: ToolFinished) -> Step:
             attempt=msg.attempt,
             duration=msg.duration,
             terminate=msg.terminate,
+            goal_rev=task.goal_rev,
             **common,
         )
     return Step((record,))
@@ -244,6 +283,7 @@ def _retry_failed_attempt(s: SessionState, env: Env, task: Task, msg: ToolFinish
             kind=_RESULT_KIND[msg.outcome],
             attempt=msg.attempt,
             duration=msg.duration,
+            goal_rev=task.goal_rev,
             **common,
         )
         return Step((gave_up,))
@@ -293,9 +333,67 @@ def _back_off_over(s: SessionState, env: Env, msg: BackOffOver) -> Step:
 
 
 def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
+    """What a reconcile found, and for a workspace call what the diff from its
+    before-snapshot says: the checkpoints are recorded with the decision."""
     task = s.tasks.get(msg.call_id)
     if task is None or task.phase != "executing":
         return NOTHING
+    seen = msg.workspace
+    if seen is None:
+        return _reconciled_by_tool(s, env, task, msg)
+    step = _reconciled_by_tool(s, env, task, _with_workspace(env, task, msg, seen))
+    if not seen.before:
+        return step
+    return Step((checkpointed(s, env, task, seen),)) + step
+
+
+def _with_workspace(
+    env: Env, task: Task, msg: ReconcileFinished, seen: WorkspaceSeen
+) -> ReconcileFinished:
+    """The reconcile's answer in the light of the workspace diff.
+
+    A tool whose only effect is the workspace (the built-in file tools) that changed
+    nothing did not take effect: it runs once more (a tool's own "applied" stands: a
+    write of the content already there changes nothing and is done). For any other
+    workspace tool (``bash``) the diff cannot prove the call did nothing, so an unknown
+    outcome names the files that changed, or says none did, and that any other effect
+    stays unknown.
+    """
+    tool = tool_for(env.tools, task)
+    only_files = tool is not None and tool.workspace_only
+    if not seen.before:  # no before-snapshot: the attempt never reached its tool
+        return evolve(
+            msg,
+            status="not_applied",
+            reason="the call was interrupted before its tool started (no checkpoint of it)",
+        )
+    if only_files and not seen.changed and msg.status != "applied":
+        return evolve(
+            msg,
+            status="not_applied",
+            reason="no file of the workspace changed since the call started",
+        )
+    files = describe_changes(seen.changed)
+    if msg.status == "unknown":
+        other = "" if only_files else "; any effect outside the workspace files stays unknown"
+        found = f"{msg.reason}; " if msg.reason else ""
+        return evolve(msg, reason=f"{found}in the workspace {files}{other}")
+    if msg.status == "applied" and seen.changed:
+        return evolve(msg, output=f"{msg.output}\n[perdure: in the workspace {files}]")
+    return msg
+
+
+def describe_changes(changed: tuple[str, ...] | list[str], limit: int = 50) -> str:
+    """The files a call changed, in words the model reads."""
+    if not changed:
+        return "no file changed"
+    shown = ", ".join(changed[:limit])
+    more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
+    noun = "file" if len(changed) == 1 else "files"
+    return f"{len(changed)} {noun} changed: {shown}{more}"
+
+
+def _reconciled_by_tool(s: SessionState, env: Env, task: Task, msg: ReconcileFinished) -> Step:
 
     def decision(action: str, reason: str) -> RecoveryDecision:
         return RecoveryDecision(
@@ -317,6 +415,7 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
             terminate=msg.terminate,
             kind="reconciled",
             attempt=task.attempt,
+            goal_rev=task.goal_rev,
             at=env.now,
         )
         return Step((decision("record the real result", "the effect had happened"), done))
@@ -340,19 +439,31 @@ def _reconciled(s: SessionState, env: Env, msg: ReconcileFinished) -> Step:
         why = "the effect had not happened, but its tool is no longer registered"
     else:
         why = msg.reason or "reconcile could not tell"
-    return Step(
-        (
-            decision("report outcome unknown", why),
-            ToolOutcomeUnknown(
-                session_id=s.session_id,
-                call_id=task.call_id,
-                # The model reads what the check found (e.g. "still running as pid N").
-                output=interrupted_text(task.tool_name) + f" The tool's own check found: {why}",
-                reason="reconcile: " + why,
-                at=env.now,
-            ),
-        )
+    action = ASK_A_PERSON if asks_a_person(s, env, task) else "report outcome unknown"
+    outcome = _unknown_or_ask(
+        s,
+        env,
+        task,
+        reason="reconcile: " + why,
+        # The model reads what the check found (e.g. "still running as pid N").
+        output=interrupted_text(task.tool_name) + f" The tool's own check found: {why}",
     )
+    return Step((decision(action, why), outcome))
+
+
+def _restore_finished(s: SessionState, env: Env, msg: RestoreFinished) -> Step:
+    """A rewind's restore is over (or was refused by the store): record it."""
+    if s.restoring is None or s.restoring.request_id != msg.request_id:
+        return NOTHING
+    done = WorkspaceRestored(
+        session_id=s.session_id,
+        request_id=msg.request_id,
+        tree=msg.tree,
+        before=msg.before,
+        error=msg.error,
+        at=env.now,
+    )
+    return Step((done,))
 
 
 RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
@@ -363,4 +474,5 @@ RESULTS: dict[type, Callable[[SessionState, Env, Any], Step]] = {
     HeartbeatReported: _heartbeat,
     AgentLinked: _agent_linked,
     BackOffOver: _back_off_over,
+    RestoreFinished: _restore_finished,
 }

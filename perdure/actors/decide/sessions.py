@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from attrs import frozen
 
 from perdure.actors.decide.commands import command
-from perdure.actors.decide.forks import fork_position, fork_records
+from perdure.actors.decide.forks import fork_position, fork_records, workspace_at
 from perdure.actors.protocol import Cancel, Env, Forked, Submit
 from perdure.actors.state import SessionState
 from perdure.errors import Refused, UnknownSession
@@ -35,10 +35,12 @@ from perdure.storage.backend import SessionInfo
 from perdure.storage.records import (
     Budget,
     Committed,
+    CompactionPolicy,
     Record,
     SessionCreated,
     SessionDeleted,
     SessionForked,
+    WorkspaceRestoreStarted,
 )
 
 
@@ -54,6 +56,7 @@ class NewSession:
     parent: str | None = None
     tools: list[str] | None = None
     task: Submit | None = None
+    compaction: CompactionPolicy | None = None  # the session's own (None: the runtime's)
 
 
 def create(
@@ -95,6 +98,7 @@ def create(
         if_busy=new.if_busy,
         parent=new.parent,
         tools=new.tools,
+        compaction=new.compaction,
         at=now,
     )
     if new.task is None:
@@ -122,12 +126,14 @@ def fork(
     existing: Sequence[Committed] | None,
     history: Sequence[Committed],
     now: float,
+    files: bool = False,
 ) -> ForkDecision:
     """Fork ``source`` into ``session_id`` at ``at`` (None: its latest settled point; a
     run id: that run's end; a seq).
 
     ``existing``: the first two records of ``session_id`` if it exists (None if not);
     ``history``: the source's whole history (read only if ``session_id`` is new).
+    ``files``: restore the workspace's files as they were at that point, too.
     """
     if existing is not None:
         lineage = existing[-1].record if len(existing) == 2 else None
@@ -146,7 +152,24 @@ def fork(
         raise UnknownSession(source)
     position = fork_position(history, at)
     records = fork_records(history, session_id, position, request_id, now)
+    if files:
+        # The fork's recovery restores the files before its first run goes on (no run
+        # starts while a restore is under way), so the fork works on the files it had.
+        _, tree = workspace_at(history, position)
+        restore = WorkspaceRestoreStarted(
+            session_id=session_id,
+            tree=tree,
+            position=position,
+            request_id=fork_files_request(request_id),
+            at=now,
+        )
+        records = (*records, restore)
     return ForkDecision(Forked(session_id, source, position), records)
+
+
+def fork_files_request(request_id: str) -> str:
+    """The request id of the restore of a fork's files."""
+    return f"{request_id}/files"
 
 
 def parent_call(first: Sequence[Committed]) -> tuple[str, str] | None:
@@ -155,7 +178,8 @@ def parent_call(first: Sequence[Committed]) -> tuple[str, str] | None:
     created = first[0].record if first else None
     if not isinstance(created, SessionCreated) or not created.parent:
         return None
-    parent, _, call_id = created.parent.rpartition("/")
+    # A session id never holds "/" (``check_session_id``); a model's call id may.
+    parent, _, call_id = created.parent.partition("/")
     return parent, call_id
 
 

@@ -37,11 +37,13 @@ from perdure.actors.state import SessionState, Task
 from perdure.backoff import Backoff
 from perdure.budget import over_budget
 from perdure.storage.records import (
+    ContextCompacted,
     GenerationStarted,
     Record,
     RunFinished,
     RunStarted,
     RunStatus,
+    ToolAwaitingHuman,
     ToolCancelled,
     ToolExecuting,
     ToolOutcomeUnknown,
@@ -94,12 +96,43 @@ def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float
     return policy.delay(attempt, jitter, told)
 
 
+def registered_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
+    """The registered tool ``task``'s call runs on: the version it is pinned to (its
+    ``executing`` record's, or for a compensation the undone call's) while that version
+    is registered; else, for a new call, a log older than versions or a version no
+    longer registered, the newest. None if no tool of that name is registered."""
+    newest = tools.get(task.tool_name)
+    if newest is None or task.pinned_version is None:
+        return newest
+    return newest.at_version(task.pinned_version) or newest
+
+
 def tool_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
-    """The tool that runs ``task``: its registered tool, or that tool's compensation."""
-    tool = tools.get(task.tool_name)
+    """The tool that runs ``task``: its registered tool (the version it is pinned to,
+    ``registered_for``), or that tool's compensation."""
+    tool = registered_for(tools, task)
     if task.compensates is not None:
         return tool.compensation if tool is not None else None
     return tool
+
+
+def version_words(tools: Mapping[str, Tool], task: Task) -> str:
+    """What recovery's decision says of the version a call runs on: nothing while a
+    tool has one version and the call started on it; which version it stays on when
+    several are registered; that its version is gone and the newest is used instead."""
+    newest = tools.get(task.tool_name)
+    pinned = task.pinned_version
+    if newest is None or pinned is None:
+        return ""
+    if newest.at_version(pinned) is not None:
+        if not newest.earlier:
+            return ""
+        registered = ", ".join(newest.versions)
+        return f"; it stays on version {pinned}, which it started on (registered: {registered})"
+    return (
+        f"; version {pinned}, which it started on, is no longer registered: version "
+        f"{newest.version}, the newest, takes it under the rule for a changed definition"
+    )
 
 
 def not_granted(s: SessionState, tool_name: str) -> bool:
@@ -215,9 +248,23 @@ def _execute(
         at=env.now,
         policy_reason=tool.policy_reason,
         secret=sorted(tool.secret_params & args.keys()),
+        tool_version=_version_run(env, task, tool),
     )
     beat = task.last_heartbeat.details if task.last_heartbeat is not None else None
-    return Step((record,), (RunTool(record, tool, last_heartbeat=beat),))
+    # Where this session left the workspace: the shell names what changed since by
+    # other hands (another session, a person) when it snapshots before the call.
+    since = next((m.after for m in reversed(s.checkpoints) if m.after), "")
+    run = RunTool(record, tool, last_heartbeat=beat, workspace_since=since)
+    return Step((record,), (run,))
+
+
+def _version_run(env: Env, task: Task, tool: Tool) -> str:
+    """The version an attempt of ``task`` on ``tool`` runs on: the tool's own, or for a
+    compensation the version of the tool whose compensation it is."""
+    if task.compensates is None:
+        return tool.version
+    registered = registered_for(env.tools, task)
+    return registered.version if registered is not None else tool.version
 
 
 def _retry_blocker(env: Env, task: Task) -> str:
@@ -261,6 +308,71 @@ def _unknown(s: SessionState, env: Env, task: Task, reason: str) -> ToolOutcomeU
     )
 
 
+# What a person is asked to say about a call whose outcome is unknown, in the words of
+# rt.resolve: the decision records and the person's views name them alike.
+ASK_A_PERSON: Final = (
+    "ask a person: applied (resolve skip, with the result), not applied (resolve retry: "
+    "run once more, same key) or failed (resolve fail)"
+)
+
+
+def asks_a_person(s: SessionState, env: Env, task: Task) -> bool:
+    """Whether an unknown outcome of ``task`` goes to a person rather than the model.
+
+    Its tool, as registered now, must say so (``unknown_outcome="ask_person"``); and a
+    call of a run that is being cancelled, or of a request revised since, is not held
+    for anyone (the cancel or the revision would call the wait off at once): its
+    outcome is told to the model as unknown.
+    """
+    tool = tool_for(env.tools, task)
+    if tool is None or tool.unknown_outcome != "ask_person":
+        return False
+    if task.compensates is not None:
+        return True  # a compensation lives beside runs: no cancel or revision ends it
+    winding_down = s.run is not None and s.run.cancel_requested
+    return not winding_down and task.goal_rev >= s.goal_rev
+
+
+def _unknown_or_ask(
+    s: SessionState, env: Env, task: Task, *, reason: str, output: str
+) -> ToolOutcomeUnknown | ToolAwaitingHuman:
+    """An unknown outcome: told to the model (``output``), or, if the tool asks for
+    one, the call waits for a person, who reads ``reason``."""
+    if asks_a_person(s, env, task):
+        return ToolAwaitingHuman(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            attempt=task.attempt,
+            reason=f"its outcome is unknown: {reason}",
+            unknown_outcome=True,
+            at=env.now,
+        )
+    return ToolOutcomeUnknown(
+        session_id=s.session_id, call_id=task.call_id, output=output, reason=reason, at=env.now
+    )
+
+
+def _called_off(
+    s: SessionState, env: Env, task: Task, reason: str
+) -> ToolCancelled | ToolOutcomeUnknown:
+    """The result of a call a cancel, a revision or a spent resume budget ends before it
+    runs (again). One that waited for a person to say whether it took effect keeps its
+    outcome unknown: the model is told so, never that it did not run."""
+    if task.phase == "awaiting_human" and task.unknown_outcome:
+        why = (
+            f"was waiting for a person to say whether it took effect ({task.last_error}); "
+            f"nobody had answered when it was called off ({reason})"
+        )
+        return ToolOutcomeUnknown(
+            session_id=s.session_id,
+            call_id=task.call_id,
+            output=unknown_outcome_text(task.tool_name, why),
+            reason=f"called off while waiting for a person: {reason}",
+            at=env.now,
+        )
+    return _task_result_cancelled(s, env, task, reason)
+
+
 def _call_off(
     s: SessionState, env: Env, view: View, tasks: Sequence[Task], reason: str
 ) -> tuple[list[Record], list[Effect], bool]:
@@ -280,12 +392,12 @@ def _call_off(
             continue
         if task.phase == "executing":
             executing = True
-            tool = env.tools.get(task.tool_name)
+            tool = registered_for(env.tools, task)
             stoppable = tool is not None and tool.cancellable
             if stoppable and task.call_id in view.tools and task.call_id not in view.cancelling:
                 effects.append(CancelTool(task.call_id))
         else:
-            records.append(_task_result_cancelled(s, env, task, reason))
+            records.append(_called_off(s, env, task, reason))
             if task.call_id in view.waiting:
                 effects.append(StopBackOff(task.call_id))
     return records, effects, executing
@@ -313,10 +425,12 @@ def overlapping(step: Step, overlap: Overlap) -> tuple[Effect, ...]:
     None in a step that starts or resumes a run: the resume budget counts the runs that
     died, so a run's start must be durable before the work that may kill the process
     (a reply that crashes every process receiving it would otherwise start the run
-    again and again, each start lost with its process). What overlaps is a running
-    run's next turn: its model call beside the commit of the last turn's results.
+    again and again, each start lost with its process). Nor in a step that compacts the
+    context: the turn after a compaction reads its summary from the log. What overlaps
+    is a running run's next turn: its model call beside the commit of the last turn's
+    results.
     """
-    if any(isinstance(r, RunStarted) for r in step.records):
+    if any(isinstance(r, RunStarted | ContextCompacted) for r in step.records):
         return ()
     return tuple(e for e in step.effects if overlaps_commit(e, overlap))
 

@@ -3,8 +3,10 @@
 One object, ``Supervisor``, made of three jobs, each a module with its theory of
 operation: ``ownership`` (boot, leases, orphans, rebalancing, hand-overs), ``memory``
 (hibernate, freeze, evict, heap trims) and ``lifecycle`` (start, supervise, restart
-and park an actor; create, fork and delete sessions; ask, peek, drain), over the
-registries they share (``base``). This module is the face the runtime imports.
+and park an actor; create, fork and delete sessions; ask, peek, wait, drain), over the
+registries they share (``base``); and ``agents``, the sub-agents its actors run as
+child sessions (and the orphans a crash left), which it gives them in their context.
+This module is the face the runtime imports.
 """
 
 from __future__ import annotations

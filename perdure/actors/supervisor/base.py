@@ -10,7 +10,10 @@ operation:
 * ``memory`` — memory: let an idle actor hibernate, freeze a state that sleeps long,
   evict an idle session, give the heap's free pages back;
 * ``lifecycle`` — the lifecycle of an actor: start it (and its recovery), supervise
-  and restart it, park it; create, fork and delete sessions; ask, peek, drain.
+  and restart it, park it; create, fork and delete sessions; ask, peek, wait, drain;
+* ``agents`` — beside them, not a layer: the sub-agents the actors run as child
+  sessions (the supervisor gives its actors ``SubAgents.run``), and the orphans a
+  crash left.
 
 They share what is kept here: the running sessions' mailboxes, actors and cancel
 scopes, the start gates (``_starting``: one actor start, stop or lease move of a

@@ -26,9 +26,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+import attrs
 import trio
 
 from perdure import retention
+from perdure.actors.context import ActorContext
 from perdure.actors.decide import sessions
 from perdure.actors.decide.sessions import NewSession
 from perdure.actors.protocol import Forked, Submit
@@ -38,9 +40,11 @@ from perdure.actors.session import (
     Query,
     Reply,
     SessionActor,
+    WaitIdle,
     allowed_tools,
 )
 from perdure.actors.state import SessionState
+from perdure.actors.supervisor.agents import SubAgents
 from perdure.actors.supervisor.base import OUTAGE_BACKOFF, RESTART_BACKOFF, _refuse_queued
 from perdure.actors.supervisor.memory import dormant_state
 from perdure.actors.supervisor.ownership import Ownership, _Lost
@@ -64,6 +68,8 @@ from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import (
     Budget,
     Committed,
+    CompactionPolicy,
+    RunFinished,
     SessionParked,
 )
 
@@ -107,6 +113,12 @@ class _Unreachable:
 
 
 class Supervisor(Ownership):
+    def __init__(self, ctx: ActorContext, caller_trace: Callable[[], str] | None = None) -> None:
+        # The actors run sub-agents through this supervisor's job, which owns the
+        # sessions (the context the runtime built is not changed).
+        self.agents = SubAgents(self, caller_trace)
+        super().__init__(attrs.evolve(ctx, agents=self.agents.run))
+
     """Owns the session actors of this process (the jobs: ``base``'s docstring)."""
 
     async def mailbox(self, session_id: str, records: list[Committed] | None = None) -> Mailbox:
@@ -296,6 +308,7 @@ class Supervisor(Ownership):
         parent: str | None = None,
         tools: list[str] | None = None,
         task: Submit | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         """Record a new session; False if it already existed (creation is idempotent).
 
@@ -313,6 +326,7 @@ class Supervisor(Ownership):
             parent=parent,
             tools=tools,
             task=task,
+            compaction=compaction,
         )
         env = self.ctx.env(allowed_tools(self.ctx.tools, tools))
         async with self._create_lock:
@@ -332,7 +346,12 @@ class Supervisor(Ownership):
             return True
 
     async def fork_session(
-        self, source: str, session_id: str, at: int | str | None, request_id: str
+        self,
+        source: str,
+        session_id: str,
+        at: int | str | None,
+        request_id: str,
+        files: bool = False,
     ) -> Forked:
         """Record ``session_id`` as a fork of ``source`` at a settled point, in one commit.
 
@@ -354,6 +373,7 @@ class Supervisor(Ownership):
                 existing=existing,
                 history=history or [],
                 now=self.ctx.clock(),
+                files=files,
             )
             if decided.records:
                 await self._acquire(session_id)
@@ -411,6 +431,15 @@ class Supervisor(Ownership):
                 f"session {session_id} is no longer run by this node: {reason}"
             ) from None
         return await message.reply.wait()
+
+    async def wait_idle(self, session_id: str) -> RunFinished | None:
+        """Wait until no run is in progress and no input is queued; the last outcome."""
+        asleep = self.dormant.get(session_id)
+        if asleep is not None:  # hibernated, so idle: no actor is woken to say so
+            outcome = (await dormant_state(asleep)).last_outcome
+            await trio.lowlevel.checkpoint()
+            return outcome
+        return await self.ask(session_id, WaitIdle)
 
     async def peek(self, session_id: str, fn: Callable[[SessionState], T]) -> tuple[bool, T | None]:
         """``(True, fn(state))`` on the state in memory, if the session has one: the live

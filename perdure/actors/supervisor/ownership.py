@@ -1,10 +1,12 @@
 """The supervisor's boot and ownership job: start-up, leases, orphans, rebalancing.
 
 At start it reads the log's ``active`` index (sessions with unfinished work, not
-the whole history) and starts those sessions' actors concurrently, their records
-read first in a few batched worker-thread calls, with the cyclic garbage collector
-paused meanwhile; each rebuilds its state and re-issues its pending work before it
-reports started. Other sessions are started on first use (``lifecycle.mailbox``).
+the whole history), in recovery order (the session whose last record is oldest
+first), and starts those sessions' actors concurrently in that order, their records
+read in batched worker-thread calls, each batch's actors started as soon as it is
+read, with the cyclic garbage collector paused meanwhile; each rebuilds its state
+and re-issues its pending work before it reports started. Other sessions are
+started on first use (``lifecycle.mailbox``).
 
 Ownership of sessions goes through the log's lease hooks, so this code is the
 same for one owner (LMDB, where every lease is granted) and for many nodes
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -62,7 +65,17 @@ from perdure.storage.records import Committed
 log = logging.getLogger("perdure.supervisor")
 
 BOOT_READ_BATCH = 100  # sessions whose records one worker-thread call reads at start-up
+BOOT_FIRST_BATCH = 10  # the first such call: the first resumed sessions start sooner
 BOOT_READ_PARALLEL = 8  # such calls at once, for a multi-node (database) log
+
+
+def boot_batches(count: int) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` ranges of the batches start-up reads ``count`` sessions in: a
+    first one of ``BOOT_FIRST_BATCH``, then ``BOOT_READ_BATCH`` each."""
+    bounds = [0, min(count, BOOT_FIRST_BATCH)]
+    while bounds[-1] < count:
+        bounds.append(min(count, bounds[-1] + BOOT_READ_BATCH))
+    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 class _Lost:
@@ -101,43 +114,45 @@ class Ownership(Memory):
         """Start the actors of ``sessions`` concurrently.
 
         ``preload`` (start-up only, before the runtime answers any call, so nothing else
-        can write these sessions meanwhile): their records are read first, in batches of
-        ``BOOT_READ_BATCH`` sessions per worker-thread call, and handed to the actors,
-        instead of two thread round trips per session. Reading everything before any
-        actor starts keeps the first recovered sessions' next turns from slowing the
-        reads of the others. A session whose log cannot be reached now is retried in the
-        background, as when its actor cannot start; one whose read failed otherwise (a
-        damaged record) is left to its actor, which reads it and reports it as always.
+        can write these sessions meanwhile): their records are read in batches, one
+        worker-thread call per batch instead of two thread round trips per session, and
+        each batch's actors start as soon as it is read, in the order of ``sessions``
+        (the log's recovery order). The first batch is small, so that the first resumed
+        sessions' work starts within milliseconds however many others wait; the reads
+        of the later batches go on meanwhile. A session whose log cannot be reached now
+        is retried in the background, as when its actor cannot start; one whose read
+        failed otherwise (a damaged record) is left to its actor, which reads it and
+        reports it as always.
         """
         async with trio.open_nursery() as boot:
             if not preload:
                 for session_id in sessions:
                     boot.start_soon(self._boot_one, session_id)
                 return
-            read: dict[str, list[Committed] | Exception] = {}
 
             # One batch at a time from LMDB: its reads are CPU-bound, and threads decoding
             # side by side only take turns at the GIL (measured slower). A database
-            # backend's reads wait on the network: several batches at once.
+            # backend's reads wait on the network: several batches at once. trio's
+            # limiter is FIFO, so the batches are read in order.
             parallel = BOOT_READ_PARALLEL if self.journal.log.multi_node else 1
             limit = trio.CapacityLimiter(parallel)
 
-            async def read_batch(batch: list[str]) -> None:
+            async def read_and_start(batch: list[str]) -> None:
+                read: dict[str, list[Committed] | Exception] = {}
                 async with limit:
                     with contextlib.suppress(LogError):  # each actor then tries for itself
-                        read.update(await self.journal.read_sessions(batch))
+                        read = await self.journal.read_sessions(batch)
+                for session_id in batch:
+                    found = read.get(session_id)
+                    if isinstance(found, LogUnavailable | StorageFull):
+                        log.warning("session %s cannot start yet (%s); retrying", session_id, found)
+                        self._nursery_start(self._boot_when_reachable, session_id)
+                        continue
+                    records = found if isinstance(found, list) else None
+                    boot.start_soon(self._boot_one, session_id, records)
 
-            async with trio.open_nursery() as reads:
-                for lo in range(0, len(sessions), BOOT_READ_BATCH):
-                    reads.start_soon(read_batch, sessions[lo : lo + BOOT_READ_BATCH])
-            for session_id in sessions:
-                found = read.pop(session_id, None)
-                if isinstance(found, LogUnavailable | StorageFull):
-                    log.warning("session %s cannot start yet (%s); retrying", session_id, found)
-                    self._nursery_start(self._boot_when_reachable, session_id)
-                    continue
-                records = found if isinstance(found, list) else None
-                boot.start_soon(self._boot_one, session_id, records)
+            for lo, hi in boot_batches(len(sessions)):
+                boot.start_soon(read_and_start, sessions[lo:hi])
 
     async def _boot_when_reachable(self, session_id: str) -> None:
         """Start a session with unfinished work once the log can be read again."""

@@ -352,6 +352,8 @@ class Follower:
             self._answered(r, seq, out)
         elif isinstance(r, ToolAwaitingHuman):
             value = {"call_id": r.call_id, "attempt": r.attempt, "reason": r.reason}
+            if r.unknown_outcome:  # the person says whether it took effect
+                value["unknown_outcome"] = True
             out.append(Part("fact", seq, {"name": "needs_human", "value": value}))
         elif isinstance(r, ToolRetryPending | RetryPending):
             name = "tool_retry" if isinstance(r, ToolRetryPending) else "model_retry"

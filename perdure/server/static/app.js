@@ -1,6 +1,7 @@
 // perdure's web page: sessions, a live transcript per session (with the model's
 // reasoning as it streams, and tokens and cost per turn and per run), approvals,
-// calls that wait for a person (retry, skip or fail them), calls whose outcome is
+// calls that wait for a person (retry, skip or fail them; applied, not applied or failed
+// for one whose outcome is unknown), calls whose outcome is
 // unknown (look, or tell the agent), and the undo of completed calls whose tool has
 // one (offered where a cancel or a revision lists the call as compensable).
 // Plain JS, no build step. Auth rides on the HttpOnly cookie set by GET /?token=...,
@@ -254,7 +255,9 @@ function approvalButtons(callId) {
 }
 
 // The answer to a call that raised NeedsHuman: run it again, record a result, or fail it.
-function resolutionButtons(callId) {
+// For a call whose outcome is unknown the same three answers say what happened: not
+// applied (run it once more, same key), applied (with its result), or failed.
+function resolutionButtons(callId, unknownOutcome) {
   const card = view.calls.get(callId);
   if (!card || card.querySelector(".actions")) return;
   const actions = el("div", "actions");
@@ -275,7 +278,11 @@ function resolutionButtons(callId) {
       for (const b of actions.querySelectorAll("button")) b.disabled = false;
     }
   };
-  const buttons = [
+  const buttons = unknownOutcome ? [
+    ["skip", "Applied…", "It took effect. Its result, for the model (JSON or plain text):"],
+    ["retry", "Not applied: run once more", null],
+    ["fail", "Failed…", "What should the model be told? (optional)"],
+  ] : [
     ["retry", "Retry", null],
     ["skip", "Skip…", "The result to record for this call (JSON or plain text):"],
     ["fail", "Fail…", "What should the model be told? (optional)"],
@@ -369,8 +376,10 @@ function onRecord(type, r, seq) {
       break;
     }
     case "ToolAwaitingHuman":
-      setPhase(r.call_id, "awaiting_human", `needs a person: ${r.reason}`);
-      resolutionButtons(r.call_id);
+      setPhase(r.call_id, "awaiting_human", r.unknown_outcome
+        ? `a person must say whether it took effect: ${r.reason}`
+        : `needs a person: ${r.reason}`);
+      resolutionButtons(r.call_id, r.unknown_outcome === true);
       break;
     case "ResolutionDecided":
       if (r.action === "retry") {
@@ -434,6 +443,18 @@ function onRecord(type, r, seq) {
       note("revision", `request ${r.steered ? "steered by new input" : "revised"} (revision ${r.goal_rev}): ${r.text}`);
       compensateButtons(r.compensable);
       break;
+    case "WorkspaceCheckpointed": {
+      const card = view.calls.get(r.call_id);
+      if (card) workspaceActions(card, r);
+      break;
+    }
+    case "WorkspaceRestoreStarted":
+      note("event", `rewinding the workspace to record ${r.position}`);
+      break;
+    case "WorkspaceRestored":
+      note(r.error ? "event run-finished failed" : "event",
+        r.error ? `rewind refused, nothing restored: ${r.error}` : "workspace restored");
+      break;
     case "SessionForked":
       note("event", `forked from ${r.source} at record ${r.position} (${r.records} records copied)`);
       break;
@@ -482,6 +503,48 @@ function unknownOutcome(card, callId) {
   actions.append(tell);
   next.append(actions);
   card.append(next);
+}
+
+// A workspace call's checkpoint: which files it changed, its diff on request, and a
+// rewind of the files to just before it (refused by the runtime while a run is active).
+function workspaceActions(card, r) {
+  const old = card.querySelector(".workspace");
+  if (old) old.remove();
+  const box = el("div", "workspace");
+  box.append(el("div", "files", r.changed.length
+    ? `changed: ${r.changed.join(", ")}` : "changed no file"));
+  const actions = el("div", "actions");
+  const show = el("button", "diff", "Diff");
+  show.type = "button";
+  const patch = el("pre", "patch");
+  patch.hidden = true;
+  show.addEventListener("click", async () => {
+    if (!patch.hidden) { patch.hidden = true; return; }
+    try {
+      const d = await api("GET", `/v1/sessions/${encodeURIComponent(view.sid)}/diff?call_id=${encodeURIComponent(r.call_id)}`);
+      patch.textContent = d.calls.map((c) => c.patch || "(no change)").join("\n");
+      patch.hidden = false;
+    } catch (e) {
+      alert(e.message);
+    }
+  });
+  const rewind = el("button", "rewind", "Rewind files to before this call");
+  rewind.type = "button";
+  rewind.title = "Put the workspace's files back as they were before this call (the conversation stays)";
+  rewind.addEventListener("click", async () => {
+    if (!confirm("Put every tracked file of the workspace back as it was before this call?")) return;
+    rewind.disabled = true;
+    try {
+      await api("POST", `/v1/sessions/${encodeURIComponent(view.sid)}/rewind`,
+        { request_id: requestId(), to: r.call_id });
+    } catch (e) {
+      alert(e.message);
+    }
+    rewind.disabled = false;
+  });
+  actions.append(show, rewind);
+  box.append(actions, patch);
+  card.append(box);
 }
 
 // The undo of completed calls, offered only where it exists: a cancel or a revision
@@ -573,6 +636,25 @@ async function refreshSummary() {
     `cost: $${s.cost.usd.toFixed(4)}${unpriced}`);
   if (s.budget) spend.textContent += "; budget: " + describeBudget(s.budget);
   box.append(spend);
+  const context = s.context;
+  if (context && (context.compactions.length || context.compacting)) {
+    // What the model is sent: a summary in place of the older items (the log keeps all).
+    const line = el("div", "context");
+    const done = context.compactions;
+    let text = "";
+    if (done.length) {
+      const last = done[done.length - 1];
+      text = `context: ${done.length} compaction(s); the model is sent a summary of the ` +
+        `first ${context.summarised} of ${context.items} items ` +
+        `(last: ${last.tokens_before} -> ~${last.tokens_after} tokens)`;
+    }
+    if (context.compacting) {
+      text += (text ? "; " : "") + `compacting items ${context.compacting.items.join("-")}`;
+    }
+    if (context.abandoned) text += `; last compaction made nothing: ${context.abandoned}`;
+    line.textContent = text;
+    box.append(line);
+  }
   for (const u of s.unconfirmed) {
     box.append(el("div", "unconfirmed", `unconfirmed: ${u.tool} [${u.call_id}]: ${u.why}`));
   }
