@@ -327,6 +327,13 @@ class Runtime:
         the files are back; a checkpoint the store cannot prove whole is refused
         (``Refused("invalid_state")``) and no file is written.
         """
+        if isinstance(to, bool) or not isinstance(to, int | str):
+            raise ValueError(f"to must be a call id or a sequence number, not {to!r}")
+        if self._ctx.workspace is None:
+            raise perdure_errors.Refused(
+                "invalid_state",
+                "this runtime has no workspace (open_runtime(..., workspace=...)) to rewind",
+            )
         rid = request_id or _rid()
         history = await self._journal.read_session(session_id)
         if not history:

@@ -36,7 +36,14 @@ transient failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes
 once it is over, ``advancing._retry``), ``NeedsHuman`` becomes ``ToolAwaitingHuman``
 (``commands._resolve`` answers it), anything else a result for the model. A NEVER call
 is never retried by these rows: only a reconcile answering ``not_applied`` or a
-person's ``retry`` runs it again.
+person's ``retry`` runs it again. An outcome nobody can know (a NEVER call interrupted
+or timed out, a reconcile answering ``unknown``) is told to the model as UNKNOWN, or,
+when its tool declares ``unknown_outcome="ask_person"``, becomes a ``ToolAwaitingHuman``
+for a person to say what happened (``verbs._unknown_or_ask``).
+
+When a revision lands, ``advancing._apply_revision`` calls off what the old request
+left, runs the request's goal-dependent results again under the new revision
+(``_rerun_for_revision``), and only then starts the next turn.
 """
 
 from __future__ import annotations
