@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import perdure
+from perdure import timeline
 from perdure.actors.conversation import SUMMARY_SYSTEM
 from perdure.observability.metrics import RuntimeMetrics
 from perdure.providers.anthropic import AnthropicProvider
@@ -91,6 +92,11 @@ async def test_a_full_context_is_summarised_before_the_next_turn(
     assert span.parent is not None
     runs = [s for s in telemetry.finished() if s.name == "invoke_agent"]
     assert span.parent.span_id == runs[-1].context.span_id
+    lines = [
+        text for _, _, text in timeline.render(Committed(n, r) for n, r in enumerate(committed, 1))
+    ]
+    assert any("summarising items 0-1" in line for line in lines)
+    assert any("context compacted" in line and "first 1 items" in line for line in lines)
     metrics = RuntimeMetrics()
     metrics.on_commit([Committed(n, r) for n, r in enumerate(committed, 1)], 0.0)
     assert metrics.compactions.labels("compacted")._value.get() == 1
