@@ -12,6 +12,7 @@ types): a client that reads a field the document does not promise fails here.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import trio
@@ -49,14 +50,16 @@ def _calls() -> list[m.Call[Any]]:
         m.health(),
         m.stats(),
         m.whoami(),
-        m.sessions(),
+        m.sessions("s-1", 10, True),
         m.create_session(None, "be brief", if_busy="queue", tools=["lookup"]),
         m.state(SID),
         m.delete_session(SID),
-        m.transcript(SID),
+        m.transcript(SID, True),
         m.submit(SID, "hi", "r1", if_busy="steer", traceparent=tp),
         m.cancel(SID, "r1"),
-        m.fork(SID, 3, "copy", "r1"),
+        m.fork(SID, 3, "copy", "r1", True),
+        m.rewind(SID, CALL, "r1"),
+        m.workspace_diff(SID, CALL),
         m.approve(SID, CALL, True, "r1", "a note"),
         m.revise(SID, "again", "r1"),
         m.pause(SID, "r1"),
@@ -69,7 +72,7 @@ def _calls() -> list[m.Call[Any]]:
 
 
 def _path(call_path: str) -> str:
-    return call_path.replace("%7B", "{").replace("%7D", "}")
+    return call_path.split("?")[0].replace("%7B", "{").replace("%7D", "}")
 
 
 def _resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +120,14 @@ def test_every_client_call_is_an_operation_and_every_operation_has_a_call(
     covered.add(("GET", _path(m.Follower(SID, 0, True).path)))
     assert covered - documented == set(), "client calls the document does not have"
     assert documented - NOT_THE_CLIENTS - covered == set(), "operations without a client call"
+
+
+def test_every_query_parameter_the_client_sends_is_documented(document: dict[str, Any]) -> None:
+    for call in _calls():
+        sent = set(parse_qs(urlsplit(call.path).query))
+        params = _operation(document, call).get("parameters", [])
+        listed = {p["name"] for p in params if p.get("in") == "query"}
+        assert sent <= listed, f"{call.method} {call.path}: undocumented {sent - listed}"
 
 
 def test_request_bodies_match_the_document_both_ways(document: dict[str, Any]) -> None:

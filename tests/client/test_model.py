@@ -149,7 +149,9 @@ def test_every_v1_route_of_the_daemon_has_a_client_call() -> None:
         m.transcript(sid),
         m.submit(sid, "hi", None),
         m.cancel(sid, None),
-        m.fork(sid, None, None, None),
+        m.fork(sid, None, None, None, False),
+        m.rewind(sid, call, None),
+        m.workspace_diff(sid, None),
         m.approve(sid, call, True, None, ""),
         m.revise(sid, "x", None),
         m.pause(sid, None),
@@ -178,15 +180,17 @@ def test_new_commands_send_what_the_daemon_reads() -> None:
     assert sub.answer(202, json.dumps(answer).encode()) == perdure.Accepted(
         "sub", 7, False, "interrupted"
     )
-    fork = m.fork("src", 12, "dst", "rf")
+    fork = m.fork("src", 12, "dst", "rf", False)
     assert (fork.method, fork.path) == ("POST", "/v1/sessions/src/forks")
     assert fork.body == {"request_id": "rf", "at": 12, "session_id": "dst"}
+    with_files = m.fork("src", None, None, "rf", True)
+    assert with_files.body == {"request_id": "rf", "at": None, "files": True}
     got = fork.answer(
         201, b'{"session_id": "dst", "source": "src", "position": 12, "duplicate": false}'
     )
     assert got == perdure.Forked("dst", "src", 12, duplicate=False)
     with pytest.raises(ValueError, match="at must be"):
-        m.fork("src", True, None, None)
+        m.fork("src", True, None, None, False)
     created = m.create_session("s", None, "reject")
     assert created.body == {"session_id": "s", "if_busy": "reject"}
     token = m.mint_token("s", "write", 90)

@@ -288,7 +288,7 @@ def test_tools_are_imported_from_the_current_folder(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.split()[:2] == ["shout", "safe"]
+    assert proc.stdout.split()[:3] == ["shout", "1", "safe"]  # name, version, policy
 
 
 def test_the_benchmark_runner_refuses_a_missing_workdir(tmp_path: Path) -> None:
