@@ -6,11 +6,13 @@ that transaction (measured from a perdure log in the same run and passed in), in
 environment opened with the same flags perdure uses for ``durability="full"``
 (sync and metasync on, no writemap). Keys are 8-byte sequence numbers, as perdure's.
 
-    python bench/floor.py DIR TURNS '[[410, 230, 520], [300, 260]]' [layout]
+    python bench/floor.py DIR TURNS '[[410, 230, 520], [300, 260]]' [layout|plain] [THINK_MS]
 
 The headline floor writes only the values. ``layout`` adds the index entries that
 perdure's layout writes in the same transactions (see ``run``), to show how much of
-perdure's cost is LMDB work for its indexes rather than Python.
+perdure's cost is LMDB work for its indexes rather than Python. ``THINK_MS`` adds a
+model that takes that long: each turn sleeps that long after its first commit (the
+model's reply arrives between the turn's two commits, as in perdure's turn).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from bench.common import emit
 from bench.workload import median, quantile
 
 
-def run(directory: str, turns: int, commits: list[list[int]], layout: bool) -> dict[str, object]:
+def run(
+    directory: str, turns: int, commits: list[list[int]], layout: bool, think: float = 0.0
+) -> dict[str, object]:
     """``layout``: also write perdure's index entries, in perdure's named databases.
 
     That is, per record a ``by_session`` key (session id + seq, empty value), and per
@@ -57,9 +61,13 @@ def run(directory: str, turns: int, commits: list[list[int]], layout: bool) -> d
     seq = 0
     per_turn: list[float] = []
     per_commit: list[float] = []
+    # The model's think comes between the turn's two commits (before the only one).
+    think_before = 1 if len(values) > 1 else 0
     for _ in range(turns):
         start = time.perf_counter()
-        for batch in values:
+        for i, batch in enumerate(values):
+            if think and i == think_before:
+                time.sleep(think)  # the model thinks between the turn's commits
             t = time.perf_counter()
             with env.begin(write=True) as txn:
                 if layout:
@@ -84,9 +92,11 @@ def run(directory: str, turns: int, commits: list[list[int]], layout: bool) -> d
         "median_ms": median(per_turn) * 1e3,
         "p90_ms": quantile(per_turn, 0.9) * 1e3,
         "commit_median_ms": median(per_commit) * 1e3,
+        "think_ms": think * 1e3,
     }
 
 
 if __name__ == "__main__":
     layout = len(sys.argv) > 4 and sys.argv[4] == "layout"
-    emit(run(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), layout))
+    think = float(sys.argv[5]) / 1e3 if len(sys.argv) > 5 else 0.0
+    emit(run(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), layout, think))

@@ -1,6 +1,6 @@
 """perdure's benchmarks, one child process per measurement, through the public API.
 
-    python bench/perdure_bench.py turns LOG K
+    python bench/perdure_bench.py turns LOG K [LEVERS] [THINK_MS]
     python bench/perdure_bench.py census LOG
     python bench/perdure_bench.py breakdown LOG K
     python bench/perdure_bench.py concurrency LOG SESSIONS K [default|off|tuned]
@@ -16,6 +16,14 @@
 Each prints one JSON object on its last stdout line (``build-interrupted`` prints
 ``{"ready": true}`` once every session is blocked inside its tool, and waits to be
 SIGKILLed). Every runtime uses ``durability="full"``, the default.
+
+``LEVERS`` (``turns``) names which effects start while their commit is in flight
+(``perdure.actors.protocol.Overlap``): ``serial`` none (every effect after its commit),
+``serial-writer`` none, every commit on the writer thread (``commit_on_loop=False``),
+``model-loop`` the model call, its commit left where the Journal would put it,
+``model`` the model call with its commit on the writer thread (perdure's default),
+``safe`` a SAFE tool's attempt too, ``safe-only`` only a SAFE tool's attempt.
+``THINK_MS``: the model takes that long to answer (default: instant).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import perdure
 from bench import workload
 from bench.agent import BenchProvider, ToolControl, lookup, runtime_options
 from bench.common import current_rss_mib, emit, note, rss_split_kib
+from perdure.actors.protocol import Overlap
 from perdure.actors.supervisor import FREEZE_AFTER
 from perdure.providers.base import Emit, ModelReply, ModelRequest
 from perdure.storage.codec import encode
@@ -74,11 +83,46 @@ async def _run_sessions(rt: perdure.Runtime, sids: list[str], tag: str) -> None:
 # -- per-turn latency of one session ----------------------------------------------------
 
 
-async def turns(log: str, k: int) -> dict[str, Any]:
-    provider = BenchProvider(k)
+LEVERS: dict[str, tuple[Overlap, bool]] = {
+    "serial": (Overlap(model_calls=False), False),
+    "serial-writer": (Overlap(model_calls=False), False),
+    "model-loop": (Overlap(), False),
+    "model": (Overlap(), True),
+    "safe": (Overlap(safe_tools=True), True),
+    "safe-only": (Overlap(model_calls=False, safe_tools=True), True),
+}
+
+
+def _levers(rt: perdure.Runtime, levers: str) -> None:
+    """Set the runtime's overlap of effects and commits (``LEVERS``)."""
+    name, _, writer = levers.partition("+")
+    overlap, on_writer = LEVERS[name]
+    rt._ctx.overlap = overlap
+    rt._ctx.overlap_on_writer = on_writer
+    if name == "serial-writer" or writer == "writer":  # every commit on the writer thread
+        rt._journal.commit_on_loop = False
+
+
+class SlowProvider(BenchProvider):
+    """The workload's model, answering after ``think`` seconds every time."""
+
+    def __init__(self, k: int, think: float) -> None:
+        super().__init__(k)
+        self.think = think
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        reply = await super().complete(request, emit)  # notes the call's start
+        await trio.sleep(self.think)
+        return reply
+
+
+async def turns(log: str, k: int, levers: str = "model", think_ms: str = "0") -> dict[str, Any]:
+    think = float(think_ms) / 1e3
+    provider = SlowProvider(k, think) if think else BenchProvider(k)
     async with perdure.open_runtime(
         log, provider=provider, tools=[lookup], **runtime_options(k)
     ) as rt:
+        _levers(rt, levers)
         await _warm_up(rt, provider)
         sid = await rt.create_session("turns")
         before = attrs.evolve(rt.stats())  # a copy: the live object keeps counting
@@ -90,7 +134,9 @@ async def turns(log: str, k: int) -> dict[str, Any]:
     assert outcome.final_text == workload.FINAL_TEXT
     starts = provider.starts[sid]
     assert len(starts) == k + 1, len(starts)
-    result: dict[str, Any] = {"system": "perdure", "k": k, **workload.turn_stats(starts)}
+    result: dict[str, Any] = {"system": "perdure", "k": k, "levers": levers}
+    result["think_ms"] = think * 1e3
+    result |= workload.turn_stats(starts)
     # The whole run (submit, K turns, the answer): 2 commits per turn plus a constant.
     result["appends"] = after.appends - appends0
     result["transactions"] = after.transactions - txns0
@@ -328,9 +374,9 @@ async def breakdown(log: str, k: int) -> dict[str, Any]:
             commits.append(time.perf_counter() - t)
             return results
 
-        async def timed_append(records: Any, *, guard: Any = None) -> Any:
+        async def timed_append(records: Any, **options: Any) -> Any:
             t = time.perf_counter()
-            out = await real_append(records, guard=guard)
+            out = await real_append(records, **options)
             appends.append(time.perf_counter() - t)
             return out
 
@@ -853,9 +899,11 @@ def _run(fn: Callable[..., Any], *args: Any) -> Any:
 
 def main(argv: list[str]) -> None:
     cmd, log, *rest = argv
-    nums = [int(x) for x in rest] if cmd not in ("tracing", "concurrency", "memory") else []
+    nums = (
+        [int(x) for x in rest] if cmd not in ("tracing", "concurrency", "memory", "turns") else []
+    )
     if cmd == "turns":
-        emit(_run(turns, log, *nums))
+        emit(_run(turns, log, int(rest[0]), *rest[1:]))
     elif cmd == "breakdown":
         emit(_run(breakdown, log, *nums))
     elif cmd == "census":

@@ -3,6 +3,8 @@
     python bench/run.py            # the full suite (about 10-20 minutes)
     python bench/run.py --quick    # a tiny version for CI: checks the code, not the figures
     python bench/run.py --setup-peers   # create the peers' venv with the pinned versions
+    python bench/run.py --only per-turn [--quick] [--levers serial,model,...]
+                                   # one session's turn per set of levers, both floors
 
 Every measurement runs in its own child process on real files (LMDB for perdure and
 the floor, SQLite for the peers) in a scratch directory; per-turn measurements of the
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -39,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
-from bench.workload import median  # noqa: E402
+from bench.workload import median, quantile  # noqa: E402
 
 DEFAULT_PEERS = "/tmp/bench-peers/bin/python"
 
@@ -107,6 +110,7 @@ MEMORY_WAVES = 10  # bench/perdure_bench.py's MEMORY_WAVES
 
 TARGETS = {
     "floor": 1.5,  # perdure per turn <= 1.5 x the floor
+    "one_commit_floor": 1.2,  # perdure per turn <= 1.2 x a one-commit-per-turn floor
     "peer_turn": 4.0,  # perdure >= 4 x faster per turn than each peer (K small)
     "growth": 1.2,  # last 10 turns <= 1.2 x the first 10 (K large)
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
@@ -347,6 +351,57 @@ class Suite:
     def census(self) -> dict[str, Any]:
         return self.run("perdure_bench.py", "census", self.path("census"))
 
+    def floor_one(self, sizes: list[list[int]], think_ms: float = 0) -> dict[str, Any]:
+        """The floor with one synced commit per turn holding every value of perdure's
+        turn: what a turn costs if only one commit is on its critical path."""
+        one = json.dumps([[size for commit in sizes for size in commit]])
+        turns = self.cfg["floor_turns"]
+        return self.run("floor.py", self.path("floor1"), turns, one, "plain", think_ms)
+
+    def turns_with(self, levers: str, k: int, think_ms: float) -> dict[str, Any]:
+        return self.run("perdure_bench.py", "turns", self.path("turns"), k, levers, think_ms)
+
+    def levers(self, sizes: list[list[int]], names: list[str], think_ms: float) -> dict[str, Any]:
+        """Per turn (K small) with each set of levers (``perdure_bench.LEVERS``) beside
+        both floors, interleaved round by round in a rotating order; the model (and the
+        floors' turns) take ``think_ms`` to answer."""
+        k, rounds = self.cfg["k_small"], self.cfg["trials"]
+        sz, turns = json.dumps(sizes), self.cfg["floor_turns"]
+        if think_ms:  # a thinking model's turns are long: fewer of them
+            turns = max(20, min(turns, round(4000 / think_ms)))
+        trials: dict[str, list[dict[str, Any]]] = {}
+        parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            (
+                "floor",
+                lambda: self.run("floor.py", self.path("floor"), turns, sz, "plain", think_ms),
+            ),
+            (
+                "floor_one",
+                lambda: self.run(
+                    "floor.py",
+                    self.path("floor1"),
+                    turns,
+                    json.dumps([[size for commit in sizes for size in commit]]),
+                    "plain",
+                    think_ms,
+                ),
+            ),
+        ]
+        for name in names:
+            parts.append(
+                (
+                    f"perdure_{name}",
+                    # A fresh log per trial: the path is taken when the part runs.
+                    functools.partial(self.turns_with, name, k, think_ms),
+                )
+            )
+        for r in range(rounds):
+            log(f"levers round {r + 1}/{rounds} (K={k})")
+            shift = r % len(parts)
+            for name, part in parts[shift:] + parts[:shift]:
+                trials.setdefault(name, []).append(part())
+        return {name: summarize_trials(runs) for name, runs in trials.items()}
+
     def per_turn(self, sizes: list[list[int]]) -> dict[str, Any]:
         cfg = self.cfg
         k, kl = cfg["k_small"], cfg["k_large"]
@@ -359,6 +414,7 @@ class Suite:
             log(f"per-turn trial {t + 1}/{cfg['trials']} (K={k})")
             sz = json.dumps(sizes)
             add("floor", self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz))
+            add("floor_one", self.floor_one(sizes))
             add(
                 "floor_layout",
                 self.run("floor.py", self.path("floor"), cfg["floor_turns"], sz, "layout"),
@@ -805,8 +861,24 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
         p / floor,
         f"<= {TARGETS['floor']}",
         p / floor <= TARGETS["floor"],
-        f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}",
+        f"best trials: {p_best / pt['floor']['best_median_ms']:.2f}; "
+        + round_spread(pt[f"perdure_k{k}"], pt["floor"]),
     )
+    one = pt.get("floor_one")
+    if one is not None and "error" not in one:
+        rounds_one = [
+            q["median_ms"] / f["median_ms"]
+            for f, q in zip(one["trials"], pt[f"perdure_k{k}"]["trials"], strict=True)
+            if "error" not in f and "error" not in q
+        ]
+        row(
+            f"perdure per turn / one-commit floor (K={k}; floor.py with every value of a "
+            "turn in one synced commit)",
+            p / one["median_ms"],
+            f"<= {TARGETS['one_commit_floor']}",
+            p / one["median_ms"] <= TARGETS["one_commit_floor"],
+            f"median of the rounds' ratios {median(rounds_one):.2f}",
+        )
     skeleton = pt.get(f"skeleton_k{k}")
     if skeleton is not None and "error" not in skeleton:
         # The trials ran side by side (floor, perdure, skeleton in each round): the
@@ -851,7 +923,8 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
             v,
             f">= {TARGETS['peer_turn']}",
             v >= TARGETS["peer_turn"],
-            f"best trials: {r['best_median_ms'] / p_best:.2f}",
+            f"best trials: {r['best_median_ms'] / p_best:.2f}; "
+            + round_spread(r, pt[f"perdure_k{k}"]),
         )
     for peer in ("langgraph", "dbos"):
         r = pt.get(f"{peer}_k{kl}")
@@ -1136,7 +1209,8 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
         "| commits/turn | CPU pressure |"
     )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    order = [("floor", "floor (raw LMDB)", "-"), ("floor_layout", "floor + perdure's indexes", "-")]
+    order = [("floor", "floor (raw LMDB)", "-"), ("floor_one", "floor, one commit per turn", "-")]
+    order += [("floor_layout", "floor + perdure's indexes", "-")]
     order += [(f"perdure_k{k}", "perdure", k)]
     order += [(f"skeleton_k{k}", "actor skeleton: perdure's shape, none of its logic", k)]
     order += [(f"langgraph_k{k}", "LangGraph", k)]
@@ -1150,7 +1224,7 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {name} | {kk} | 0 | error | | | | | | |")
             continue
-        commits = "2" if key.startswith("floor") else "-"
+        commits = ("1" if key == "floor_one" else "2") if key.startswith("floor") else "-"
         if key.startswith(("perdure", "skeleton")):
             commits = _fmt(r["trials"][0].get("commits_per_turn"))
         pressures = [p for p in r.get("cpu_pressure", []) if p is not None]
@@ -1340,10 +1414,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory")
     parser.add_argument(
         "--only",
-        choices=["sse", "scale"],
+        choices=["sse", "scale", "per-turn"],
         help="only this part: sse writes <out>/sse.json (sse-quick.json), scale (100,000 "
         "sessions, bench/bench_scale.py) <out>/scale.json (scale-quick.json); each prints "
-        "its table",
+        "its table; per-turn measures one session's turn with each set of --levers beside "
+        "the two-commit and the one-commit floor (<out>/per-turn.json, per-turn-quick.json)",
+    )
+    parser.add_argument(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="with --only per-turn: the model (and the floors' turns) take this long to "
+        "answer; the table then also shows what durability adds to such a turn",
+    )
+    parser.add_argument(
+        "--levers",
+        default="serial,model-loop,model,safe",
+        help="with --only per-turn: comma-separated sets of levers (bench/perdure_bench.py "
+        "LEVERS; 'model' is perdure's default)",
     )
     args = parser.parse_args(argv)
     if args.workdir is not None and not args.workdir.is_dir():
@@ -1360,6 +1448,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = QUICK if args.quick else FULL
     if args.only == "sse":
         return only_sse(cfg, mode, args.out, args.workdir)
+    if args.only == "per-turn":
+        levers = [name.strip() for name in args.levers.split(",") if name.strip()]
+        return only_per_turn(cfg, mode, args.out, args.workdir, levers, args.think_ms)
     if args.only == "scale":
         return only_scale(mode, args.out, args.workdir)
     peers, why = (None, "--no-peers") if args.no_peers else peers_status(args.peers_python)
@@ -1444,6 +1535,59 @@ def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) ->
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0
+
+
+def only_per_turn(
+    cfg: dict[str, Any],
+    mode: str,
+    out: Path,
+    workdir: Path | None,
+    levers: list[str],
+    think_ms: float = 0.0,
+) -> int:
+    """One session's turn with each set of levers beside both floors, interleaved."""
+    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
+    started = time.perf_counter()
+    try:
+        suite = Suite(cfg, scratch, None)
+        results: dict[str, Any] = {
+            "mode": mode,
+            "part": "per-turn",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": {k: cfg[k] for k in ("trials", "floor_turns", "k_small")}
+            | {"think_ms": think_ms},
+            "versions": perdure_versions(),
+            "census": suite.census(),
+        }
+        results["levers"] = suite.levers(results["census"]["value_sizes"], levers, think_ms)
+        results["machine"]["loadavg_end"] = os.getloadavg()
+        results["elapsed_s"] = time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    text = levers_table(results)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "per-turn.json" if mode == "full" else "per-turn-quick.json"
+    if think_ms:
+        name = name.replace(".json", f"-think{think_ms:g}.json")
+
+
+def round_spread(top: dict[str, Any], bottom: dict[str, Any]) -> str:
+    """The spread of a ratio over the interleaved rounds (each round ran both sides in
+    the same minutes): min, quartiles and max of the rounds' own ratios."""
+    pairs = [
+        a["median_ms"] / b["median_ms"]
+        for a, b in zip(top.get("trials", []), bottom.get("trials", []), strict=False)
+        if "error" not in a and "error" not in b and b.get("median_ms")
+    ]
+    if not pairs:
+        return "no interleaved rounds"
+    q1, q3 = quantile(pairs, 0.25), quantile(pairs, 0.75)
+    return (
+        f"{len(pairs)} interleaved rounds' ratios {min(pairs):.2f} / {q1:.2f} / "
+        f"{median(pairs):.2f} / {q3:.2f} / {max(pairs):.2f} (min, quartiles, max)"
+    )
 
 
 def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1546,6 +1690,80 @@ def only_scale(mode: str, out: Path, workdir: Path | None) -> int:
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0
+
+
+def levers_table(results: dict[str, Any]) -> str:
+    """Each set of levers against both floors: the median of the rounds' own ratios
+    (each round ran every part once, so a slow minute of the VM hits them alike)."""
+    m, lv = results["machine"], results["levers"]
+    k, think = results["config"]["k_small"], results["config"].get("think_ms", 0.0)
+    lines = [
+        f"perdure per turn (K={k}, the model answers in {think:g} ms), {results['mode']} run, "
+        f"{results['date']}, {m['cpu']} x{m['cpus']}, load avg at start "
+        f"{_fmt(m['loadavg_start'][0])}, at end {_fmt(m['loadavg_end'][0])}",
+        "",
+        "| levers | median ms/turn | durability's share (ms/turn - think) | "
+        "/ two-commit floor | / one-commit floor | rounds |",
+        "|---|---|---|---|---|---|",
+    ]
+    floors = {name: lv[name] for name in ("floor", "floor_one")}
+    for name in ("floor", "floor_one"):
+        r = floors[name]
+        label = "two-commit floor" if name == "floor" else "one-commit floor"
+        share = _fmt(r["median_ms"] - think) if "median_ms" in r else "-"
+        lines.append(
+            f"| {label} | {_fmt(r.get('median_ms'))} | {share} | | | {r.get('trials_ok', 0)} |"
+        )
+    for name, r in lv.items():
+        if not name.startswith("perdure_") or "error" in r:
+            continue
+        ratios_by_floor = []
+        for floor in floors.values():
+            rounds = [
+                q["median_ms"] / f["median_ms"]
+                for f, q in zip(floor["trials"], r["trials"], strict=True)
+                if "error" not in f and "error" not in q
+            ]
+            ratios_by_floor.append(_fmt(median(rounds)) if rounds else "-")
+        lines.append(
+            f"| {name.removeprefix('perdure_')} | {_fmt(r['median_ms'])} | "
+            f"{_fmt(r['median_ms'] - think)} | "
+            f"{ratios_by_floor[0]} | {ratios_by_floor[1]} | {r['trials_ok']} |"
+        )
+    default = lv.get("perdure_model")
+    if default is not None and "error" not in default:
+
+        def over(floor: str, minus: float) -> float:
+            return median(
+                [
+                    (q["median_ms"] - minus) / (f["median_ms"] - minus)
+                    for f, q in zip(lv[floor]["trials"], default["trials"], strict=True)
+                    if "error" not in f and "error" not in q
+                ]
+            )
+
+        lines.append("")
+        if think:
+            # With a thinking model the targets' ratios say little (the think dominates
+            # both sides): what durability adds to a turn is the figure to compare.
+            lines.append(
+                "durability's share of a turn, perdure (default levers) / one-commit floor: "
+                f"{_fmt(over('floor_one', think))}; / two-commit floor: "
+                f"{_fmt(over('floor', think))} (medians of the rounds' ratios; the targets "
+                "are read with an instant model, without --think-ms)"
+            )
+        else:
+            for ratio, floor, target in (
+                ("one-commit floor", "floor_one", TARGETS["one_commit_floor"]),
+                ("two-commit floor", "floor", TARGETS["floor"]),
+            ):
+                value = over(floor, 0.0)
+                met = "yes" if value <= target else "**no**"
+                lines.append(
+                    f"perdure (default levers) per turn / {ratio}: {_fmt(value)} (median of "
+                    f"the rounds' ratios), target <= {target}, met: {met}"
+                )
+    return "\n".join(lines) + "\n"
 
 
 def peer_versions(results: dict[str, Any]) -> dict[str, str]:

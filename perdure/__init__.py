@@ -9,7 +9,7 @@ work that was pending.
 from perdure._runtime import Runtime, StreamStats, open_runtime
 from perdure.actors.protocol import Accepted, Done, Forked
 from perdure.agents import agent_tool
-from perdure.budget import Budget, Price
+from perdure.budget import Budget, CompactionPolicy, Price
 from perdure.collector import tune_gc
 from perdure.errors import (
     NotOwnerRefused,
@@ -63,6 +63,7 @@ __all__ = [
     "Accepted",
     "Budget",
     "CommitUnknown",
+    "CompactionPolicy",
     "CorruptRecord",
     "Done",
     "Event",

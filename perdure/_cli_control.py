@@ -1,5 +1,5 @@
 """Commands for a person: ``perdure cancel | approve | deny | resolve | pause | resume |
-revise SESSION …``, the API's changes of course from a shell.
+revise | compact-context SESSION …``, the API's changes of course from a shell.
 
 Where a command goes:
 
@@ -20,7 +20,8 @@ command twice by accident records it once, while the same command later, about
 something new, is a new request: ``cancel`` — the current run; ``approve`` and
 ``deny`` — the call; ``resolve`` — the call, its attempt, and the answer;
 ``revise`` — the current run and the text; ``pause`` and ``resume`` — the
-session's last record (a second pause of a paused session records nothing anyway).
+session's last record (a second pause of a paused session records nothing anyway);
+``compact-context`` — likewise the session's last record.
 
 Exit statuses, within the command line's (``perdure._cli_errors``): 0 done (or
 nothing to do: already done by this request, already paused, no run to cancel); 1
@@ -47,7 +48,9 @@ import click
 from attrs import frozen
 
 Resolution = Literal["retry", "skip", "fail"]
-Kind = Literal["cancel", "approve", "deny", "resolve", "pause", "resume", "revise"]
+Kind = Literal[
+    "cancel", "approve", "deny", "resolve", "pause", "resume", "revise", "compact-context"
+]
 
 EXIT_REFUSED: Final = 1  # also: nobody to deliver it to (as a log owned by a live process)
 EXIT_USAGE: Final = 2
@@ -124,6 +127,7 @@ def describe(order: Order, out: Outcome) -> str:
             else f"run {out.ref} is already being cancelled",
             "pause": "already paused",
             "resume": "not paused, nothing to resume",
+            "compact-context": f"context compaction {out.ref} is already in progress",
         }.get(order.kind, "nothing to record")
         return f"session {sid}: {nothing} ({out.via})"
     done = {
@@ -134,6 +138,7 @@ def describe(order: Order, out: Outcome) -> str:
         "pause": "paused (nothing new is dispatched; running tools finish)",
         "resume": "resumed",
         "revise": f"request revised (revision {out.ref})",
+        "compact-context": f"context compaction {out.ref} started (the summary follows)",
     }[order.kind]
     later = (
         "; nothing runs now: the next process to open the log carries it out" if out.direct else ""
@@ -254,6 +259,8 @@ def _send(order: Order, url: str, client: Any) -> Outcome:
             done = client.pause(sid, request_id=rid)
         elif order.kind == "resume":
             done = client.resume(sid, request_id=rid)
+        elif order.kind == "compact-context":
+            done = client.compact_context(sid, request_id=rid)
         else:
             done = client.revise(sid, order.text, request_id=rid)
     return Outcome(done.ref, done.seq, done.duplicate, rid, f"the daemon at {url}", False)
@@ -306,6 +313,8 @@ async def _apply(order: Order, log_dir: str, tools: list[Any]) -> Outcome:
             command = protocol.Pause(rid)
         elif order.kind == "resume":
             command = protocol.Resume(rid)
+        elif order.kind == "compact-context":
+            command = protocol.CompactContext(rid)
         else:
             command = protocol.Revise(rid, order.text)
         done = await log.apply(state, command)
@@ -553,7 +562,20 @@ def revise(
     _run(order, log_dir, url, token_file, tool_specs)
 
 
-COMMANDS: Final = (cancel, approve, deny, resolve, pause, resume, revise)
+@click.command("compact-context", epilog=_EPILOG)
+@click.argument("session")
+@_common
+def compact_context(
+    session: str, log_dir: str, url: str | None, token_file: Path | None, request_id: str | None
+) -> None:
+    """Summarise SESSION's conversation now: the model is sent the summary in place of
+    its older turns (the log keeps every record). Not ``perdure compact``, which
+    compacts the log file."""
+    order = Order(kind="compact-context", session_id=session, request_id=request_id)
+    _run(order, log_dir, url, token_file)
+
+
+COMMANDS: Final = (cancel, approve, deny, resolve, pause, resume, revise, compact_context)
 
 
 def register(group: click.Group) -> None:

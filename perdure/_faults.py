@@ -14,6 +14,13 @@ Set ``PERDURE_FAULT`` to a comma-separated list of ``point[:tool_name][@n]``:
 ``workspace.restored``  a rewind put the files back; that is not yet recorded
 ``tool.after``   the tool returned; its result is not yet committed
 ``model.after``  the model's reply was received; it is not yet committed
+``model.early``  the model's reply was received while the commit that started its
+                 call (the turn's tool results, ``GenerationStarted``) was still in
+                 flight; with ``PERDURE_SLOW_COMMIT_MS`` that window is wide open
+``summary.before``   a context compaction's start is durable; its summary call is not
+                     yet made
+``compaction.after`` a context compaction's summary is durable; the next turn's model
+                     call is not yet made
 
 ``n`` counts the hits of that point (and tool name, if given) in this process,
 starting at 1 (default 1). Examples: ``commit@7``, ``tool.after:append_note``,
@@ -39,10 +46,13 @@ POINTS: Final = frozenset(
         "tool.before",
         "tool.after",
         "model.after",
+        "model.early",
         "workspace.before",
         "workspace.after",
         "workspace.restore",
         "workspace.restored",
+        "summary.before",
+        "compaction.after",
     }
 )
 

@@ -48,7 +48,7 @@ from perdure.actors.session import CommandMsg, Query, check_grant
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.answers import CallDiff, Rewound
-from perdure.budget import Price
+from perdure.budget import CompactionPolicy, Price, check_compaction
 from perdure.errors import UnknownSession, find_exception
 from perdure.observability.hooks import (
     BackgroundObserver,
@@ -225,6 +225,7 @@ class Runtime:
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> str:
         """Create a session (idempotent for an explicit ``session_id``); return its id.
 
@@ -235,10 +236,14 @@ class Runtime:
         without running. The grant is recorded with the session, so it holds after a
         restart, in its forks and (at most) in its sub-agents. A name the runtime does
         not register raises ``ValueError``. Raises ``Refused("conflict")`` if the
-        session exists with another system prompt or another grant.
+        session exists with another system prompt or another grant. ``compaction``
+        replaces the runtime's context compaction policy for this session (recorded
+        with it; docs/COMPACTION.md).
         """
         sid = session_id or "s-" + uuid.uuid4().hex[:16]
-        await self.ensure_session(sid, system=system, budget=budget, if_busy=if_busy, tools=tools)
+        await self.ensure_session(
+            sid, system=system, budget=budget, if_busy=if_busy, tools=tools, compaction=compaction
+        )
         return sid
 
     async def ensure_session(
@@ -249,11 +254,15 @@ class Runtime:
         budget: Budget | None = None,
         if_busy: protocol.IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         """Like ``create_session`` for an explicit id; True if this call created it."""
         policy = protocol.check_if_busy(if_busy)
         grant = check_grant(tools, self._ctx.tools)
-        return await self._sup.create_session(session_id, system, budget, policy, tools=grant)
+        own = check_compaction(compaction) if compaction is not None else None
+        return await self._sup.create_session(
+            session_id, system, budget, policy, tools=grant, compaction=own
+        )
 
     async def fork(
         self,
@@ -318,6 +327,13 @@ class Runtime:
         the files are back; a checkpoint the store cannot prove whole is refused
         (``Refused("invalid_state")``) and no file is written.
         """
+        if isinstance(to, bool) or not isinstance(to, int | str):
+            raise ValueError(f"to must be a call id or a sequence number, not {to!r}")
+        if self._ctx.workspace is None:
+            raise perdure_errors.Refused(
+                "invalid_state",
+                "this runtime has no workspace (open_runtime(..., workspace=...)) to rewind",
+            )
         rid = request_id or _rid()
         history = await self._journal.read_session(session_id)
         if not history:
@@ -514,6 +530,20 @@ class Runtime:
             await self.pause(child, request_id=f"{rid}/{child}")
         return done
 
+    async def compact_context(
+        self, session_id: str, *, request_id: str | None = None
+    ) -> protocol.Done:
+        """Summarise the session's conversation now, without waiting for its context to
+        fill (the policy's ``keep_recent`` items stay verbatim). Returns once the
+        compaction is recorded, with its id as ``ref``; the summary is made by a model
+        call after that (``wait_idle`` waits for it). The log keeps every record: this
+        changes only what the model is sent. ``Refused("invalid_state")`` if there is
+        nothing to summarise. Not to be confused with ``perdure compact``, which
+        compacts the log file.
+        """
+        command = protocol.CompactContext(request_id or _rid())
+        return await self._done(session_id, command)
+
     async def resume(self, session_id: str, *, request_id: str | None = None) -> protocol.Done:
         """Dispatch again after ``pause``; the running sub-agents resume too."""
         rid = request_id or _rid()
@@ -647,11 +677,14 @@ class Runtime:
             raise UnknownSession(session_id)
         return SessionState.fold(session_id, await self._journal.read_session(session_id))
 
-    async def transcript(self, session_id: str) -> list[Message]:
-        """The conversation as the model sees it (unfinished tool calls shown by phase)."""
+    async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
+        """The conversation as the model sees it (unfinished tool calls shown by phase):
+        after a context compaction, its summary in place of what it covers. With
+        ``history``, every message of the session instead, as if nothing was compacted
+        (the log keeps them all)."""
         return await self.state(
             session_id,
-            lambda state: list(conversation.messages(state, include_pending=True)),
+            lambda state: list(conversation.messages(state, include_pending=True, history=history)),
             wake=False,
         )
 
@@ -878,6 +911,9 @@ async def open_runtime(
     rebalance: bool = True,
     budget: Budget | None = None,
     prices: Mapping[str, Price] | None = None,
+    compaction: CompactionPolicy | None = None,
+    context_windows: Mapping[str, int] | None = None,
+    compaction_provider: Provider | None = None,
     mcp_servers: Sequence[McpServer] = (),
     telemetry: CommitObserver | Iterable[CommitObserver] | Literal["auto"] | None = "auto",
     commit_on_loop: bool | None = None,
@@ -908,7 +944,12 @@ async def open_runtime(
     ``budget`` limits what every
     session's runs may spend (tokens, cost; ``perdure.Budget``), checked before each
     model call from the usage in the log; ``prices`` (per model, ``perdure.Price``)
-    replaces the built-in price table used for cost. ``mcp_servers``
+    replaces the built-in price table used for cost. ``compaction``
+    (``perdure.CompactionPolicy``) says when a session's context is summarised: once
+    the input tokens the last reply reported reach its share of the model's context
+    window (``context_windows`` replaces the built-in table of windows by model), and
+    how many recent items stay verbatim; ``compaction_provider`` makes the summaries
+    (default: ``provider``); docs/COMPACTION.md. ``mcp_servers``
     (``perdure.tools.mcp.McpServer``, the ``mcp`` extra) are connected and listed before
     recovery runs; their tools join ``tools`` as ``<server>__<tool>``, and the
     connections are closed when the runtime exits. ``telemetry`` observes every
@@ -935,6 +976,8 @@ async def open_runtime(
             forget_settled=durability == "full",
             budget=budget,
             prices=prices,
+            compaction=compaction if compaction is not None else CompactionPolicy(),
+            context_windows=context_windows,
         ),
         shutdown_grace=shutdown_grace,
         stuck_after=stuck_after,
@@ -978,6 +1021,7 @@ async def open_runtime(
                 clock=clock,
                 rng=random.Random(seed),
                 settings=settings,
+                compaction_provider=compaction_provider,
                 observers=observers,
             )
             caller_trace = _caller_trace(observers)

@@ -16,6 +16,10 @@ uses a ``Price`` per million tokens for the model that answered; a model with no
 cannot be held to a cost budget, so a run with a cost limit stops rather than spend
 without counting (add the model to the table). ``DEFAULT_PRICES`` are list prices at the
 time of writing, for convenience only: pass your own table to be exact.
+
+Beside the prices, ``DEFAULT_CONTEXT_WINDOWS`` gives each model's context window in
+tokens, which context compaction measures the last request against (``window_of``;
+``open_runtime(context_windows=...)`` or a ``CompactionPolicy(window=...)`` overrides it).
 """
 
 from __future__ import annotations
@@ -24,17 +28,21 @@ from collections.abc import Mapping
 
 from attrs import frozen
 
-from perdure.storage.records import Budget, Usage
+from perdure.storage.records import Budget, CompactionPolicy, Usage
 
 __all__ = [
+    "DEFAULT_CONTEXT_WINDOWS",
     "DEFAULT_PRICES",
     "Budget",
+    "CompactionPolicy",
     "Price",
+    "check_compaction",
     "over_budget",
     "price_of",
     "spent_cost",
     "spent_tokens",
     "tokens",
+    "window_of",
 ]
 
 
@@ -77,12 +85,56 @@ DEFAULT_PRICES: Mapping[str, Price] = {
 }
 
 
+# Context windows (input tokens) of the same models, matched the same way.
+DEFAULT_CONTEXT_WINDOWS: Mapping[str, int] = {
+    "claude-opus-4": 200_000,
+    "claude-opus-4-5": 200_000,
+    "claude-sonnet-4": 200_000,
+    "claude-3-7-sonnet": 200_000,
+    "claude-3-5-sonnet": 200_000,
+    "claude-haiku-4-5": 200_000,
+    "claude-3-5-haiku": 200_000,
+    "gpt-4o": 128_000,
+    "gpt-4o-mini": 128_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4.1-nano": 1_047_576,
+    "o3": 200_000,
+    "o4-mini": 200_000,
+}
+
+
+def check_compaction(policy: CompactionPolicy) -> CompactionPolicy:
+    """``policy`` if it makes sense, else a ``ValueError`` naming what does not."""
+    if not 0.0 < policy.threshold <= 1.0:
+        raise ValueError(
+            f"compaction threshold must be a share of the window in (0, 1], not "
+            f"{policy.threshold!r}"
+        )
+    if policy.keep_recent < 0:
+        raise ValueError(f"compaction keep_recent must be 0 or more, not {policy.keep_recent}")
+    if policy.window is not None and policy.window <= 0:
+        raise ValueError(f"compaction window must be a positive token count, not {policy.window}")
+    return policy
+
+
+def _longest_entry(model: str, table: Mapping[str, object]) -> str | None:
+    if model in table:
+        return model
+    return max((name for name in table if model.startswith(name)), key=len, default=None)
+
+
+def window_of(model: str, windows: Mapping[str, int]) -> int | None:
+    """The context window of ``model``: an exact entry, else the longest entry it starts
+    with; None when the table does not know it (no automatic compaction then)."""
+    name = _longest_entry(model, windows)
+    return windows[name] if name is not None else None
+
+
 def price_of(model: str, prices: Mapping[str, Price]) -> Price | None:
     """The price of ``model``: an exact entry, else the longest entry it starts with."""
-    if model in prices:
-        return prices[model]
-    best = max((name for name in prices if model.startswith(name)), key=len, default=None)
-    return prices[best] if best is not None else None
+    name = _longest_entry(model, prices)
+    return prices[name] if name is not None else None
 
 
 def tokens(usage: Usage) -> int:

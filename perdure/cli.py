@@ -286,6 +286,32 @@ def demo(keep: bool) -> None:
     help="Seconds without a committed record after which a session with unfinished "
     "work is reported stuck (the perdure_stuck_runs metric, the page's mark).",
 )
+@click.option(
+    "--context-window",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="TOKENS",
+    help="Context compaction: the model's context window (default: the built-in table "
+    "by model; a model it does not know is not compacted automatically).",
+)
+@click.option(
+    "--compact-at",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=0.8,
+    show_default=True,
+    metavar="SHARE",
+    help="Summarise a session's older turns once the last request filled this share of "
+    "the context window (docs/COMPACTION.md).",
+)
+@click.option(
+    "--keep-recent",
+    type=click.IntRange(min=0),
+    default=6,
+    show_default=True,
+    metavar="ITEMS",
+    help="Conversation items (inputs, model turns with their tool results) a compaction "
+    "keeps verbatim.",
+)
 @mcp_config_option
 @click.option(
     "--metrics-port",
@@ -318,6 +344,9 @@ def serve(
     idle_timeout: float,
     hibernate_after: float,
     stuck_after: float,
+    context_window: int | None,
+    compact_at: float,
+    keep_recent: int,
     mcp_config: Path | None,
     metrics_port: int | None,
     log_format: str,
@@ -335,6 +364,7 @@ def serve(
         use_json_logs()
 
     from perdure._setup import SetupError
+    from perdure.budget import CompactionPolicy
     from perdure.server.daemon import ServeOptions, check_port, resolve_token
     from perdure.server.daemon import serve as serve_daemon
     from perdure.server.tokens import resolve_token_key
@@ -389,6 +419,9 @@ def serve(
         idle_timeout=idle_timeout or None,
         hibernate_after=hibernate_after,
         stuck_after=stuck_after,
+        compaction=CompactionPolicy(
+            threshold=compact_at, keep_recent=keep_recent, window=context_window
+        ),
         mcp_servers=servers,
         metrics_port=metrics_port,
     )

@@ -58,7 +58,13 @@ from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
-from perdure.storage.records import Budget, Committed, ResolutionAction, RunFinished
+from perdure.storage.records import (
+    Budget,
+    Committed,
+    CompactionPolicy,
+    ResolutionAction,
+    RunFinished,
+)
 from perdure.view import SessionView
 
 if TYPE_CHECKING:
@@ -375,10 +381,19 @@ class AsyncioRuntime:
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> str:
         create = self.trio_runtime.create_session
         return await self.run(
-            partial(create, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
+            partial(
+                create,
+                session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                tools=tools,
+                compaction=compaction,
+            )
         )
 
     async def ensure_session(
@@ -389,10 +404,19 @@ class AsyncioRuntime:
         budget: Budget | None = None,
         if_busy: IfBusy | None = None,
         tools: Iterable[str] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         ensure = self.trio_runtime.ensure_session
         return await self.run(
-            partial(ensure, session_id, system=system, budget=budget, if_busy=if_busy, tools=tools)
+            partial(
+                ensure,
+                session_id,
+                system=system,
+                budget=budget,
+                if_busy=if_busy,
+                tools=tools,
+                compaction=compaction,
+            )
         )
 
     async def fork(
@@ -570,8 +594,13 @@ class AsyncioRuntime:
     async def load_state(self, session_id: str) -> SessionState:
         return await self.run(self.trio_runtime.load_state, session_id)
 
-    async def transcript(self, session_id: str) -> list[Message]:
-        return await self.run(self.trio_runtime.transcript, session_id)
+    async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
+        return await self.run(partial(self.trio_runtime.transcript, session_id, history=history))
+
+    async def compact_context(self, session_id: str, *, request_id: str | None = None) -> Done:
+        return await self.run(
+            partial(self.trio_runtime.compact_context, session_id, request_id=request_id)
+        )
 
     def events(
         self, session_id: str, *, after: int = 0, live: bool = True, restarts: bool = False

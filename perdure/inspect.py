@@ -332,7 +332,72 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
         "usage": _usage(s.usage),
         "cost": _cost(s.spend, prices),
         "budget": None if s.budget is None else attrs.asdict(s.budget),
+        "context": _context(s),
     }
+
+
+def _context(s: SessionState) -> dict[str, Any]:
+    """Context compaction: what the model is sent in place of the older items."""
+    pending = s.compacting
+    return {
+        "items": len(s.conversation),
+        "summarised": s.compacted_end,
+        "last_input_tokens": s.last_input_tokens,
+        "compactions": [
+            {
+                "compaction_id": c.compaction_id,
+                "items": [c.start, c.end],
+                "tokens_before": c.tokens_before,
+                "tokens_after": c.tokens_after,
+                "model": c.model,
+                "usage": _usage(c.usage),
+                "at": c.at,
+            }
+            for c in s.compactions
+        ],
+        "compacting": None
+        if pending is None
+        else {
+            "compaction_id": pending.started.compaction_id,
+            "items": [pending.started.start, pending.started.end],
+            "attempt": pending.attempt,
+            "not_before": pending.not_before,
+            "last_error": pending.last_error or None,
+        },
+        "abandoned": s.abandoned.reason if s.abandoned is not None else None,
+    }
+
+
+def _context_lines(context: Any) -> list[tuple[str, str]]:
+    """What ``perdure show`` says of context compaction (nothing before the first)."""
+    if not context or not (context["compactions"] or context["compacting"]):
+        return []
+    out = []
+    done = context["compactions"]
+    if done:
+        last = done[-1]
+        out.append(
+            (
+                "plain",
+                f"  context: {len(done)} compaction(s); the model is sent a summary of the "
+                f"first {context['summarised']} of {context['items']} items (last: "
+                f"{last['tokens_before']} -> ~{last['tokens_after']} tokens, by "
+                f"{last['model'] or 'the model'}); the log keeps them all",
+            )
+        )
+    pending = context["compacting"]
+    if pending is not None:
+        first, end = pending["items"]
+        error = f", last error: {pending['last_error']}" if pending["last_error"] else ""
+        out.append(
+            (
+                "warning",
+                f"  compacting: items {first}-{end} (attempt {pending['attempt']}{error})",
+            )
+        )
+    if context["abandoned"]:
+        out.append(("warning", f"  last compaction made nothing: {context['abandoned']}"))
+    return out
 
 
 def render(summary: Summary) -> list[tuple[str, str]]:
@@ -370,6 +435,7 @@ def render(summary: Summary) -> list[tuple[str, str]]:
         out.append(("warning", f"  needs a person: {h['tool']} [{h['call_id']}]: {h['reason']}"))
     if summary["decisions"]:
         out.append(("recovery", f"  recovery decisions: {len(summary['decisions'])}"))
+    out += _context_lines(summary.get("context"))
     u = summary["usage"]
     out.append(
         (

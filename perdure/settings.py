@@ -18,7 +18,13 @@ from typing import Any
 
 from attrs import Attribute, field, frozen
 
-from perdure.budget import DEFAULT_PRICES, Price
+from perdure.budget import (
+    DEFAULT_CONTEXT_WINDOWS,
+    DEFAULT_PRICES,
+    CompactionPolicy,
+    Price,
+    check_compaction,
+)
 from perdure.storage.records import Budget
 from perdure.stuck import DEFAULT_STUCK_AFTER
 
@@ -80,6 +86,33 @@ def _prices(_: Any, attribute: Attribute[Any], value: Any) -> None:
         raise ValueError(f"{attribute.name} must map model names to perdure.Price, not {value!r}")
 
 
+def _compaction(_: Any, attribute: Attribute[Any], value: Any) -> None:
+    if not isinstance(value, CompactionPolicy):
+        raise ValueError(f"{attribute.name} must be a perdure.CompactionPolicy, not {value!r}")
+    try:
+        check_compaction(value)
+    except ValueError as exc:
+        raise ValueError(f"{attribute.name} must be a sensible policy: {exc} ({value!r})") from None
+
+
+def _window_table(value: Any) -> Any:
+    """The built-in table for None; a copy of a caller's mapping; anything else as it is."""
+    if value is None:
+        return dict(DEFAULT_CONTEXT_WINDOWS)
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def _windows(_: Any, attribute: Attribute[Any], value: Any) -> None:
+    if not isinstance(value, dict) or not all(
+        isinstance(model, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0
+        for model, n in value.items()
+    ):
+        raise ValueError(
+            f"{attribute.name} must map model names to context windows (positive token "
+            f"counts), not {value!r}"
+        )
+
+
 @frozen(kw_only=True)
 class Limits:
     """What a session's decisions may consult besides its state, the tools and the time."""
@@ -98,6 +131,12 @@ class Limits:
     budget: Budget | None = field(default=None, validator=_budget)  # a session may have its own
     prices: Mapping[str, Price] = field(
         factory=lambda: dict(DEFAULT_PRICES), converter=_price_table, validator=_prices
+    )
+    # Context compaction: the runtime's policy (a session may have its own) and the
+    # context window of each model, matched like the price table.
+    compaction: CompactionPolicy = field(factory=CompactionPolicy, validator=_compaction)
+    context_windows: Mapping[str, int] = field(
+        factory=lambda: dict(DEFAULT_CONTEXT_WINDOWS), converter=_window_table, validator=_windows
     )
 
 

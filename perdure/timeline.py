@@ -21,6 +21,10 @@ from perdure.storage.records import (
     ApprovalDecided,
     CancelRequested,
     Committed,
+    CompactionAbandoned,
+    CompactionRetryPending,
+    CompactionStarted,
+    ContextCompacted,
     GenerationCompleted,
     GenerationStarted,
     GoalRevised,
@@ -236,6 +240,26 @@ class Timeline:
                 add("warning", f"rewind REFUSED, nothing restored: {r.error}")
             else:
                 add("plain", f"workspace restored (it was {r.before[:12]} before the rewind)")
+        elif isinstance(r, CompactionStarted):
+            add(
+                "model",
+                f"context compaction {r.compaction_id}: summarising items {r.start}-{r.end} "
+                f"({r.reason or 'auto'}; {r.tokens_before} input tokens last)",
+            )
+        elif isinstance(r, CompactionRetryPending):
+            wait = max(0.0, r.not_before - r.at)
+            add(
+                "warning",
+                f"summary attempt {r.attempt} failed ({r.error}); retry in {wait:.1f}s",
+            )
+        elif isinstance(r, ContextCompacted):
+            add(
+                "plain",
+                f"context compacted ({r.compaction_id}): the model is sent a summary of the "
+                f"first {r.end} items ({r.tokens_before} -> ~{r.tokens_after} tokens)",
+            )
+        elif isinstance(r, CompactionAbandoned):
+            add("warning", f"context compaction {r.compaction_id} made nothing: {r.reason}")
         if len(lines) > before:
             self._beats = {}  # another line came after the heartbeats: a new stretch starts
         return lines[before:]

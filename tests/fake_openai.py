@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from itertools import zip_longest
 from typing import Any, Literal
 
+import attrs
 from attrs import field, frozen
 
 from tests.support.fake_vendor import Disconnect, FakeVendor, Received, Wire, sse
@@ -164,6 +165,9 @@ class FakeOpenAI(FakeVendor[Action]):
     """The server. Use as a context manager; ``url`` is the SDK's ``base_url``."""
 
     thread_name = "fake-openai"
+    # Report a reply's prompt tokens as the request's size (a quarter of its JSON's
+    # characters) instead of the scripted count: long sessions fill a window.
+    measure_input = False
 
     @property
     def url(self) -> str:
@@ -200,6 +204,9 @@ class FakeOpenAI(FakeVendor[Action]):
             wire.json(action.status, body, {"x-request-id": request_id, **action.headers})
             return
         assert isinstance(action, Reply)
+        if self.measure_input:
+            size = len(json.dumps(received.body)) // 4
+            action = attrs.evolve(action, usage=attrs.evolve(action.usage, prompt_tokens=size))
         model = str(received.body.get("model", "gpt-fake"))
         if received.path.startswith("/v1/chat/completions"):
             options = received.body.get("stream_options") or {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 from attrs import define, field
 
-from perdure.actors.protocol import Env, Result
+from perdure.actors.protocol import Env, Overlap, Result
 from perdure.observability.hooks import CommitObserver
 from perdure.providers.base import Provider
 from perdure.settings import Settings
@@ -41,6 +41,7 @@ class ActorContext:
     rng: random.Random = field(factory=random.Random)
     # The runtime's settings, checked once by ``open_runtime``; read here, never copied.
     settings: Settings = field(factory=Settings)
+    compaction_provider: Provider | None = None  # makes the summaries (None: ``provider``)
     # Runs a sub-agent for a tool call (``ctx.run_agent``): given by the supervisor,
     # which owns the sessions (``supervisor.agents``). Called with (the call's
     # executing record, its n-th sub-agent, task, system, tools, whether the call was
@@ -54,6 +55,10 @@ class ActorContext:
     # Workspace calls run one at a time, each between its two snapshots, so that a
     # checkpoint's diff is that call's alone (a rewind to before it, a reconcile).
     workspace_calls: trio.Lock = field(factory=trio.Lock)
+    # Which effects start while the commit that asks for them is in flight, and whether
+    # such a commit goes to the writer thread so that its fsync overlaps them.
+    overlap: Overlap = field(factory=Overlap)
+    overlap_on_writer: bool = True
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""

@@ -5,11 +5,20 @@ order, right after the assistant message that made it. An assistant message
 starts with the reply's reasoning blocks (extended thinking), as stored. Revisions and cancelled
 requests are told to the model in plain words, including the fate of every
 action that was unfinished when the request changed.
+
+After a context compaction the model is sent the system prompt, then one user
+message with the summary (``ContextCompacted``) in place of the items it covers,
+followed, whatever their age, by the calls it must never lose: those whose outcome
+is unknown and those a compensation is undoing now (a call still waiting for
+approval or for a person is never inside a summary: its item is not settled). Then
+the recent items verbatim, a tool use always with its result (they are one item).
+The summary's own request (``summary_request``) is the covered items as plain text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 
 from perdure.actors.state import (
     AssistantTurn,
@@ -50,10 +59,11 @@ class MessageCache:
     can bring dozens, each an object per definition per model call otherwise).
     """
 
-    __slots__ = ("definitions", "items", "messages", "state", "tools")
+    __slots__ = ("definitions", "head", "items", "messages", "state", "tools")
 
     def __init__(self) -> None:
         self.state: SessionState | None = None
+        self.head = ""  # the summary message the cached messages start with ("" none)
         self.items = 0  # conversation items rendered into ``messages``
         self.messages: tuple[Message, ...] = ()
         self.tools: tuple[Tool, ...] = ()  # what ``definitions`` were made from
@@ -61,7 +71,7 @@ class MessageCache:
 
     def clear(self) -> None:
         """Forget what was rendered (an idle session's cache is memory nobody uses)."""
-        self.state, self.items, self.messages = None, 0, ()
+        self.state, self.items, self.messages, self.head = None, 0, (), ""
         self.tools, self.definitions = (), ()
 
 
@@ -81,23 +91,36 @@ def _settled(s: SessionState, item: ConversationItem) -> bool:
 
 
 def messages(
-    s: SessionState, *, include_pending: bool = False, cache: MessageCache | None = None
+    s: SessionState,
+    *,
+    include_pending: bool = False,
+    cache: MessageCache | None = None,
+    history: bool = False,
 ) -> tuple[Message, ...]:
     """The conversation so far. Unfinished tool calls are left out unless asked for.
 
-    With a ``cache`` (ignored with ``include_pending``) the settled prefix of the
-    conversation is rendered once; the result is the same as without it.
+    With a ``cache`` (ignored with ``include_pending`` or ``history``) the settled prefix
+    of the conversation is rendered once; the result is the same as without it.
+    ``history``: every item, as if no summary had been made (what the log keeps).
     """
     out: list[Message] = []
-    start = 0
-    if include_pending:
+    head = "" if history else summary_text(s)
+    start = 0 if history else s.compacted_end
+    if include_pending or history:
         cache = None
     if cache is not None:
-        if cache.state is s and cache.items <= len(s.conversation):
+        if (
+            cache.state is s
+            and cache.head == head
+            and start <= cache.items <= len(s.conversation)
+            and cache.messages
+        ):
             start = cache.items
             out = list(cache.messages)
         else:
-            cache.state, cache.items, cache.messages = s, 0, ()
+            cache.state, cache.items, cache.messages, cache.head = s, start, (), head
+    if head and not out:
+        out.append(Message("user", (TextBlock(head),)))
     settled = cache is not None
     mark: tuple[int, int, Message | None] | None = None
 
@@ -111,31 +134,7 @@ def messages(
 
     for index in range(start, len(s.conversation)):
         item = s.conversation[index]
-        if isinstance(item, UserTurn):
-            add("user", [TextBlock(s.submissions[item.submission_id].text)])
-        elif isinstance(item, AssistantTurn):
-            reply = s.generations[item.generation_id].reply
-            assert reply is not None
-            blocks: list[Block] = [TextBlock(reply.text)] if reply.text else []
-            blocks += [ToolUseBlock(c.call_id, c.name, c.input) for c in reply.tool_calls]
-            # The reasoning goes back verbatim and first: with extended thinking on, the
-            # API rejects a tool-use turn whose thinking blocks are missing or moved.
-            add("assistant", [*reply.thinking, *(blocks or [TextBlock("(empty reply)")])])
-            results: list[Block] = []
-            for call in reply.tool_calls:
-                task = s.tasks[call.call_id]
-                result = task.result
-                if result is not None:
-                    failed = not isinstance(result, ToolCompleted) or result.is_error
-                    output = result.output or "(no output)"
-                    results.append(ToolResultBlock(call.call_id, output, is_error=failed))
-                elif include_pending:
-                    results.append(ToolResultBlock(call.call_id, f"({task.phase})"))
-            add("user", results)
-        elif isinstance(item, Note):
-            add("user", [TextBlock(item.text)])
-        elif isinstance(item, Revision):
-            add("user", [TextBlock(revision_text(s, item))])
+        _render(s, item, add, include_pending)
         if settled:
             if _settled(s, item):
                 # The last message may still grow by merging with the next item: keep it
@@ -148,6 +147,156 @@ def messages(
         cache.items = items
         cache.messages = (*out[: count - 1], last) if last is not None else ()
     return tuple(out)
+
+
+def _render(
+    s: SessionState,
+    item: ConversationItem,
+    add: Callable[[Role, list[Block]], None],
+    include_pending: bool,
+) -> None:
+    """Add one conversation item's blocks (``add`` merges a role's consecutive blocks)."""
+    if isinstance(item, UserTurn):
+        add("user", [TextBlock(s.submissions[item.submission_id].text)])
+    elif isinstance(item, AssistantTurn):
+        reply = s.generations[item.generation_id].reply
+        assert reply is not None
+        blocks: list[Block] = [TextBlock(reply.text)] if reply.text else []
+        blocks += [ToolUseBlock(c.call_id, c.name, c.input) for c in reply.tool_calls]
+        # The reasoning goes back verbatim and first: with extended thinking on, the
+        # API rejects a tool-use turn whose thinking blocks are missing or moved.
+        add("assistant", [*reply.thinking, *(blocks or [TextBlock("(empty reply)")])])
+        results: list[Block] = []
+        for call in reply.tool_calls:
+            task = s.tasks[call.call_id]
+            result = task.result
+            if result is not None:
+                failed = not isinstance(result, ToolCompleted) or result.is_error
+                output = result.output or "(no output)"
+                results.append(ToolResultBlock(call.call_id, output, is_error=failed))
+            elif include_pending:
+                results.append(ToolResultBlock(call.call_id, f"({task.phase})"))
+        add("user", results)
+    elif isinstance(item, Note):
+        add("user", [TextBlock(item.text)])
+    elif isinstance(item, Revision):
+        add("user", [TextBlock(revision_text(s, item))])
+
+
+def summary_text(s: SessionState) -> str:
+    """The message that stands for the summarised items ("" before any compaction):
+    the summary, then every call inside it the model must never lose."""
+    summary = s.summary
+    if summary is None:
+        return ""
+    lines = [
+        f"[perdure compacted the earlier conversation ({summary.end} items) into this "
+        "summary; the full history is kept in the session's log.]",
+        summary.summary,
+    ]
+    kept = pinned_calls(s)
+    if kept:
+        lines.append(
+            "[Calls from the summarised part whose effect may have happened, stated "
+            "verbatim whatever their age:]"
+        )
+        lines += kept
+    return "\n\n".join(lines)
+
+
+def pinned_calls(s: SessionState) -> list[str]:
+    """One line per summarised call whose outcome is unknown or that a compensation is
+    undoing now: what a summary may never drop."""
+    lines: list[str] = []
+    for call_id in s.summary_unknown:
+        task = s.tasks[call_id]
+        output = task.result.output if task.result is not None else ""
+        lines.append(f"- {_call_words(task.tool_name, call_id, task.input)}: {output}")
+    end = s.compacted_end
+    summarised = (
+        {
+            call_id
+            for item in s.conversation[:end]
+            if isinstance(item, AssistantTurn)
+            for call_id in s.generations[item.generation_id].call_ids
+        }
+        if s.compensations
+        else set()
+    )
+    for comp in s.compensations.values():
+        if comp.call_id in summarised:
+            task = s.tasks[comp.call_id]
+            undo = s.tasks[comp.compensation_id]
+            lines.append(
+                f"- {_call_words(task.tool_name, comp.call_id, task.input)}: completed; its "
+                f"compensation {comp.compensation_id} is in flight ({undo.phase}), so its "
+                "effect may or may not be undone yet"
+            )
+    return lines
+
+
+def _call_words(name: str, call_id: str, args: Mapping[str, object]) -> str:
+    return f"{name} ({call_id}) with arguments {_json(args)}"
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+SUMMARY_SYSTEM = (
+    "You summarise the conversation of an AI agent so that the agent can continue its "
+    "work from the summary alone. Keep the user's requests and constraints, decisions "
+    "made, facts learned, what each tool call did and returned in short, what remains "
+    "to be done, and every identifier, path and number the agent may need. State "
+    "plainly any action whose outcome is unknown or that is still pending. Answer with "
+    "the summary only."
+)
+
+
+def summary_request(s: SessionState, compaction_id: str, attempt: int) -> ModelRequest:
+    """The summary's model call: the previous summary and the items ``[start, end)`` of
+    the compaction in progress, as plain text (no tool blocks: nothing to pair)."""
+    pending = s.compacting
+    assert pending is not None and pending.started.compaction_id == compaction_id
+    started = pending.started
+    parts = ["Summarise this conversation of an agent with its user and tools.\n"]
+    if s.summary is not None:
+        parts.append("The summary of what came before:\n" + summary_text(s) + "\n")
+    parts.append("The conversation:")
+    parts += [transcript_text(s, item) for item in s.conversation[started.start : started.end]]
+    return ModelRequest(
+        system=SUMMARY_SYSTEM,
+        messages=(Message("user", (TextBlock("\n\n".join(parts)),)),),
+        tools=(),
+        attempt=attempt,
+        session_id=s.session_id,
+        generation_id=compaction_id,
+        submission_id=s.run.submission_id if s.run is not None else "",
+        failed=tuple(
+            FailedAttempt(attempt=r.attempt, provider=r.provider, fallback=r.fallback)
+            for r in pending.failures
+        ),
+    )
+
+
+def transcript_text(s: SessionState, item: ConversationItem) -> str:
+    """One conversation item as plain text (the summary's request, transcripts)."""
+    if isinstance(item, UserTurn):
+        return "User: " + s.submissions[item.submission_id].text
+    if isinstance(item, AssistantTurn):
+        reply = s.generations[item.generation_id].reply
+        assert reply is not None
+        lines = ["Assistant: " + (reply.text or "(no text)")]
+        for call in reply.tool_calls:
+            task = s.tasks[call.call_id]
+            result = task.result
+            outcome = result.output if result is not None else f"({task.phase})"
+            lines.append(f"Tool call {_call_words(call.name, call.call_id, call.input)}")
+            lines.append(f"Tool result ({task.phase}): {outcome}")
+        return "\n".join(lines)
+    if isinstance(item, Note):
+        return item.text
+    return revision_text(s, item)
 
 
 def revision_text(s: SessionState, rev: Revision) -> str:

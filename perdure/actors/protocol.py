@@ -6,7 +6,8 @@ those inputs and outputs, as h11 keeps its events apart from its state machine:
 * inputs — ``Env`` (tools, time, limits) and ``View`` (what this process is doing
   now), a caller's ``Command``, or a ``Result`` reported by a generation or tool actor;
 * outputs — a ``Step``: the records to commit and the ``Effect``s to perform once
-  they are durable; and for a command, an ``Answer`` for the caller.
+  they are durable (``decide.overlaps_commit`` names the few that may start while
+  that commit is in flight); and for a command, an ``Answer`` for the caller.
 
 Every effect carries what the shell needs to perform it, so the shell never reads
 back into the state to act. Every command owns its kind and the hash of its body,
@@ -205,6 +206,23 @@ class Resolve:
 
 
 @frozen
+class CompactContext:
+    """Summarise the session's conversation now (what the model is sent; the log keeps
+    everything), instead of waiting for its context to fill."""
+
+    kind: ClassVar[str] = "compact_context"
+    request_id: str
+
+    @property
+    def body_hash(self) -> str:
+        return CompactContext.hash_of()
+
+    @staticmethod
+    def hash_of() -> str:
+        return text_body_hash("\x00compact_context")
+
+
+@frozen
 class Rewind:
     """Restore the workspace's files to ``tree``, the workspace as it was at the
     session's log position ``position`` (the runtime finds the tree in the log)."""
@@ -223,7 +241,18 @@ class Rewind:
         return text_body_hash(f"\x00rewind\x00{position}\x00{tree}")
 
 
-Command = Submit | Cancel | Approve | Revise | Pause | Resume | Compensate | Resolve | Rewind
+Command = (
+    Submit
+    | Cancel
+    | Approve
+    | Revise
+    | Pause
+    | Resume
+    | Compensate
+    | Resolve
+    | Rewind
+    | CompactContext
+)
 
 # -- results: what the actors report ----------------------------------------------------------
 
@@ -367,6 +396,17 @@ class CallModel:
 
 
 @frozen
+class Summarize:
+    """Make the summary of the compaction in progress (its ``CompactionStarted`` is
+    durable): a model call, reported as ``ModelReplied``/``ModelFailed`` under the
+    compaction's id."""
+
+    compaction_id: str
+    attempt: int
+    not_before: float | None = None
+
+
+@frozen
 class RunTool:
     """Run one attempt of a call, exactly as its durable ``executing`` record says.
 
@@ -447,6 +487,7 @@ class RestoreWorkspace:
 
 Effect = (
     CallModel
+    | Summarize
     | RunTool
     | Reconcile
     | CancelTool
@@ -456,6 +497,19 @@ Effect = (
     | StopBackOff
     | RestoreWorkspace
 )
+
+
+@frozen(kw_only=True)
+class Overlap:
+    """Which effects may start while the commit of the step that asks for them is in
+    flight (docs/DESIGN.md, "What must be durable before what")."""
+
+    # A model call: it touches nothing outside the process, and its reply is acted on
+    # only once that commit is durable (the session handles one message at a time).
+    model_calls: bool = True
+    # A SAFE tool's attempt (read-only or naturally idempotent): running it once more,
+    # or once without a record of it, is harmless by the tool's own declaration.
+    safe_tools: bool = False
 
 
 @frozen

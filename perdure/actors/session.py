@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
 import trio
 from attrs import define, evolve, field
 
+from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.generation import call_model
@@ -37,7 +39,7 @@ from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, Record, RunFinished
+from perdure.storage.records import Committed, ContextCompacted, Record, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -601,24 +603,62 @@ class SessionActor:
         rev_before = state.goal_rev
         step = decide.settle(state, env, self._view(), first, recovering=recovering)
         committed: list[Committed] = []
+        effects = step.effects
         if step.records:
             records = self._observe_before(state, step.records)
+            overlap = self.ctx.overlap
+            early = decide.overlapping(step, overlap)
+            guard = Guard(self.session_id, rev_before)
+            durable: trio.Event | None = None
             try:
-                committed = await self.ctx.journal.append(
-                    records, guard=Guard(self.session_id, rev_before)
-                )
+                if early:
+                    # Started while the commit is in flight (DESIGN, "What must be durable
+                    # before what"): this loop handles their reports only after it.
+                    durable = trio.Event()
+                    effects = tuple(e for e in effects if e not in early)
+                    committed = await self.ctx.journal.append(
+                        records,
+                        guard=guard,
+                        meanwhile=lambda: self._perform_all(early, durable),
+                        overlap=self.ctx.overlap_on_writer,
+                    )
+                else:
+                    committed = await self.ctx.journal.append(records, guard=guard)
             except LogError as exc:
+                self._call_off(early)
                 self._observe_failed(state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
                 raise
+            if durable is not None:
+                durable.set()
             for c in committed:
                 state.note_committed(c)
             self._observe_after(state, committed)
-        for effect in step.effects:
-            self._perform(effect)
+            if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
+                _faults.hit("compaction.after")
+        self._perform_all(effects)
         return committed
+
+    def _perform_all(
+        self, effects: Iterable[protocol.Effect], durable: trio.Event | None = None
+    ) -> None:
+        for effect in effects:
+            self._perform(effect, durable)
+
+    def _call_off(self, started: Iterable[protocol.Effect]) -> None:
+        """The commit these effects overlapped failed: stop them, and forget them, so that
+        whatever they report later is dropped (their step is not in the log)."""
+        for effect in started:
+            if isinstance(effect, protocol.CallModel):
+                scope = self._models.pop(effect.generation_id, None)
+            elif isinstance(effect, protocol.RunTool):
+                scope = self._tools.pop(effect.call_id, None)
+            else:
+                scope = None
+            if scope is not None:
+                scope.cancel()
 
     # -- observers (perdure.observability): telemetry never stops a session ------------
 
@@ -668,8 +708,9 @@ class SessionActor:
             f"be re-read ({reread})"
         ) from failed
 
-    def _perform(self, effect: protocol.Effect) -> None:
-        """Start what a durable step asks for; each effect carries what it needs."""
+    def _perform(self, effect: protocol.Effect, durable: trio.Event | None = None) -> None:
+        """Start what a step asks for; each effect carries what it needs. ``durable``:
+        the step's commit is still in flight, and is durable once this event is set."""
         # The tasks started here inherit these ids: their log lines carry them.
         ids: dict[str, str] = {}
         if self.state.run is not None:
@@ -679,10 +720,12 @@ class SessionActor:
             ids.update(run_id=executing.run_id, call_id=executing.call_id)
         if isinstance(effect, protocol.CallModel):
             ids["generation_id"] = effect.generation_id
+        elif isinstance(effect, protocol.Summarize):
+            ids["compaction_id"] = effect.compaction_id
         with logs.bound(**ids):
-            self._start(effect)
+            self._start(effect, durable)
 
-    def _start(self, effect: protocol.Effect) -> None:
+    def _start(self, effect: protocol.Effect, durable: trio.Event | None) -> None:
         nursery = self._nursery
         assert nursery is not None
         ctx, outbox = self.ctx, self.mailbox.send
@@ -691,7 +734,25 @@ class SessionActor:
                 self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
             )
             scope = self._models[effect.generation_id] = trio.CancelScope()
-            nursery.start_soon(call_model, ctx, request, effect.not_before, outbox, scope)
+            call = partial(call_model, durable=durable)
+            nursery.start_soon(call, ctx, request, effect.not_before, outbox, scope)
+        elif isinstance(effect, protocol.Summarize):
+            if _faults.ACTIVE:
+                _faults.hit("summary.before")
+            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+            scope = self._models[effect.compaction_id] = trio.CancelScope()
+            nursery.start_soon(
+                partial(
+                    call_model,
+                    provider=ctx.compaction_provider,
+                    publish=False,
+                ),
+                ctx,
+                request,
+                effect.not_before,
+                outbox,
+                scope,
+            )
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(

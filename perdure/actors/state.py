@@ -16,6 +16,7 @@ from attrs import define, field
 from perdure.actors.lifecycle import (
     TERMINAL_PHASES,
     GenerationPhase,
+    ImpossibleTransition,
     TaskPhase,
     generation_moves,
     task_moves,
@@ -23,6 +24,7 @@ from perdure.actors.lifecycle import (
 from perdure.actors.protocol import (
     Approve,
     Cancel,
+    CompactContext,
     Compensate,
     Pause,
     Resolve,
@@ -38,8 +40,13 @@ from perdure.storage.records import (
     Budget,
     CancelRequested,
     Committed,
+    CompactionAbandoned,
+    CompactionPolicy,
+    CompactionRetryPending,
+    CompactionStarted,
     CompensationFinished,
     CompensationRequested,
+    ContextCompacted,
     GenerationCompleted,
     GenerationStarted,
     GoalRevised,
@@ -233,6 +240,17 @@ class Compensation:
 
 
 @define
+class Compacting:
+    """A compaction started and not finished: its summary's model call, by attempt."""
+
+    started: CompactionStarted
+    attempt: int = 1  # the attempt to make next
+    not_before: float | None = None
+    last_error: str = ""
+    failures: tuple[CompactionRetryPending, ...] = ()  # the failed attempts, in order
+
+
+@define
 class SessionState:
     session_id: str
     created: bool = False
@@ -263,6 +281,22 @@ class SessionState:
     parked: str | None = None
     last_outcome: RunFinished | None = None
     last_seq: int = 0
+    # Context compaction. The model sees ``summary`` in place of the conversation items
+    # it covers (``[0, summary.end)``); the log and ``conversation`` keep them all.
+    compaction: CompactionPolicy | None = None  # the session's own policy (None: runtime's)
+    summary: ContextCompacted | None = None
+    compactions: list[ContextCompacted] = field(factory=list)  # every one, in order
+    compacting: Compacting | None = None
+    compactions_started: int = 0  # numbers the next compaction's id
+    abandoned: CompactionAbandoned | None = None  # the last compaction that made nothing
+    abandoned_at: int = 0  # the conversation's length when it was abandoned
+    # Calls inside the summary whose outcome is unknown: stated to the model after the
+    # summary, whatever their age (found when the summary is folded; terminal, so fixed).
+    summary_unknown: tuple[str, ...] = ()
+    # The input tokens the latest reply reported (input + cache reads and writes), and
+    # the model that answered; 0 once a compaction changed what the model is sent.
+    last_input_tokens: int = 0
+    last_model: str = ""
     # Workspace history: each workspace call's checkpoints, in order, and a rewind of
     # the files under way (its restore is performed again after a crash).
     checkpoints: list[WorkspaceCheckpointed] = field(factory=list)
@@ -273,13 +307,20 @@ class SessionState:
 
     @property
     def idle(self) -> bool:
-        """No run in progress, no input waiting, no compensation or rewind unfinished."""
+        """No run in progress, no input waiting, no compensation, rewind or compaction
+        unfinished."""
         return (
             self.run is None
             and not self.queue
             and not self.compensations
             and self.restoring is None
+            and self.compacting is None
         )
+
+    @property
+    def compacted_end(self) -> int:
+        """The conversation items the current summary stands for: ``[0, compacted_end)``."""
+        return self.summary.end if self.summary is not None else 0
 
     def open_compensations(self) -> list[Task]:
         return [self.tasks[c.compensation_id] for c in self.compensations.values()]
@@ -480,6 +521,7 @@ class SessionState:
         self.if_busy = r.if_busy
         self.parent = r.parent
         self.allowed_tools = None if r.tools is None else frozenset(r.tools)
+        self.compaction = r.compaction
 
     def _session_forked(self, r: SessionForked) -> None:
         if self.forked is None:  # copies of the source's own lineage come later
@@ -562,6 +604,11 @@ class SessionState:
         gen.model = r.model or gen.model
         self._add_usage(gen, r.usage)
         self.conversation.append(AssistantTurn(r.generation_id))
+        u = r.usage
+        self.last_input_tokens = (
+            u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+        )
+        self.last_model = gen.model
         if self.run is not None:
             self.run.progressed = True
 
@@ -726,6 +773,81 @@ class SessionState:
             )
         )
 
+    # -- context compaction: CompactionStarted -> (CompactionRetryPending ...) ->
+    #    ContextCompacted | CompactionAbandoned; one at a time, each range starting where
+    #    the last summary ended, so no range is ever summarised twice.
+
+    def _compaction_started(self, r: CompactionStarted) -> None:
+        if self.compacting is not None:
+            raise ImpossibleTransition(
+                self.session_id, r.compaction_id, "compacting", "CompactionStarted"
+            )
+        if not self.compacted_end <= r.start < r.end <= len(self.conversation) or (
+            r.start != self.compacted_end
+        ):
+            raise ValueError(
+                f"session {self.session_id}: compaction {r.compaction_id} covers items "
+                f"[{r.start}, {r.end}), but the summary ends at {self.compacted_end} and the "
+                f"conversation has {len(self.conversation)} items"
+            )
+        self.compacting = Compacting(r)
+        self.compactions_started += 1
+        if r.request_id is not None:
+            body = CompactContext.hash_of()
+            self.requests[r.request_id] = RequestSeen(CompactContext.kind, body, r.compaction_id)
+
+    def _pending_compaction(self, compaction_id: str, event: str) -> Compacting:
+        pending = self.compacting
+        if pending is None or pending.started.compaction_id != compaction_id:
+            phase = None if pending is None else "compacting " + pending.started.compaction_id
+            raise ImpossibleTransition(self.session_id, compaction_id, phase, event)
+        return pending
+
+    def _compaction_usage(self, pending: Compacting, model: str, usage: Usage) -> None:
+        run = self.runs.get(pending.started.run_id)
+        if run is not None:
+            self._spend(run, model, usage)
+        else:
+            self.usage = self.usage + usage
+            self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
+
+    def _compaction_retry_pending(self, r: CompactionRetryPending) -> None:
+        pending = self._pending_compaction(r.compaction_id, "CompactionRetryPending")
+        pending.attempt = r.attempt + 1
+        pending.not_before = r.not_before
+        pending.last_error = r.error
+        pending.failures = (*pending.failures, r)
+        self._compaction_usage(pending, r.model, r.usage)
+
+    def _context_compacted(self, r: ContextCompacted) -> None:
+        pending = self._pending_compaction(r.compaction_id, "ContextCompacted")
+        started = pending.started
+        if (r.start, r.end) != (started.start, started.end):
+            raise ValueError(
+                f"session {self.session_id}: compaction {r.compaction_id} was started for "
+                f"items [{started.start}, {started.end}), not [{r.start}, {r.end})"
+            )
+        self._compaction_usage(pending, r.model, r.usage)
+        unknown = [
+            call_id
+            for item in self.conversation[started.start : started.end]
+            if isinstance(item, AssistantTurn)
+            for call_id in self.generations[item.generation_id].call_ids
+            if self.tasks[call_id].phase == "outcome_unknown"
+        ]
+        self.summary_unknown = (*self.summary_unknown, *unknown)
+        self.summary = r
+        self.compactions.append(r)
+        self.compacting = None
+        self.last_input_tokens = 0  # what the model is sent changed: the next reply tells
+
+    def _compaction_abandoned(self, r: CompactionAbandoned) -> None:
+        pending = self._pending_compaction(r.compaction_id, "CompactionAbandoned")
+        self._compaction_usage(pending, r.model, r.usage)
+        self.abandoned = r
+        self.abandoned_at = len(self.conversation)
+        self.compacting = None
+
     def _checkpointed(self, r: WorkspaceCheckpointed) -> None:
         self.checkpoints.append(r)
 
@@ -774,6 +896,10 @@ _HANDLERS: dict[type, Any] = {
     GoalRevised: SessionState._goal_revised,
     SessionPaused: SessionState._paused,
     SessionResumed: SessionState._resumed,
+    CompactionStarted: SessionState._compaction_started,
+    CompactionRetryPending: SessionState._compaction_retry_pending,
+    ContextCompacted: SessionState._context_compacted,
+    CompactionAbandoned: SessionState._compaction_abandoned,
     RecoveryDecision: SessionState._recovery_decision,
     SessionParked: SessionState._parked,
     CompensationRequested: SessionState._compensation_requested,

@@ -99,8 +99,12 @@ class AsyncPerdureClient:
     async def state(self, session_id: str) -> m.SessionState:
         return await self._send(m.state(session_id))
 
-    async def transcript(self, session_id: str) -> list[m.TranscriptMessage]:
-        return await self._send(m.transcript(session_id))
+    async def transcript(
+        self, session_id: str, *, history: bool = False
+    ) -> list[m.TranscriptMessage]:
+        """What the model is sent; ``history``: every message, as if nothing was
+        compacted."""
+        return await self._send(m.transcript(session_id, history))
 
     async def whoami(self) -> m.Grant:
         """What this client's token opens."""
@@ -195,6 +199,11 @@ class AsyncPerdureClient:
 
     async def revise(self, session_id: str, text: str, *, request_id: str | None = None) -> Done:
         return await self._send(m.revise(session_id, text, request_id))
+
+    async def compact_context(self, session_id: str, *, request_id: str | None = None) -> Done:
+        """Summarise the session's conversation now (what the model is sent; the log
+        keeps everything); ``ref`` is the compaction's id."""
+        return await self._send(m.compact_context(session_id, request_id))
 
     async def pause(self, session_id: str, *, request_id: str | None = None) -> Done:
         return await self._send(m.pause(session_id, request_id))

@@ -412,10 +412,10 @@ def state(session_id: str) -> Call[SessionState]:
     return Call("GET", _s(session_id), _state)
 
 
-def transcript(session_id: str) -> Call[list[TranscriptMessage]]:
+def transcript(session_id: str, history: bool = False) -> Call[list[TranscriptMessage]]:
     return Call(
         "GET",
-        _s(session_id) + "/transcript",
+        _s(session_id) + "/transcript" + ("?history=1" if history else ""),
         lambda d: [TranscriptMessage(m["role"], tuple(m["content"])) for m in d["messages"]],
     )
 
@@ -460,6 +460,12 @@ def approve(
 def revise(session_id: str, text: str, rid: str | None) -> Call[Done]:
     body = {"text": text, "request_id": rid or request_id()}
     return Call("POST", _s(session_id) + "/revisions", _done(lambda d: d["goal_rev"]), body)
+
+
+def compact_context(session_id: str, rid: str | None) -> Call[Done]:
+    body = {"request_id": rid or request_id()}
+    path = _s(session_id) + "/compact-context"
+    return Call("POST", path, _done(lambda d: d["compaction_id"]), body)
 
 
 def pause(session_id: str, rid: str | None) -> Call[Done]:

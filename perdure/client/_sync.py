@@ -94,8 +94,10 @@ class PerdureClient:
     def state(self, session_id: str) -> m.SessionState:
         return self._send(m.state(session_id))
 
-    def transcript(self, session_id: str) -> list[m.TranscriptMessage]:
-        return self._send(m.transcript(session_id))
+    def transcript(self, session_id: str, *, history: bool = False) -> list[m.TranscriptMessage]:
+        """What the model is sent; ``history``: every message, as if nothing was
+        compacted."""
+        return self._send(m.transcript(session_id, history))
 
     def whoami(self) -> m.Grant:
         """What this client's token opens."""
@@ -188,6 +190,11 @@ class PerdureClient:
 
     def revise(self, session_id: str, text: str, *, request_id: str | None = None) -> Done:
         return self._send(m.revise(session_id, text, request_id))
+
+    def compact_context(self, session_id: str, *, request_id: str | None = None) -> Done:
+        """Summarise the session's conversation now (what the model is sent; the log
+        keeps everything); ``ref`` is the compaction's id."""
+        return self._send(m.compact_context(session_id, request_id))
 
     def pause(self, session_id: str, *, request_id: str | None = None) -> Done:
         return self._send(m.pause(session_id, request_id))

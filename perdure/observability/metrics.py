@@ -36,6 +36,9 @@ from starlette.types import ASGIApp
 
 from perdure.storage.records import (
     Committed,
+    CompactionAbandoned,
+    CompactionRetryPending,
+    ContextCompacted,
     GenerationCompleted,
     Record,
     RecoveryDecision,
@@ -96,6 +99,13 @@ class RuntimeMetrics:
         )
         self.model_retries = Counter(
             "perdure_model_retries", "Failed model attempts to be retried", ["provider"], registry=r
+        )
+        self.compactions = Counter(
+            "perdure_context_compactions",
+            "Context compactions finished, by outcome (compacted: a summary replaced older "
+            "turns in what the model is sent; abandoned: none could be made)",
+            ["outcome"],
+            registry=r,
         )
         self.tokens = Counter(
             "perdure_tokens",
@@ -194,6 +204,15 @@ class RuntimeMetrics:
                 self._tokens(record.usage)
             elif isinstance(record, RecoveryDecision):
                 self.recoveries.labels(record.action).inc()
+            elif isinstance(record, ContextCompacted):
+                self.compactions.labels("compacted").inc()
+                self._tokens(record.usage)
+            elif isinstance(record, CompactionAbandoned):
+                self.compactions.labels("abandoned").inc()
+                self._tokens(record.usage)
+            elif isinstance(record, CompactionRetryPending):
+                self.model_retries.labels(record.provider or "unknown").inc()
+                self._tokens(record.usage)
 
     def _tokens(self, usage: Usage) -> None:
         for kind, n in (

@@ -60,6 +60,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from perdure.storage.records import (
     Committed,
+    CompactionAbandoned,
+    CompactionRetryPending,
+    CompactionStarted,
+    ContextCompacted,
     GenerationCompleted,
     GenerationStarted,
     Record,
@@ -203,6 +207,8 @@ class Tracing:
         self._current: dict[str, Span] = {}  # the live run span of each session
         self._contexts: dict[tuple[str, str], otel_context.Context] = {}  # of live runs
         self._attempts: dict[tuple[str, str], _Attempt] = {}  # by (session, generation)
+        # Compactions in progress: when the current attempt started, and its run.
+        self._compactions: dict[tuple[str, str], _Attempt] = {}
         self._metric_attrs: dict[
             tuple[str, str, str, str], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
         ] = {}
@@ -605,6 +611,72 @@ class Tracing:
         self._chat(state, r.session_id, r.generation_id, attributes, r.usage, r.at, None)
         self._attempts.pop((r.session_id, r.generation_id), None)
 
+    # -- context compaction: one span per summary attempt ----------------------------
+
+    def _compaction_started(self, state: SessionLookup, r: CompactionStarted) -> None:
+        self._compactions[(r.session_id, r.compaction_id)] = _Attempt(r.at, r.run_id)
+
+    def _compaction_span(
+        self,
+        session_id: str,
+        compaction_id: str,
+        at: float,
+        attributes: dict[str, Any],
+        error: str | None,
+        state: SessionLookup,
+        *,
+        over: bool,
+    ) -> _Attempt:
+        key = (session_id, compaction_id)
+        # Begun by a dead process: its start is unknown here, the span is the moment.
+        attempt = self._compactions.get(key) or _Attempt(at, "")
+        if over:
+            self._compactions.pop(key, None)
+        attributes = {
+            "gen_ai.operation.name": "compact_context",
+            "gen_ai.conversation.id": session_id,
+            "perdure.compaction.id": compaction_id,
+            **attributes,
+        }
+        parent = self._parent(state, session_id, attempt.run_id)
+        start = min(attempt.started, at)
+        self._later(
+            self._span, "compact_context", parent, SpanKind.CLIENT, attributes, start, at, error
+        )
+        return attempt
+
+    def _compaction_retry(self, state: SessionLookup, r: CompactionRetryPending) -> None:
+        attributes: dict[str, Any] = {"perdure.attempt": r.attempt, "error.type": "model_error"}
+        if r.usage != _NO_USAGE:
+            _add_usage(attributes, r.usage)
+        attempt = self._compaction_span(
+            r.session_id, r.compaction_id, r.at, attributes, r.error, state, over=False
+        )
+        self._compactions[(r.session_id, r.compaction_id)] = _Attempt(
+            max(r.not_before, r.at), attempt.run_id
+        )
+
+    def _context_compacted(self, state: SessionLookup, r: ContextCompacted) -> None:
+        attributes: dict[str, Any] = {
+            "perdure.attempt": r.attempt,
+            "perdure.compaction.items": r.end,
+            "perdure.compaction.tokens_before": r.tokens_before,
+            "perdure.compaction.tokens_after": r.tokens_after,
+            "gen_ai.response.model": r.model,
+        }
+        if r.provider:
+            attributes["gen_ai.provider.name"] = r.provider
+        _add_usage(attributes, r.usage)
+        self._compaction_span(
+            r.session_id, r.compaction_id, r.at, attributes, None, state, over=True
+        )
+
+    def _compaction_abandoned(self, state: SessionLookup, r: CompactionAbandoned) -> None:
+        attributes: dict[str, Any] = {"error.type": "compaction_abandoned"}
+        self._compaction_span(
+            r.session_id, r.compaction_id, r.at, attributes, r.reason, state, over=True
+        )
+
     # -- tool attempts --------------------------------------------------------------
 
     def _tool(
@@ -683,6 +755,10 @@ def _start_ns(span: Span) -> int:
 
 
 _HANDLERS: dict[type, Any] = {
+    CompactionStarted: Tracing._compaction_started,
+    CompactionRetryPending: Tracing._compaction_retry,
+    ContextCompacted: Tracing._context_compacted,
+    CompactionAbandoned: Tracing._compaction_abandoned,
     RunFinished: Tracing._run_finished,
     RecoveryDecision: Tracing._recovery,
     SessionParked: Tracing._parked,

@@ -81,6 +81,7 @@ from perdure.server.openapi import (
     SSE,
     TRACEPARENT,
     TRANSCRIPT,
+    TRANSCRIPT_PARAMS,
     WORKSPACE_DIFF,
     Body,
     Operation,
@@ -93,6 +94,7 @@ from perdure.server.payloads import (
     ApprovalBody,
     CancelAnswer,
     CommandBody,
+    CompactionAnswer,
     CompensationAnswer,
     CreateSessionBody,
     ForkAnswer,
@@ -456,12 +458,14 @@ class Api:
             tag="sessions",
             access="session",
             answers={200: Body(schema=TRANSCRIPT)},
+            params=TRANSCRIPT_PARAMS,
             errors=(404,),
         )
     )
     async def transcript(self, request: Request) -> Response:
         sid = path_session(request)
-        messages = await self.rt.transcript(sid)
+        history = request.query_params.get("history", "0") in ("1", "true", "yes")
+        messages = await self.rt.transcript(sid, history=history)
         return JSONResponse({"session_id": sid, "messages": [message_json(m) for m in messages]})
 
     # -- commands --------------------------------------------------------------------
@@ -674,6 +678,24 @@ class Api:
 
     @documented(
         Operation(
+            summary="Compact the session's context now (summarise what the model is sent)",
+            tag="commands",
+            access="session",
+            body=Body(CommandBody),
+            answers={200: Body(CompactionAnswer)},
+            errors=(400, 404, 409, 413, 423),
+        )
+    )
+    async def compact_context(self, request: Request) -> Response:
+        """Start a context compaction: a summary replaces the older messages in what the
+        model is sent; the log keeps them all. Not the log's compaction."""
+        sid = path_session(request)
+        body = await read_body(request, CommandBody, self.max_body)
+        done = await self.rt.compact_context(sid, request_id=body.request_id)
+        return _json(CompactionAnswer(**_recorded(done), compaction_id=done.ref))
+
+    @documented(
+        Operation(
             summary="Undo a completed tool call with its compensation",
             tag="commands",
             access="session",
@@ -852,6 +874,7 @@ def create_app(
         Route(s + "/approvals/{call_id}", api.approve, methods=["POST"]),
         Route(s + "/revisions", api.revise, methods=["POST"]),
         Route(s + "/pause", api.pause, methods=["POST"]),
+        Route(s + "/compact-context", api.compact_context, methods=["POST"]),
         Route(s + "/resume", api.resume, methods=["POST"]),
         Route(s + "/compensations/{call_id}", api.compensate, methods=["POST"]),
         Route(s + "/calls/{call_id}/resolution", api.resolve, methods=["POST"]),

@@ -34,7 +34,7 @@ from attrs import frozen
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
-from perdure import open_runtime
+from perdure import CompactionPolicy, open_runtime
 from perdure._setup import SetupError
 from perdure.collector import tune_gc
 from perdure.errors import find_exception
@@ -71,6 +71,7 @@ class ServeOptions:
     idle_timeout: float | None = 300.0
     hibernate_after: float | None = 1.0
     stuck_after: float = DEFAULT_STUCK_AFTER  # no committed record for this long: stuck
+    compaction: CompactionPolicy | None = None  # context compaction (None: the default)
     mcp_servers: Sequence[Any] = ()  # perdure.tools.mcp.McpServer (the mcp extra)
     # Prometheus /metrics: on the API port behind the token, or (also) without the
     # token on this separate port, bound to loopback only. Needs perdure[metrics].
@@ -236,6 +237,7 @@ async def _serve(opts: ServeOptions, closing: trio.Event, say: Say, show_token: 
         idle_timeout=opts.idle_timeout,
         hibernate_after=opts.hibernate_after,
         stuck_after=opts.stuck_after,
+        compaction=opts.compaction,
         mcp_servers=opts.mcp_servers,
         telemetry=auto_observers() + ((metrics,) if metrics is not None else ()),
     ) as rt:

@@ -641,9 +641,25 @@ SESSION_SUMMARY: Final = {
         "decisions",
         "usage",
         "cost",
+        "context",
     ],
     "properties": {
         "session_id": {"type": "string"},
+        "context": {
+            "type": "object",
+            "description": "Context compaction: what the model is sent in place of the "
+            "older turns (every compaction, the one in progress, the last that made "
+            "nothing); the log keeps every record.",
+            "required": ["items", "summarised", "last_input_tokens", "compactions"],
+            "properties": {
+                "items": {"type": "integer"},
+                "summarised": {"type": "integer"},
+                "last_input_tokens": {"type": "integer"},
+                "compactions": _LIST,
+                "compacting": {"type": ["object", "null"]},
+                "abandoned": {"type": ["string", "null"]},
+            },
+        },
         "status": {
             "enum": [
                 "parked",
@@ -810,6 +826,17 @@ TRACEPARENT: Final = Param(
     "header",
     {"type": "string"},
     "W3C trace context: the run becomes a child of the caller's span (ignored if malformed)",
+)
+
+TRANSCRIPT_PARAMS: Final = (
+    Param(
+        "history",
+        "query",
+        {"type": "string"},
+        "`1`, `true` or `yes`: every message the log keeps, as if no context compaction "
+        "had been made; otherwise what the model is sent (a summary in place of what it "
+        "covers)",
+    ),
 )
 
 EVENT_PARAMS: Final = (

@@ -273,6 +273,11 @@ class PauseAnswer(Recorded):
 
 
 @frozen(kw_only=True)
+class CompactionAnswer(Recorded):
+    compaction_id: str  # the compaction started (or the one already in progress)
+
+
+@frozen(kw_only=True)
 class CompensationAnswer(Recorded):
     call_id: str
     compensation_id: str

@@ -35,6 +35,12 @@ its time waiting for such commits; several once the oldest has waited
 ``BUSY_GROUP_WAIT`` of them (their group grows meanwhile); any of them as soon as
 the loop would sleep.
 
+An append may let its caller start work before the commit is durable (``meanwhile``:
+a session starts the turn's next model call while the turn's results commit), and may
+ask for the writer thread (``overlap``) even where the loop would commit it: the fsync
+then runs beside that work instead of before it. The caller is still woken only once
+the commit is durable.
+
 Reads run in trio worker threads, each in its own short read transaction; a local
 log's at most ``LOCAL_READ_THREADS`` at once (they are CPU-bound under the GIL).
 
@@ -94,6 +100,9 @@ class _Append:
     guard: Guard | None
     # The caller parked until the commit is over (None: answered at once, inline).
     waiter: trio.lowlevel.Task | None = None
+    # Work started while this commit is in flight (``append``'s ``meanwhile``): hand the
+    # commit to the writer thread, whose fsync then overlaps that work on the loop.
+    overlap: bool = False
     result: list[Committed] | None = None
     error: BaseException | None = None
 
@@ -148,7 +157,7 @@ class _RoundEnd(trio.abc.Instrument):
             # again: a bug here must cost the loop commits, not the log.
             logger.exception("the journal's end of round failed; the writer thread commits")
             journal.commit_on_loop = False
-            held, journal._held = journal._held, []
+            held = journal._take_held()
             journal._in_flight += len(held)
             for request in held:
                 journal._queue.put(request)
@@ -184,6 +193,7 @@ class Journal:
         # the writer thread whose delivery has not run yet (while any are, the loop
         # never commits: one write transaction at a time, in order).
         self._held: list[_Append] = []
+        self._overlap_held = False  # one of ``_held`` asked for the writer thread
         self._in_flight = 0
         self._round_end = _RoundEnd(self)
         self.commit_on_loop = log.local if commit_on_loop is None else commit_on_loop
@@ -198,22 +208,39 @@ class Journal:
     # -- writing ---------------------------------------------------------------------
 
     async def append(
-        self, records: Sequence[Record], *, guard: Guard | None = None
+        self,
+        records: Sequence[Record],
+        *,
+        guard: Guard | None = None,
+        meanwhile: Callable[[], None] | None = None,
+        overlap: bool = False,
     ) -> list[Committed]:
         """Make ``records`` durable as one atomic unit; return them with their seqs.
 
         The wait cannot be cancelled: once handed over, the commit will happen (or
         fail) regardless, and the caller must learn which.
+
+        ``meanwhile`` is called once the records are in the Journal's hands and before
+        their commit is durable (inline: once it is), with no schedule point in between:
+        what the caller may start while the commit is in flight. Whatever it starts must
+        not act on the world before this call returns, and the caller undoes it if the
+        commit fails. ``overlap``: hand this commit to the writer thread at the round's
+        end even where the loop would commit it itself, so that its fsync runs while the
+        loop does what ``meanwhile`` started.
         """
         if self.fence_error is not None:
             raise self.fence_error
         if self._closed or (self._thread is None and not self._inline):
             raise LogError("the journal is closed")
         if not records:
+            if meanwhile is not None:
+                meanwhile()
             return []
-        request = _Append(records, guard)
+        request = _Append(records, guard, overlap=overlap)
         if self._inline:
             self._deliver([request], *self._commit([request]))
+            if meanwhile is not None and request.error is None:
+                meanwhile()
             # A schedule point, as the threaded wait is, and like it not a cancel point:
             # the caller learns the outcome of a commit that happened.
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -225,11 +252,19 @@ class Journal:
         if not self._held:
             self._held_since = time.perf_counter()
         self._held.append(request)  # handed over at the end of a round (_RoundEnd)
+        if overlap:
+            self._overlap_held = True
+        if meanwhile is not None:
+            meanwhile()  # no checkpoint since the request was held: it cannot be delivered yet
         await trio.lowlevel.wait_task_rescheduled(_uncancellable)
         if request.error is not None:
             raise request.error
         assert request.result is not None
         return request.result
+
+    def _take_held(self) -> list[_Append]:
+        held, self._held, self._overlap_held = self._held, [], False
+        return held
 
     def _commit(self, requests: list[_Append]) -> tuple[list[Any], float, float]:
         """One transaction for ``requests``: per request, its records or its error; the
@@ -248,6 +283,7 @@ class Journal:
         """On the trio thread, before it waits for I/O: commit here or hand over."""
         if (
             self.commit_on_loop
+            and not self._overlap_held
             and not self._in_flight
             and self._commit_seconds <= self.loop_commit_budget
             and not _faults.SLOW_COMMIT
@@ -267,13 +303,13 @@ class Journal:
             ):
                 self._commit_on_loop()
             return  # kept for a later round (the module's docstring says why)
-        held, self._held = self._held, []
+        held = self._take_held()
         self._in_flight += len(held)
         for request in held:
             self._queue.put(request)
 
     def _commit_on_loop(self) -> None:
-        held, self._held = self._held, []
+        held = self._take_held()
         results, took, waited = self._commit(held)
         self.stats.loop_transactions += 1
         self._deliver(held, results, took, waited)
@@ -529,7 +565,7 @@ class Journal:
         thread = self._thread
         if thread is None:
             return
-        held, self._held = self._held, []  # appended this round: they go first
+        held = self._take_held()  # appended this round: they go first
         self._in_flight += len(held)
         for request in held:
             self._queue.put(request)

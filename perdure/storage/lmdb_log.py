@@ -596,13 +596,26 @@ class LmdbLog(SingleOwner):
             return out
         start = after.encode()
         with self._read() as txn:
+            counts: dict[str, int] | None = None
+            if limit is None and not active:
+                # Every session from here on: one scan of the (small) active index
+                # instead of a lookup per session.
+                counts = {
+                    bytes(k).decode(): int(bytes(v))
+                    for k, v in txn.cursor(db=self._active).iternext()
+                }
+
             # Keys sort as the ids' UTF-8 bytes: a page starts at the first key past
             # ``after``, and no key outside the page is read.
             cursor = txn.cursor(db=self._active if active else self._sessions)
-            found = cursor.set_range(start) if start else cursor.first()
+            # An ``after`` longer than any key LMDB takes (no session id is) still
+            # places the page: the search starts at its prefix, and keys up to it are
+            # skipped.
+            prefix = start[: self.env.max_key_size()]
+            found = cursor.set_range(prefix) if prefix else cursor.first()
             while found:
                 key = bytes(cursor.key())
-                if key != start:
+                if key > start:
                     sid = key.decode()
                     if active:
                         summary = self._summary(txn, sid)
@@ -612,7 +625,9 @@ class LmdbLog(SingleOwner):
                         out.append(
                             SessionInfo(
                                 session_id=sid,
-                                open_submissions=self._count(txn, sid),
+                                open_submissions=(
+                                    self._count(txn, sid) if counts is None else counts.get(sid, 0)
+                                ),
                                 **json.loads(bytes(cursor.value())),
                             )
                         )

@@ -17,6 +17,8 @@ follow the lifecycles of docs/DESIGN.md:
 * lineage:    SessionForked (a session made from a settled prefix of another)
 * workspace:  WorkspaceCheckpointed (with a workspace call's result),
               WorkspaceRestoreStarted -> WorkspaceRestored (a rewind of the files)
+* context:    CompactionStarted -> (CompactionRetryPending ...)
+              -> ContextCompacted | CompactionAbandoned
 * recovery:   RecoveryDecision (one per decision a restart takes), SessionParked
 * ownership:  LogOpened (system record, no session)
 * retention:  SessionDeleted (system record: a session removed from the log)
@@ -142,7 +144,21 @@ class RedactedThinkingBlock:
 Thinking = ThinkingBlock | RedactedThinkingBlock
 
 
-# -- session and run lifecycle --------------------------------------------------------
+@frozen(kw_only=True)
+class CompactionPolicy:
+    """When a session's context is compacted, and how much of it stays verbatim.
+
+    ``threshold``: compact once the input tokens the last reply reported reach this
+    share of the model's context window (``window``, or the runtime's table of windows
+    by model). ``keep_recent``: how many of the latest conversation items (a user turn,
+    a model turn with its tool results, a note) stay verbatim after the summary.
+    ``auto=False`` compacts only on demand.
+    """
+
+    threshold: float = 0.8
+    keep_recent: int = 6
+    window: int | None = None
+    auto: bool = True
 
 
 @frozen(kw_only=True)
@@ -158,6 +174,8 @@ class SessionCreated:
     # ("session/call_id"), and the only tools it may use (None: all the runtime's).
     parent: str | None = None
     tools: list[str] | None = None
+    # The session's own compaction policy (None: the runtime's).
+    compaction: CompactionPolicy | None = None
     at: float
 
 
@@ -575,6 +593,85 @@ class SessionResumed:
     at: float
 
 
+# -- context compaction ---------------------------------------------------------------
+#
+# Conversation items are counted as the fold counts them (``SessionState.conversation``):
+# a compaction covers the items ``[0, end)``, summarising the previous summary (which
+# covered ``[0, start)``) and the items ``[start, end)``. The log keeps every record; only
+# what the model is sent changes.
+
+
+@frozen(kw_only=True)
+class CompactionStarted:
+    """A summary of the conversation items ``[start, end)`` is to be made.
+
+    Committed before the summary's model call; a restart that finds it without a result
+    makes the call again (a model call has no effects).
+    """
+
+    session_id: str
+    compaction_id: str
+    run_id: str = ""  # the run it happens in ("" when asked for while idle)
+    start: int
+    end: int
+    tokens_before: int  # the input tokens the last reply reported (0: not known)
+    window: int = 0  # the context window it was measured against (0: not known)
+    reason: str = ""  # "auto" or "requested"
+    request_id: str | None = None  # of an on-demand compaction
+    at: float
+
+
+@frozen(kw_only=True)
+class CompactionRetryPending:
+    """The summary's model call failed and will be made again after ``not_before``."""
+
+    session_id: str
+    compaction_id: str
+    attempt: int  # the attempt that failed
+    not_before: float
+    error: str
+    usage: Usage = field(factory=Usage)
+    model: str = ""
+    provider: str = ""
+    fallback: bool = False
+    at: float
+
+
+@frozen(kw_only=True)
+class ContextCompacted:
+    """The summary of the conversation items ``[0, end)``: the model sees it in their place.
+
+    ``tokens_after`` is an estimate (the share of characters the summary leaves, applied
+    to ``tokens_before``); the next reply reports the real count.
+    """
+
+    session_id: str
+    compaction_id: str
+    start: int
+    end: int
+    summary: str
+    tokens_before: int = 0
+    tokens_after: int = 0
+    model: str = ""
+    provider: str = ""
+    usage: Usage = field(factory=Usage)
+    attempt: int = 1
+    at: float
+
+
+@frozen(kw_only=True)
+class CompactionAbandoned:
+    """No summary could be made (the provider failed past its retries, the budget was
+    spent, the summary was empty): nothing was cut, the history stays whole."""
+
+    session_id: str
+    compaction_id: str
+    reason: str
+    usage: Usage = field(factory=Usage)  # of the last failed attempt
+    model: str = ""
+    at: float
+
+
 # -- recovery and supervision ---------------------------------------------------------
 
 
@@ -657,6 +754,10 @@ Record = (
     | CompensationFinished
     | SessionPaused
     | SessionResumed
+    | CompactionStarted
+    | CompactionRetryPending
+    | ContextCompacted
+    | CompactionAbandoned
     | RecoveryDecision
     | SessionParked
     | LogOpened
@@ -693,6 +794,10 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     CompensationFinished,
     SessionPaused,
     SessionResumed,
+    CompactionStarted,
+    CompactionRetryPending,
+    ContextCompacted,
+    CompactionAbandoned,
     RecoveryDecision,
     SessionParked,
     LogOpened,
@@ -714,17 +819,23 @@ class Committed:
 
 
 def active_delta(record: Record) -> int | None:
-    """How a record changes its session's count of unfinished work (inputs, compensations).
+    """How a record changes its session's count of unfinished work (inputs, compensations,
+    context compactions).
 
     The log keeps this count in its ``active`` index in the same transaction as the
     record, so start-up reads only sessions with unfinished work. ``None`` means
     "the session is no longer active, whatever the count" (a parked session).
     """
-    if isinstance(record, InputAccepted | CompensationRequested | WorkspaceRestoreStarted):
-        return 1
+    if isinstance(
+        record,
+        InputAccepted | CompensationRequested | WorkspaceRestoreStarted | CompactionStarted,
+    ):
+        return 1  # a compaction is unfinished work: a restart makes its summary
     if isinstance(record, RunFinished) and record.status in FINAL_RUN_STATUSES:
         return -1
-    if isinstance(record, CompensationFinished | WorkspaceRestored):
+    if isinstance(
+        record, CompensationFinished | WorkspaceRestored | ContextCompacted | CompactionAbandoned
+    ):
         return -1
     if isinstance(record, SessionParked):
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,3 +261,39 @@ def test_input_while_busy_forks_deletes_and_scoped_tokens(
 def pending_seq(accepted: list[Any]) -> int:
     """The seq of the input record: inside a run, so no settled point to fork at."""
     return int(accepted[0].seq)
+
+
+WORKSPACE_SCRIPT = [
+    {"tool_uses": [{"name": "write_file", "input": {"path": "a.txt", "content": "one\n"}}]},
+    {"text": "written"},
+]
+
+
+def test_workspace_diff_rewind_and_fork_with_files_over_http(tmp_path: Path) -> None:
+    """The daemon's diff and rewind routes and a fork with files, through the client."""
+    daemon = Daemon(tmp_path, WORKSPACE_SCRIPT, tools="perdure.tools.workspace:TOOLS").start()
+    (daemon.workspace / "keep.txt").write_text("kept\n")
+
+    async def scenario(client: Any) -> None:
+        await client.create_session("w")
+        await client.submit("w", "write it")
+        await client.wait_idle("w")
+        (diff,) = await client.workspace_diff("w")
+        assert (diff.tool_name, diff.changed) == ("write_file", ("a.txt",))
+        assert "+one" in diff.patch
+        assert [d.call_id for d in await client.workspace_diff("w", diff.call_id)] == [diff.call_id]
+        done = await client.rewind("w", to=diff.call_id, request_id="rw")
+        assert (done.tree, done.before) == (diff.before, diff.after)
+        assert not (daemon.workspace / "a.txt").exists()
+        assert (daemon.workspace / "keep.txt").read_text() == "kept\n"
+        assert (await client.rewind("w", to=diff.call_id, request_id="rw")).duplicate
+        with pytest.raises(perdure.Refused):
+            await client.rewind("w", to="no-such-call")
+        forked = await client.fork("w", session_id="w2", files=True)
+        assert forked.session_id == "w2"
+        assert (daemon.workspace / "a.txt").read_text() == "one\n"
+
+    try:
+        run("sync", daemon, scenario)
+    finally:
+        daemon.close()

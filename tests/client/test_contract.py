@@ -61,6 +61,7 @@ def _calls() -> list[m.Call[Any]]:
         m.revise(SID, "again", "r1"),
         m.pause(SID, "r1"),
         m.resume(SID, "r1"),
+        m.compact_context(SID, "r1"),
         m.compensate(SID, CALL, "r1"),
         m.resolve(SID, CALL, "skip", {"done": True}, "r1"),
         m.mint_token(SID, "read", 60),

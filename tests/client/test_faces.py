@@ -169,6 +169,7 @@ ONLY_IN_CLIENTS = {
 # Parameters of Runtime that the clients (and the daemon) do not take, and why.
 NOT_OVER_HTTP = {
     ("create_session", "budget"): "budgets are set where the runtime opens, not by callers",
+    ("create_session", "compaction"): "compaction policies are set where the runtime opens",
     ("submit", "budget"): "budgets are set where the runtime opens, not by callers",
     ("revise", "budget"): "budgets are set where the runtime opens, not by callers",
     ("delete_session", "reason"): "the daemon records its own reason (deleted through the API)",
@@ -229,6 +230,7 @@ SAMPLES: dict[str, Any] = {
     "scope": "write",
     "ttl_s": 60,
     "tools": ["lookup"],
+    "history": True,
     "files": True,
     "to": "call-7",
     "after": "sess-0",

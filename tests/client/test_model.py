@@ -154,6 +154,7 @@ def test_every_v1_route_of_the_daemon_has_a_client_call() -> None:
         m.revise(sid, "x", None),
         m.pause(sid, None),
         m.resume(sid, None),
+        m.compact_context(sid, None),
         m.compensate(sid, call, None),
         m.resolve(sid, call, "skip", None, None),
         m.mint_token(sid, "read", 60),

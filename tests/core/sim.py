@@ -78,6 +78,10 @@ class Session:
                 self.view = View(
                     models=self.view.models | {effect.generation_id}, tools=self.view.tools
                 )
+            elif isinstance(effect, protocol.Summarize):
+                self.view = View(
+                    models=self.view.models | {effect.compaction_id}, tools=self.view.tools
+                )
             elif isinstance(effect, protocol.RunTool | protocol.Reconcile):
                 self.view = View(models=self.view.models, tools=self.view.tools | {effect.call_id})
         return step

@@ -246,6 +246,17 @@ def describe(records: list[Committed]) -> dict[str, Any]:
                 c.record.provider for c in mine if isinstance(c.record, GenerationCompleted)
             ],
         }
+        if state.compactions or state.compacting is not None:  # only logs that compacted
+            out[sid]["context"] = {
+                "summaries": [[c.start, c.end, c.summary] for c in state.compactions],
+                "compacting": None
+                if state.compacting is None
+                else [
+                    state.compacting.started.start,
+                    state.compacting.started.end,
+                    state.compacting.attempt,
+                ],
+            }
     return out
 
 

@@ -12,9 +12,10 @@ leaving a log whose recovery has work to do (``sub-agents``: a parent call whose
 sub-agent was linked, ``AgentStarted``, killed while the child works); the
 ``features`` log (``features.py``) holds every newer kind of fact: reasoning blocks,
 model and tool retries, heartbeats, a budget, a fallback, calls that wait for a
-person. Logs of every release stay in the repository (``v1/`` is the first record
-format, before releases were named): every later build must read them, fold them
-and decide the same recovery plan (``test_golden.py``).
+person; the ``compaction`` log (``compaction.py``) a context compaction and a second
+one waiting out a back-off. Logs of every release stay in the repository (``v1/`` is
+the first record format, before releases were named): every later build must read
+them, fold them and decide the same recovery plan (``test_golden.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from perdure.storage.lmdb_log import LmdbLog
+from tests.golden.compaction import write_compaction_log
 from tests.golden.features import describe, write_features_log
 from tests.golden.plan import recovery_plan
 from tests.support.checker import read_log
@@ -148,15 +150,21 @@ def main() -> None:
         name = sys.argv[2]
         if (target / name).exists():
             raise SystemExit(f"{target / name} exists: a golden log is never rewritten")
-        if name != "sub-agents":
-            raise SystemExit(f"--add knows the scenario sub-agents, not {name!r}")
         work = Path(tempfile.mkdtemp())
-        _keep(write_sub_agent_log(work), target / name)
+        if name == "sub-agents":
+            _keep(write_sub_agent_log(work), target / name)
+        elif name == "compaction":
+            write_compaction_log(work / "log")
+            _keep(work / "log", target / name)
+        else:
+            raise SystemExit(f"--add knows the scenarios sub-agents and compaction, not {name!r}")
         shutil.rmtree(work)
         return
     if target.exists():
         raise SystemExit(f"{target} exists: the golden logs of a release are never rewritten")
     for name, (script, fault, actions) in SCENARIOS.items():
+        if (target / name).exists():
+            continue  # the golden logs of a release are never rewritten
         work = Path(tempfile.mkdtemp())
         (work / "ws").mkdir()
         inputs = [{"text": "go", "request_id": "r1"}]
@@ -178,6 +186,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     write_features_log(work / "log")
     _keep(work / "log", target / "features")
+    shutil.rmtree(work)
+    work = Path(tempfile.mkdtemp())
+    write_compaction_log(work / "log")
+    _keep(work / "log", target / "compaction")
     shutil.rmtree(work)
 
 

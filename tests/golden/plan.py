@@ -38,6 +38,7 @@ _KEEP = (
     "idempotency_key",
     "args",
     "compensation_id",
+    "compaction_id",
 )
 
 

@@ -114,3 +114,14 @@ def test_the_sub_agent_golden_log_links_the_call_and_its_child(tmp_path: Path) -
     )
     assert parent.tasks[link.call_id].children == (link.child,)
     assert not parent.tasks[link.call_id].terminal  # the call still waits for its child
+
+
+def test_the_compaction_golden_log_holds_a_summary_and_one_in_progress(tmp_path: Path) -> None:
+    log = _copy(CURRENT / "compaction", tmp_path)
+    records = [c.record for c in _records(log)]
+    kinds = [type(r).__name__ for r in records]
+    assert kinds.count("CompactionStarted") == 2 and kinds.count("ContextCompacted") == 1
+    assert kinds.count("CompactionRetryPending") == 1
+    plan = recovery_plan(log)["compacted"]
+    assert plan["effects"][0].startswith("Summarize('compacted.compaction2', 2,")
+    assert not any(r["type"] == "GenerationStarted" for r in plan["records"])

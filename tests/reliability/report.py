@@ -40,7 +40,7 @@ SUITES = [
 
 ROWS = [
     ("sweep", "workloads", "reference workloads swept"),
-    ("sweep", "points", "crash points tried (commit, tool.before/after, model.after)"),
+    ("sweep", "points", "crash points tried (commit, tool.before/after, model.after, model.early)"),
     ("sweep", "compound", "compound crashes (a second kill during recovery)"),
     ("sweep", "restarts", "restarts checked by the history checker"),
     ("soak", "kills", "random SIGKILLs of a live daemon"),

@@ -2,7 +2,9 @@
 
 For a workload, a clean run counts its commits K. Then each fault point — every
 ``commit@n`` for n in 1..K (or a sample), ``tool.before``/``tool.after`` of each
-of its tools, ``model.after`` — runs in a fresh directory: a child is killed at the
+of its tools, ``model.after``, and ``model.early`` (the model answered while the
+commit that started its call was in flight: the child's commits are slowed to hold
+that window open) — runs in a fresh directory: a child is killed at the
 point, a second child recovers on the same log and finishes, and the history
 checker verifies the invariants of docs/DESIGN.md. Compound crashes kill the recovering
 child again after its m-th commit, for m in 1..M, before a final clean recovery.
@@ -27,6 +29,10 @@ from tests.reliability.workloads import Workload
 from tests.support.checker import check
 from tests.support.pg import PgCluster, database_of
 from tests.support.procs import run_child
+
+# How long each commit of a child killed at ``model.early`` is held in flight: far
+# longer than the scripted model takes to answer, so the reply comes before the commit.
+EARLY_WINDOW_MS = 60
 
 
 @define
@@ -144,11 +150,12 @@ def _sweep(
         commits = sorted({1, stats.commits, *rng.sample(commits, commit_sample)})
     points = [f"commit@{n}" for n in commits]
     points += [f"tool.{when}:{t}" for t in w.tools for when in ("before", "after")]
-    points.append("model.after")
+    points += ["model.after", "model.early"]
     for point in points:
         log, ws = logs.fresh("point")
         plan = plan_for(log, ws)
-        first = run_child(plan, fault=point)
+        slow = EARLY_WINDOW_MS if point == "model.early" else None
+        first = run_child(plan, fault=point, slow_commit_ms=slow)
         if not first.killed:
             stats.not_fired.append(point)
             continue

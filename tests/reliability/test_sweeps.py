@@ -2,8 +2,8 @@
 
 Every commit point of each single-session workload on LMDB (30 sampled points, plus
 the first and the last, of the 20-session one), every ``tool.before``/``tool.after``
-point of its tools, ``model.after``, and sampled compound crashes (a second kill
-during recovery). Any violation fails. The larger run is
+point of its tools, ``model.after`` and ``model.early``, and sampled compound crashes
+(a second kill during recovery). Any violation fails. The larger run is
 ``PERDURE_SWEEP=full python -m pytest tests/reliability/test_sweeps.py`` (every commit
 point everywhere, more compound crashes, every workload on PostgreSQL too).
 

@@ -32,6 +32,13 @@ from perdure.settings import Limits, Settings
         ("rebalance", "yes", "rebalance must be True or False"),
         ("budget", {"run_tokens": 5}, "budget must be a perdure.Budget or None"),
         ("prices", {"m": 1.0}, "prices must map model names to perdure.Price"),
+        ("compaction", 0.8, "compaction must be a perdure.CompactionPolicy"),
+        (
+            "compaction",
+            perdure.CompactionPolicy(threshold=2.0),
+            "compaction must be a sensible policy: compaction threshold must be a share",
+        ),
+        ("context_windows", {"m": "big"}, "context_windows must map model names to context"),
     ],
 )
 async def test_a_bad_keyword_is_named_and_nothing_is_opened(

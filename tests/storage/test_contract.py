@@ -309,6 +309,7 @@ def test_session_summaries_page_by_id_and_filter_the_active(log: LogBackend) -> 
     assert ids(after="b", limit=1) == ["c"]
     assert ids(after="bb") == ["c", "d"]  # an id that is not in the log still places the page
     assert ids(after="d") == []
+    assert ids(after="b" + "z" * 2000) == ["c", "d"]  # longer than any key LMDB takes
     assert ids(limit=0) == []
     assert ids(active=True) == ["a", "b", "c"]
     assert ids(active=True, after="a", limit=1) == ["b"]

@@ -557,3 +557,55 @@ async def test_reads_of_a_local_log_use_at_most_a_few_worker_threads(
                 nursery.start_soon(one)
     assert found == [1] * 30  # every read answered, in full
     assert most == LOCAL_READ_THREADS == len(threads)
+
+
+# -- work that overlaps a commit (``meanwhile``, ``overlap``) -------------------------------
+
+
+async def test_meanwhile_runs_before_the_commit_is_durable_and_overlap_goes_to_the_writer(
+    log: LmdbLog,
+) -> None:
+    """``meanwhile`` is called once, with the records in the Journal's hands and not yet
+    in the log; ``overlap`` gives that commit to the writer thread even where an idle loop
+    would commit it itself, and the caller still hears only once it is durable."""
+    watched = _Watched(log, delay=0.02)  # the writer's commit takes a while
+    async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
+        await journal.append([tool_result("s", "first")])
+        assert journal.stats.loop_transactions == 1  # an idle loop commits a plain append
+        seen: list[int] = []
+
+        def meanwhile() -> None:
+            seen.append(len(log.read_session("s")))  # what is durable right now
+
+        done = await journal.append([tool_result("s", "second")], meanwhile=meanwhile, overlap=True)
+        assert seen == [1], "called once, before the second record was in the log"
+        assert [c.record.call_id for c in done] == ["second"]
+        assert len(log.read_session("s")) == 2  # durable when the caller heard
+        assert journal.stats.loop_transactions == 1, "the overlapped commit was the writer's"
+        assert watched.threads[-1] == journal.writer_thread.ident  # type: ignore[union-attr]
+        # Without ``overlap`` the idle loop commits it itself again, ``meanwhile`` or not.
+        await journal.append([tool_result("s", "third")], meanwhile=lambda: None)
+        assert journal.stats.loop_transactions == 2
+        assert journal._overlap_held is False
+        # Nothing to commit: ``meanwhile`` still runs, and nothing is written.
+        ran: list[bool] = []
+        assert await journal.append([], meanwhile=lambda: ran.append(True)) == []
+        assert ran == [True] and journal.stats.transactions == 3
+
+
+async def test_meanwhile_on_an_inline_log_runs_after_a_commit_and_not_after_a_failed_one() -> None:
+    from perdure.storage.memory_log import MemoryLog
+
+    memory = MemoryLog()
+    async with open_journal(memory) as journal:
+        seen: list[int] = []
+
+        def meanwhile() -> None:
+            seen.append(len(memory.read_session("s")))
+
+        await journal.append([tool_result("s", "a")], meanwhile=meanwhile)
+        assert seen == [1]  # inline commits are durable at once: then it runs
+        stale = Guard("s", goal_rev=5)  # the session's goal revision is 0
+        with pytest.raises(StaleGoal):
+            await journal.append([tool_result("s", "b")], guard=stale, meanwhile=meanwhile)
+        assert seen == [1], "not called for a commit that failed"

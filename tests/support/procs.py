@@ -40,11 +40,22 @@ class ChildResult:
         raise AssertionError(f"no stats line; stderr:\n{self.stderr}")
 
 
-def run_child(plan: dict[str, Any], fault: str | None = None, timeout: float = 60) -> ChildResult:
+def run_child(
+    plan: dict[str, Any],
+    fault: str | None = None,
+    timeout: float = 60,
+    slow_commit_ms: int | None = None,
+) -> ChildResult:
+    """Run a child runtime on ``plan``; ``fault`` is its ``PERDURE_FAULT``, and
+    ``slow_commit_ms`` its ``PERDURE_SLOW_COMMIT_MS`` (a slow disk: it holds every
+    commit in flight that long, which opens the ``model.early`` window wide)."""
     env = dict(os.environ)
     env.pop("PERDURE_FAULT", None)
+    env.pop("PERDURE_SLOW_COMMIT_MS", None)
     if fault:
         env["PERDURE_FAULT"] = fault
+    if slow_commit_ms:
+        env["PERDURE_SLOW_COMMIT_MS"] = str(slow_commit_ms)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.support.child", json.dumps(plan)],

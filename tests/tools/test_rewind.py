@@ -256,3 +256,23 @@ async def test_two_sessions_on_one_workspace_are_detected(tmp_path: Path, ws: Pa
     assert (first.changed, first.outside) == (["a.txt"], [])
     assert (other.changed, other.outside) == (["b.txt"], [])  # s2 had no earlier call
     assert (second.changed, second.outside) == (["c.txt"], ["b.txt"])
+
+
+async def test_bad_rewinds_are_refused_before_anything_is_recorded(
+    tmp_path: Path, ws: Path
+) -> None:
+    async with perdure.open_runtime(
+        tmp_path / "log", provider=script(), tools=TOOLS, workspace=ws
+    ) as rt:
+        await rt.create_session("s")
+        with pytest.raises(Refused, match="no workspace checkpoint"):
+            await rt.rewind("s", to="toolu_001_1")
+        with pytest.raises(ValueError, match="to must be a call id or a sequence number"):
+            await rt.rewind("s", to=True)
+        with pytest.raises(perdure.UnknownSession):
+            await rt.rewind("nobody", to="toolu_001_1")
+        assert (await rt.load_state("s")).restores == {}
+    async with perdure.open_runtime(tmp_path / "log2", provider=script(), tools=TOOLS) as rt:
+        await rt.create_session("s")
+        with pytest.raises(Refused, match="no workspace"):
+            await rt.rewind("s", to="toolu_001_1")

@@ -4,7 +4,10 @@
 workspace call — after its ``executing`` commit, after its before-snapshot, after
 its tool returned — and of a rewind — after ``WorkspaceRestoreStarted``, after the
 files were put back. The next child recovers on the same log and workspace. Each
-test loops over its windows in few child processes (CI time is tight).
+test loops over its windows in few child processes (CI time is tight): the first
+takes four windows; ``PERDURE_SWEEP=full python -m pytest
+tests/tools/test_rewind_crash.py`` takes every commit of the run and every fault
+point of each of the three calls.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 from tests.tools._harness import FIRST, Workdir, use
 from tests.tools.test_history import files_of
+
+FULL = os.environ.get("PERDURE_SWEEP") == "full"
 
 SECOND = "toolu_002_1"  # one call per turn: the scripted ids of turns 2 and 3
 THIRD = "toolu_003_1"
@@ -51,10 +56,18 @@ def test_after_a_crash_in_any_window_a_rewind_restores_the_tree_byte_for_byte(
         "workspace.after:bash",  # bash ran and was snapshotted, its result not committed
         "commit@6",  # a commit in the middle of the run
     ]
+    if FULL:
+        points = ("tool.before", "workspace.before", "workspace.after", "tool.after")
+        tools = ("write_file", "edit_file", "bash")
+        windows = [f"{p}:{t}" for t in tools for p in points] + [
+            f"commit@{n}" for n in range(1, 40)
+        ]
     for n, fault in enumerate(windows):
         wd = seeded(tmp_path / f"w{n}", PLAN, sequential=True)
         initial = files_of(wd.ws)
         first = wd.run(fault=fault)
+        if FULL and fault.startswith("commit@") and not first.killed:
+            break  # past the run's last commit
         assert first.killed, (fault, first.stderr)
         again = wd.run("--rewind-to", FIRST)
         assert again.returncode == 0, (fault, again.stderr)

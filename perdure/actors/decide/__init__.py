@@ -28,7 +28,8 @@ This module is the face; each door is a module of its own, and each is a table:
 * ``verbs`` — what the doors share: the words the model reads, a call's identity
   (idempotency key, fingerprint), the model's back-off, starting a turn, finishing a
   run, committing an ``executing`` record, calling off what a cancel or a revision
-  leaves.
+  leaves; and which effects may start while their step's commit is in flight
+  (``overlapping``, ``overlaps_commit``).
 
 When a tool call fails (``results._tool_finished``), its tool's policy decides: a
 transient failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes
@@ -36,7 +37,14 @@ transient failure of a SAFE or KEYED tool with a ``RetryPolicy`` becomes
 once it is over, ``advancing._retry``), ``NeedsHuman`` becomes ``ToolAwaitingHuman``
 (``commands._resolve`` answers it), anything else a result for the model. A NEVER call
 is never retried by these rows: only a reconcile answering ``not_applied`` or a
-person's ``retry`` runs it again.
+person's ``retry`` runs it again. An outcome nobody can know (a NEVER call interrupted
+or timed out, a reconcile answering ``unknown``) is told to the model as UNKNOWN, or,
+when its tool declares ``unknown_outcome="ask_person"``, becomes a ``ToolAwaitingHuman``
+for a person to say what happened (``verbs._unknown_or_ask``).
+
+When a revision lands, ``advancing._apply_revision`` calls off what the old request
+left, runs the request's goal-dependent results again under the new revision
+(``_rerun_for_revision``), and only then starts the next turn.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ from perdure.actors.decide.verbs import (
     fingerprint,
     idempotency_key,
     interrupted_text,
+    overlapping,
+    overlaps_commit,
     registered_for,
     retry_delay,
     tool_for,
@@ -73,6 +83,8 @@ __all__ = [
     "idempotency_key",
     "interrupted_text",
     "on_result",
+    "overlapping",
+    "overlaps_commit",
     "recover",
     "registered_for",
     "retry_delay",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import (
     _budget_stop,
     _call_off,
@@ -62,6 +63,9 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     compensating = _advance_compensations(s, env, view)
     if compensating:
         return compensating
+    summarizing = compacting.summarize(s, env, view)
+    if summarizing:
+        return summarizing
     run = s.run
     if run is None:
         # No run starts while a rewind puts the files back: its calls would race it.
@@ -74,6 +78,9 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
     if gen is None:  # a new run: its first model turn
         if _holding(s, view):
             return NOTHING
+        held = compacting.before_turn(s, env)
+        if held is not None:
+            return held
         return _budget_stop(s, env) or _next_generation(s, env, run.run_id, run.submission_id)
     if gen.goal_rev < s.goal_rev:
         return _apply_revision(s, env, view, gen)
@@ -96,7 +103,7 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
         if stop == "pause_turn":  # the model is not done: its turn goes on, never "completed"
             if _holding(s, view):
                 return NOTHING
-            return _continue_turn(s, env, run.run_id, run.submission_id)
+            return _next_turn(s, env, run.run_id, run.submission_id)
         note = {
             "max_tokens": "the reply was cut off at the model's output limit (max_tokens)",
             "refusal": "the model declined to continue (refusal)",
@@ -108,7 +115,13 @@ def advance(s: SessionState, env: Env, view: View) -> Step:
             return _finish(s, env, "completed", text=result.output)
     if _holding(s, view):
         return NOTHING
-    return _continue_turn(s, env, run.run_id, run.submission_id)
+    return _next_turn(s, env, run.run_id, run.submission_id)
+
+
+def _next_turn(s: SessionState, env: Env, run_id: str, submission_id: str) -> Step:
+    """The run's next model turn, after the summary of a compaction that is due."""
+    held = compacting.before_turn(s, env)
+    return held if held is not None else _continue_turn(s, env, run_id, submission_id)
 
 
 def _advance_compensations(s: SessionState, env: Env, view: View) -> Step:
@@ -209,7 +222,7 @@ def _apply_revision(s: SessionState, env: Env, view: View, gen: Generation) -> S
     rerunning = _rerun_for_revision(s, env, view, gen)
     if rerunning is not None:
         return stop + rerunning
-    return stop + _continue_turn(s, env, s.run.run_id, s.run.submission_id)
+    return stop + _next_turn(s, env, s.run.run_id, s.run.submission_id)
 
 
 def rerun_id(call_id: str, goal_rev: int) -> str:

@@ -1,7 +1,8 @@
 """``command``: what a caller's command changes (``COMMANDS``).
 
 Submit, cancel, approve, resolve, revise, pause, resume, compensate, rewind (the
-workspace's files, while the session is idle). A request id
+workspace's files, while the session is idle), compact the context (``compacting``).
+A request id
 already seen answers as it did the first time; a command that cannot be done raises
 ``Refused`` and records nothing. What a submit does while a run is busy is a row of
 ``IF_BUSY`` (queue, interrupt, reject, steer). A compensation is an ordinary tool
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import registered_for
 from perdure.actors.protocol import (
     NOTHING,
@@ -21,6 +23,7 @@ from perdure.actors.protocol import (
     Approve,
     Cancel,
     Command,
+    CompactContext,
     Compensate,
     Done,
     Env,
@@ -291,6 +294,22 @@ def _resume(s: SessionState, env: Env, cmd: Resume) -> tuple[Step, Answer]:
     return Step((record,)), Done("")
 
 
+def _compact_context(s: SessionState, env: Env, cmd: CompactContext) -> tuple[Step, Answer]:
+    """Start a compaction now (answered with its id); the one in progress, if any."""
+    if s.compacting is not None:
+        return NOTHING, Done(s.compacting.started.compaction_id)
+    started = compacting.start(s, env, "requested", cmd.request_id)
+    if started is None:
+        keep = compacting.policy_of(s, env).keep_recent
+        raise Refused(
+            "invalid_state",
+            f"nothing to compact in session {s.session_id}: the conversation has "
+            f"{len(s.conversation)} items, {s.compacted_end} already summarised, the last "
+            f"{keep} kept verbatim (and any unsettled turn with them)",
+        )
+    return Step((started,)), Done(started.compaction_id)
+
+
 def _rewind(s: SessionState, env: Env, cmd: Rewind) -> tuple[Step, Answer]:
     """Restore the workspace's files; only while nothing of the session runs, so that
     no call of its own writes the files while they are put back."""
@@ -396,5 +415,6 @@ COMMANDS: dict[type, Callable[[SessionState, Env, Any], tuple[Step, Answer]]] = 
     Resume: _resume,
     Compensate: _compensate_command,
     Resolve: _resolve,
+    CompactContext: _compact_context,
     Rewind: _rewind,
 }

@@ -65,6 +65,30 @@ def recover(s: SessionState, env: Env) -> Step:
     """
     if s.parked:
         return NOTHING
+    return _recover_compaction(s, env) + _recover_work(s, env)
+
+
+def _recover_compaction(s: SessionState, env: Env) -> Step:
+    """A compaction started and not finished: its summary is made again (``advance``
+    makes the call; a model call has no effects), after what is left of a back-off."""
+    pending = s.compacting
+    if pending is None:
+        return NOTHING
+    started = pending.started
+    found = "summary call in flight" if not pending.failures else "summary retry pending"
+    decision = RecoveryDecision(
+        session_id=s.session_id,
+        run_id=started.run_id,
+        subject=started.compaction_id,
+        found=found,
+        action="make the summary again",
+        reason=f"no summary of items [{started.start}, {started.end}) was committed",
+        at=env.now,
+    )
+    return Step((decision,))
+
+
+def _recover_work(s: SessionState, env: Env) -> Step:
     run = s.run
 
     def decision(subject: str, found: str, action: str, reason: str) -> RecoveryDecision:

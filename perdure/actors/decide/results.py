@@ -15,6 +15,7 @@ from typing import Any
 
 from attrs import evolve
 
+from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import (
     ASK_A_PERSON,
     _execute,
@@ -82,6 +83,8 @@ def _live_generation(s: SessionState, generation_id: str) -> Generation | None:
 
 
 def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
+    if compacting.is_summary(s, msg.generation_id):
+        return compacting.summary_replied(s, env, msg)
     gen = _live_generation(s, msg.generation_id)
     if gen is None or s.run is None:
         return NOTHING
@@ -130,6 +133,8 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
 
 
 def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
+    if compacting.is_summary(s, msg.generation_id):
+        return compacting.summary_failed(s, env, msg)
     gen = _live_generation(s, msg.generation_id)
     if gen is None:
         return NOTHING

@@ -35,6 +35,7 @@ from perdure.storage.backend import SessionInfo
 from perdure.storage.records import (
     Budget,
     Committed,
+    CompactionPolicy,
     Record,
     SessionCreated,
     SessionDeleted,
@@ -55,6 +56,7 @@ class NewSession:
     parent: str | None = None
     tools: list[str] | None = None
     task: Submit | None = None
+    compaction: CompactionPolicy | None = None  # the session's own (None: the runtime's)
 
 
 def create(
@@ -96,6 +98,7 @@ def create(
         if_busy=new.if_busy,
         parent=new.parent,
         tools=new.tools,
+        compaction=new.compaction,
         at=now,
     )
     if new.task is None:

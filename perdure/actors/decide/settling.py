@@ -25,6 +25,7 @@ from perdure.actors.protocol import (
     RunTool,
     Step,
     StopBackOff,
+    Summarize,
     View,
 )
 from perdure.actors.state import SessionState
@@ -99,6 +100,8 @@ def _note_effects(
     for e in effects:
         if isinstance(e, CallModel):
             models.add(e.generation_id)
+        elif isinstance(e, Summarize):
+            models.add(e.compaction_id)
         elif isinstance(e, RunTool | Reconcile):
             tools.add(e.call_id)
         elif isinstance(e, CancelTool):

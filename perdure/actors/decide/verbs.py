@@ -27,6 +27,7 @@ from perdure.actors.protocol import (
     CancelTool,
     Effect,
     Env,
+    Overlap,
     RunTool,
     Step,
     StopBackOff,
@@ -36,9 +37,11 @@ from perdure.actors.state import SessionState, Task
 from perdure.backoff import Backoff
 from perdure.budget import over_budget
 from perdure.storage.records import (
+    ContextCompacted,
     GenerationStarted,
     Record,
     RunFinished,
+    RunStarted,
     RunStatus,
     ToolAwaitingHuman,
     ToolCancelled,
@@ -410,3 +413,37 @@ def every_phase_has_a_row(table: Mapping[TaskPhase, object], name: str) -> None:
             f"the table {name} has no row for the phase(s) {missing}"
             + (f" and rows for unknown phase(s) {extra}" if extra else "")
         )
+
+
+# -- what may start before its commit is durable (docs/DESIGN.md, "What must be durable
+# before what") --------------------------------------------------------------------------
+
+
+def overlapping(step: Step, overlap: Overlap) -> tuple[Effect, ...]:
+    """The effects of ``step`` that may start while its records commit.
+
+    None in a step that starts or resumes a run: the resume budget counts the runs that
+    died, so a run's start must be durable before the work that may kill the process
+    (a reply that crashes every process receiving it would otherwise start the run
+    again and again, each start lost with its process). Nor in a step that compacts the
+    context: the turn after a compaction reads its summary from the log. What overlaps
+    is a running run's next turn: its model call beside the commit of the last turn's
+    results.
+    """
+    if any(isinstance(r, RunStarted | ContextCompacted) for r in step.records):
+        return ()
+    return tuple(e for e in step.effects if overlaps_commit(e, overlap))
+
+
+def overlaps_commit(effect: Effect, overlap: Overlap) -> bool:
+    """Whether ``effect`` may start before the records of its step are durable.
+
+    Everything else waits for the commit: a tool that is not SAFE (its ``executing``
+    record is what recovery reads to know the call may have run), a reconcile, a
+    forget (it drops state a recovery could still need), a cancel, a back-off.
+    """
+    if isinstance(effect, CallModel):
+        return overlap.model_calls
+    if isinstance(effect, RunTool):
+        return overlap.safe_tools and effect.executing.replay == ReplayPolicy.SAFE.value
+    return False

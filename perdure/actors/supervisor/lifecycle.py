@@ -68,6 +68,7 @@ from perdure.storage.codec import CorruptRecord
 from perdure.storage.records import (
     Budget,
     Committed,
+    CompactionPolicy,
     RunFinished,
     SessionParked,
 )
@@ -307,6 +308,7 @@ class Supervisor(Ownership):
         parent: str | None = None,
         tools: list[str] | None = None,
         task: Submit | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> bool:
         """Record a new session; False if it already existed (creation is idempotent).
 
@@ -324,6 +326,7 @@ class Supervisor(Ownership):
             parent=parent,
             tools=tools,
             task=task,
+            compaction=compaction,
         )
         env = self.ctx.env(allowed_tools(self.ctx.tools, tools))
         async with self._create_lock:

@@ -636,6 +636,25 @@ async function refreshSummary() {
     `cost: $${s.cost.usd.toFixed(4)}${unpriced}`);
   if (s.budget) spend.textContent += "; budget: " + describeBudget(s.budget);
   box.append(spend);
+  const context = s.context;
+  if (context && (context.compactions.length || context.compacting)) {
+    // What the model is sent: a summary in place of the older items (the log keeps all).
+    const line = el("div", "context");
+    const done = context.compactions;
+    let text = "";
+    if (done.length) {
+      const last = done[done.length - 1];
+      text = `context: ${done.length} compaction(s); the model is sent a summary of the ` +
+        `first ${context.summarised} of ${context.items} items ` +
+        `(last: ${last.tokens_before} -> ~${last.tokens_after} tokens)`;
+    }
+    if (context.compacting) {
+      text += (text ? "; " : "") + `compacting items ${context.compacting.items.join("-")}`;
+    }
+    if (context.abandoned) text += `; last compaction made nothing: ${context.abandoned}`;
+    line.textContent = text;
+    box.append(line);
+  }
   for (const u of s.unconfirmed) {
     box.append(el("div", "unconfirmed", `unconfirmed: ${u.tool} [${u.call_id}]: ${u.why}`));
   }
