@@ -39,8 +39,9 @@ def test_every_task_phase_has_a_row_in_every_table(table: str) -> None:
 def test_a_table_without_a_row_for_a_phase_is_an_error_at_import() -> None:
     rows = dict(decide.ADVANCE)
     del rows["awaiting_human"]
-    with pytest.raises(ImportError, match="awaiting_human"):
+    with pytest.raises(ImportError, match="awaiting_human") as missing:
         every_phase_has_a_row(rows, "a table")
+    assert str(missing.value) == "the table a table has no row for the phase(s) ['awaiting_human']"
     every_phase_has_a_row(decide.RECOVER, "RECOVER")  # a whole table passes
 
 

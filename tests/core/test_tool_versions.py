@@ -330,3 +330,29 @@ def test_a_sessions_summary_names_the_version_each_call_runs_on() -> None:
     versions = {t["call_id"]: t["version"] for t in summarize(s.state)["tasks"]}
     assert versions == {"c1": "1", "c2": "2"}
     assert [t.call_id for t in s.state.pinned_calls()] == ["c2"], "c1 is finished"
+
+
+async def _close(ctx: perdure.ToolContext, result: str, title: str) -> str:
+    return f"closed {result}"
+
+
+def test_a_compensation_runs_on_the_version_of_the_tool_it_undoes() -> None:
+    """The compensation function is declared once; its attempts are recorded on the
+    version of the call they undo, not on a version of their own."""
+    from perdure.storage.records import ToolExecuting
+    from tests.core.sim import Session
+
+    async def open_ticket(ctx: perdure.ToolContext, title: str) -> str:
+        return "T-1"
+
+    v2 = perdure.tool(
+        name="create_ticket", replay=perdure.ReplayPolicy.KEYED, compensate=_close, version=2
+    )(open_ticket)
+    s = Session(tools={"create_ticket": v2})
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "create_ticket", {"title": "t"}))
+    s.finish_tool("c1", output="T-1")
+    s.reply("done")
+    step, _ = s.command(protocol.Compensate("c1", "k1"))
+    undo = [r for r in s.log if isinstance(r, ToolExecuting) and r.call_id == "comp-c1"]
+    assert [r.tool_version for r in undo] == ["2"], step
