@@ -66,7 +66,7 @@ SAMPLE: list[tuple[str, str, str, Callable[[], None]]] = [
         test_decide.test_recover_never_re_runs_a_call_recorded_never_even_if_its_tool_is_safe_now,
     ),
     (  # a NEVER tool's timeout reported as a plain error, not an unknown outcome
-        "results._tool_finished",
+        "results._tool_outcome",
         'elif msg.outcome == "timeout" and never:',
         "elif False:",
         lambda: test_decide.test_a_timeout_is_an_unknown_outcome_only_for_a_never_tool(
