@@ -28,7 +28,7 @@ Each rule here is a pure function of the state and the ``Env``:
 from __future__ import annotations
 
 from perdure.actors.conversation import _settled, summary_text, transcript_text
-from perdure.actors.decide.verbs import _finish, _holding, retry_delay
+from perdure.actors.decide.verbs import _finish, _holding, model_failure_words, model_retry_at
 from perdure.actors.protocol import (
     NOTHING,
     Env,
@@ -207,10 +207,8 @@ def summary_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
 def summary_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
     """The summary call failed: again after a persisted back-off, or give up (nothing
     is cut)."""
-    if msg.retryable and msg.attempt < env.limits.max_model_attempts:
-        not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
-        if msg.fallback:
-            not_before = env.now
+    not_before = model_retry_at(env, msg)
+    if not_before is not None:
         pending = CompactionRetryPending(
             session_id=s.session_id,
             compaction_id=msg.generation_id,
@@ -224,8 +222,7 @@ def summary_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
             at=env.now,
         )
         return Step((pending,))
-    why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
-    reason = f"the summary's model call failed after {why}: {msg.error}"
+    reason = "the summary's model call " + model_failure_words(msg)
     return Step((_abandon(s, env, reason, msg.usage, msg.model),))
 
 

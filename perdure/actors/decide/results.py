@@ -25,7 +25,8 @@ from perdure.actors.decide.verbs import (
     _unknown_or_ask,
     asks_a_person,
     interrupted_text,
-    retry_delay,
+    model_failure_words,
+    model_retry_at,
     tool_for,
     unknown_outcome_text,
 )
@@ -138,10 +139,8 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
     gen = _live_generation(s, msg.generation_id)
     if gen is None:
         return NOTHING
-    if msg.retryable and msg.attempt < env.limits.max_model_attempts:
-        not_before = env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
-        if msg.fallback:  # the back-off was for the provider that failed, not the next one
-            not_before = env.now
+    not_before = model_retry_at(env, msg)
+    if not_before is not None:
         pending = RetryPending(
             session_id=s.session_id,
             generation_id=gen.generation_id,
@@ -155,8 +154,7 @@ def _model_failed(s: SessionState, env: Env, msg: ModelFailed) -> Step:
             at=env.now,
         )
         return Step((pending,))  # advance makes the call, once the budget allows it
-    why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
-    failed = _finish(s, env, "failed", reason=f"the model call failed after {why}: {msg.error}")
+    failed = _finish(s, env, "failed", reason="the model call " + model_failure_words(msg))
     finished = failed.records[0]
     assert isinstance(finished, RunFinished)
     return Step((evolve(finished, usage=msg.usage),))

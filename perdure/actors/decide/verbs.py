@@ -27,6 +27,7 @@ from perdure.actors.protocol import (
     CancelTool,
     Effect,
     Env,
+    ModelFailed,
     Overlap,
     RunTool,
     Step,
@@ -94,6 +95,22 @@ def retry_delay(env: Env, attempt: int, retry_after: float | None, jitter: float
     policy = Backoff(initial=env.limits.retry_base, cap=env.limits.retry_cap)
     told = None if retry_after is None else min(retry_after, env.limits.retry_cap * 10)
     return policy.delay(attempt, jitter, told)
+
+
+def model_retry_at(env: Env, msg: ModelFailed) -> float | None:
+    """When a failed model call (a turn's or a summary's) is made again, or None when it
+    is not: it was not retryable, or its attempts are spent."""
+    if not msg.retryable or msg.attempt >= env.limits.max_model_attempts:
+        return None
+    if msg.fallback:  # the back-off was for the provider that failed, not the next one
+        return env.now
+    return env.now + retry_delay(env, msg.attempt, msg.retry_after, msg.jitter)
+
+
+def model_failure_words(msg: ModelFailed) -> str:
+    """Why a failed model call is not made again, for the reason a record gives."""
+    why = "a non-retryable error" if not msg.retryable else f"{msg.attempt} attempts"
+    return f"failed after {why}: {msg.error}"
 
 
 def registered_for(tools: Mapping[str, Tool], task: Task) -> Tool | None:
