@@ -13,10 +13,15 @@ restarts the latter from the log, exactly as after a crash.
 
 Children (generation and tool actors) run in the session's nursery and report on
 the session's mailbox; the session decides what their results mean. So do its
-timers: a retry's back-off (``BackOff``: it reports ``BackOffOver``) and the
-throttle of heartbeats (a running call's latest ``ctx.heartbeat`` is committed at
-most once per ``heartbeat_interval``, the latest winning, and one still held is
-committed before the call's result).
+timers. Every retry waits on one of them, whatever failed: a tool call's back-off
+(``BackOff``; the timer reports ``BackOffOver``) and a model call's or a summary's
+(``CallModel``/``Summarize`` whose ``not_before`` is still to come; the timer holds the
+call, and only when it is due does the session start the generation actor). A cancel
+or a revision during the wait cancels the timer (``StopBackOff``, ``CancelModel``), and
+a hand-over stops it (the wait's end is in the log), so a call that was waiting never
+starts. The throttle of heartbeats is a timer too (a running call's latest
+``ctx.heartbeat`` is committed at most once per ``heartbeat_interval``, the latest
+winning, and one still held is committed before the call's result).
 """
 
 from __future__ import annotations
@@ -152,6 +157,16 @@ class _RetryResult:
 
 
 @define
+class _CallDue:
+    """The back-off before a model call (or a summary's) is over: start it now, unless
+    it was cancelled meanwhile (``timer`` is then no longer the call's entry)."""
+
+    effect: protocol.CallModel | protocol.Summarize
+    timer: trio.CancelScope
+    durable: trio.Event | None
+
+
+@define
 class _HandOverDue:
     """The hand-over's deadline passed: if no safe point came, the session stays."""
 
@@ -176,7 +191,7 @@ class _Throttle:
 
 # Everything a session's mailbox carries: a caller's message, a result of one of its
 # actors (model calls, tool calls, back-off timers), or one of its own timers.
-Inbox = Message | protocol.Result | _RetryResult | _HandOverDue | _FlushHeartbeat
+Inbox = Message | protocol.Result | _RetryResult | _CallDue | _HandOverDue | _FlushHeartbeat
 
 
 @define
@@ -223,7 +238,9 @@ class SessionActor:
         self._nursery: trio.Nursery | None = None
         self._models: dict[str, trio.CancelScope] = {}
         self._tools: dict[str, trio.CancelScope] = {}
-        self._waits: dict[str, trio.CancelScope] = {}  # retry back-offs being waited out
+        self._waits: dict[str, trio.CancelScope] = {}  # tool retry back-offs being waited out
+        # The entries of ``_models`` that are still their back-off's timer (not yet a call).
+        self._model_waits: set[str] = set()
         self._held_back: set[str] = set()  # ids of results held for a later commit
         self._beats: dict[str, _Throttle] = {}  # heartbeat throttles of running calls
         self._cancelling: set[str] = set()
@@ -389,6 +406,12 @@ class SessionActor:
             if self._waits.pop(message.call_id, None) is None:
                 return  # the wait was stopped (the call was cancelled); nothing is due
             await self._result(message)
+        elif isinstance(message, _CallDue):
+            key = _model_key(message.effect)
+            if self._models.get(key) is message.timer:
+                self._model_waits.discard(key)
+                self._start_model_call(message.effect, message.durable)
+            # else: cancelled (or called off) while it waited; nothing is due
         elif isinstance(message, _RetryResult):
             self._release(message.result)
             await self._result(message.result)
@@ -416,9 +439,10 @@ class SessionActor:
     def _start_hand_over(self, handover: HandOver) -> None:
         """From now on dispatch only the current step's tool calls (``View.handing_over``).
 
-        Back-off timers stop at once: a back-off's end is in the log (``not_before``),
-        so the next owner waits out the rest. A result held back for a later commit
-        (an outage) keeps its place, and the session is not at rest until it lands.
+        Back-off timers (a tool call's retry, a model call's) stop at once: a back-off's
+        end is in the log (``not_before``), so the next owner waits out the rest. A
+        result held back for a later commit (an outage) keeps its place, and the session
+        is not at rest until it lands.
         """
         if self._handover is not None or self._draining:
             handover.reply.fail(Refused("busy", "the session is already moving or stopping"))
@@ -428,6 +452,11 @@ class SessionActor:
             if call_id not in self._held_back:
                 wait.cancel()
                 del self._waits[call_id]
+        for model_id in self._model_waits:
+            timer = self._models.pop(model_id, None)
+            if timer is not None:
+                timer.cancel()
+        self._model_waits.clear()
         assert self._nursery is not None
         self._handover_timer = trio.CancelScope(deadline=handover.deadline)
         self._nursery.start_soon(self._hand_over_due, handover, self._handover_timer)
@@ -653,6 +682,7 @@ class SessionActor:
         for effect in started:
             if isinstance(effect, protocol.CallModel):
                 scope = self._models.pop(effect.generation_id, None)
+                self._model_waits.discard(effect.generation_id)
             elif isinstance(effect, protocol.RunTool):
                 scope = self._tools.pop(effect.call_id, None)
             else:
@@ -684,12 +714,26 @@ class SessionActor:
             except Exception:
                 log.exception("session %s: an observer failed on a failed commit", self.session_id)
 
-    async def _back_off(self, effect: protocol.BackOff, scope: trio.CancelScope) -> None:
-        """Sleep until the back-off's wall-clock ``not_before``, then say so."""
-        with scope:
-            await trio.sleep(max(0.0, effect.not_before - self.ctx.clock()))
-            over = protocol.BackOffOver(call_id=effect.call_id, attempt=effect.attempt)
-            await self.mailbox.send.send(over)
+    # -- the timer: every retry's back-off is waited out here ----------------------------
+
+    def _wait_until(self, not_before: float, timer: trio.CancelScope, due: Inbox) -> None:
+        """Post ``due`` to this session's mailbox at the wall-clock time ``not_before``,
+        unless ``timer`` is cancelled first.
+
+        The one way a session waits out a back-off: a tool call's retry (``BackOff``,
+        due: ``BackOffOver``) and a model call's or a summary's (``CallModel`` or
+        ``Summarize`` with a later ``not_before``, due: ``_CallDue``). Cancelling the
+        timer (``StopBackOff``, ``CancelModel``, a failed commit's ``_call_off``) ends
+        the wait with nothing posted; a ``due`` message that was posted just before is
+        dropped by ``_handle``, which finds the timer no longer registered.
+        """
+        assert self._nursery is not None
+        self._nursery.start_soon(self._wake_at, not_before, timer, due)
+
+    async def _wake_at(self, not_before: float, timer: trio.CancelScope, due: Inbox) -> None:
+        with timer:
+            await trio.sleep(max(0.0, not_before - self.ctx.clock()))
+            await self.mailbox.send.send(due)
 
     async def _reload_after(self, failed: LogError) -> SessionState:
         """Re-read the state after a failed commit, waiting out a short outage.
@@ -729,30 +773,17 @@ class SessionActor:
         nursery = self._nursery
         assert nursery is not None
         ctx, outbox = self.ctx, self.mailbox.send
-        if isinstance(effect, protocol.CallModel):
-            request = conversation.request(
-                self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
-            )
-            scope = self._models[effect.generation_id] = trio.CancelScope()
-            call = partial(call_model, durable=durable)
-            nursery.start_soon(call, ctx, request, effect.not_before, outbox, scope)
-        elif isinstance(effect, protocol.Summarize):
-            if _faults.ACTIVE:
-                _faults.hit("summary.before")
-            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
-            scope = self._models[effect.compaction_id] = trio.CancelScope()
-            nursery.start_soon(
-                partial(
-                    call_model,
-                    provider=ctx.compaction_provider,
-                    publish=False,
-                ),
-                ctx,
-                request,
-                effect.not_before,
-                outbox,
-                scope,
-            )
+        if isinstance(effect, protocol.CallModel | protocol.Summarize):
+            not_before = effect.not_before
+            if not_before is not None and not_before > ctx.clock():
+                # Held on the session's timer: the call's entry is the timer until it is
+                # due, so a cancel or a revision meanwhile stops the wait, not a call.
+                key = _model_key(effect)
+                timer = self._models[key] = trio.CancelScope()
+                self._model_waits.add(key)
+                self._wait_until(not_before, timer, _CallDue(effect, timer, durable))
+            else:
+                self._start_model_call(effect, durable)
         elif isinstance(effect, protocol.RunTool):
             scope = self._tools[effect.call_id] = trio.CancelScope()
             nursery.start_soon(
@@ -767,7 +798,8 @@ class SessionActor:
             )
         elif isinstance(effect, protocol.BackOff):
             wait = self._waits[effect.call_id] = trio.CancelScope()
-            nursery.start_soon(self._back_off, effect, wait)
+            over = protocol.BackOffOver(call_id=effect.call_id, attempt=effect.attempt)
+            self._wait_until(effect.not_before, wait, over)
         elif isinstance(effect, protocol.StopBackOff):
             stopped = self._waits.pop(effect.call_id, None)
             if stopped is not None:
@@ -787,5 +819,31 @@ class SessionActor:
                 tool_scope.cancel()
         elif isinstance(effect, protocol.CancelModel):
             model_scope = self._models.pop(effect.generation_id, None)
+            self._model_waits.discard(effect.generation_id)
             if model_scope is not None:
                 model_scope.cancel()
+
+    def _start_model_call(
+        self, effect: protocol.CallModel | protocol.Summarize, durable: trio.Event | None
+    ) -> None:
+        """Start the generation actor of a model call (or a summary's) that is due now."""
+        nursery = self._nursery
+        assert nursery is not None
+        ctx, outbox = self.ctx, self.mailbox.send
+        scope = self._models[_model_key(effect)] = trio.CancelScope()
+        if isinstance(effect, protocol.CallModel):
+            request = conversation.request(
+                self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
+            )
+            nursery.start_soon(partial(call_model, durable=durable), ctx, request, outbox, scope)
+        else:
+            if _faults.ACTIVE:
+                _faults.hit("summary.before")
+            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+            summarize = partial(call_model, provider=ctx.compaction_provider, publish=False)
+            nursery.start_soon(summarize, ctx, request, outbox, scope)
+
+
+def _model_key(effect: protocol.CallModel | protocol.Summarize) -> str:
+    """The id a model call is tracked by among the session's calls in flight."""
+    return effect.generation_id if isinstance(effect, protocol.CallModel) else effect.compaction_id
