@@ -183,33 +183,34 @@ def parent_call(first: Sequence[Committed]) -> tuple[str, str] | None:
     return parent, call_id
 
 
-def dependency(first: Sequence[Committed], parent: SessionState | None) -> str | None:
+def dependency(first: Sequence[Committed], parent_history: Sequence[Committed]) -> str | None:
     """Why the session must be kept for another one, or None.
 
-    ``first``: the session's first record; ``parent``: the folded state of the session
-    named by ``parent_call(first)`` (None if it has no records). A sub-agent's session
-    is kept while the parent call that runs it is unfinished.
+    ``first``: the session's first record; ``parent_history``: the whole log of the
+    session named by ``parent_call(first)``, as read (empty: it has no records). A
+    sub-agent's session is kept while the parent call that runs it is unfinished; the
+    parent's log is folded here, so the shell that read it needs no fold of its own.
     """
     link = parent_call(first)
-    if link is None or parent is None:
+    if link is None or not parent_history:
         return None
-    task = parent.tasks.get(link[1])
+    task = SessionState.fold(link[0], parent_history).tasks.get(link[1])
     if task is not None and not task.terminal:
         return f"its parent call {link[0]}/{link[1]} still waits for it"
     return None
 
 
-def orphaned(first: Sequence[Committed], parent: SessionState | None) -> Cancel | None:
+def orphaned(first: Sequence[Committed], parent_history: Sequence[Committed]) -> Cancel | None:
     """The cancel of a recovered sub-agent whose parent call is over without it, or None.
 
     A crash between the parent's cancel (or revision) and the child's leaves a child
     whose answer nobody waits for: the parent's recovery settled its call. The cancel
     is idempotent by a request id derived from the parent call, so a second start
-    decides the same and records nothing more. ``first`` and ``parent`` as for
+    decides the same and records nothing more. ``first`` and ``parent_history`` as for
     ``dependency``; a sub-agent whose parent call still waits is not an orphan.
     """
     link = parent_call(first)
-    if link is None or dependency(first, parent) is not None:
+    if link is None or dependency(first, parent_history) is not None:
         return None
     return Cancel(request_id=f"orphan:{link[0]}/{link[1]}")
 
