@@ -27,17 +27,32 @@ winning, and one still held is committed before the call's result).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Generic, TypeVar, cast
+from typing import Any
 
 import trio
-from attrs import define, evolve, field
+from attrs import define, evolve
 
 from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
+from perdure.actors.decide.sessions import allowed_tools
 from perdure.actors.generation import call_model
+from perdure.actors.mailbox import (
+    CallDue,
+    CommandMsg,
+    Drain,
+    FlushHeartbeat,
+    HandOver,
+    HandOverDue,
+    Inbox,
+    Mailbox,
+    Query,
+    Reply,
+    RetryResult,
+    WaitIdle,
+)
 from perdure.actors.state import SessionState
 from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
@@ -52,133 +67,6 @@ log = logging.getLogger("perdure.session")
 RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
 RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdure.backoff)
 
-T = TypeVar("T")
-A = TypeVar("A", protocol.Accepted, protocol.Done)
-
-
-def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> Mapping[str, Tool]:
-    """The registered tools a session may use (a sub-agent may be limited to some)."""
-    if allowed is None:
-        return tools
-    names = set(allowed)
-    return {n: t for n, t in tools.items() if n in names}
-
-
-def check_grant(grant: Iterable[str] | None, tools: Mapping[str, Tool]) -> list[str] | None:
-    """A session's grant of tools as it is recorded (names in order, each once), or
-    ``ValueError`` naming what is wrong with it; None grants every tool."""
-    if grant is None:
-        return None
-    if isinstance(grant, str):
-        raise ValueError(f"tools must be a list of tool names, not the string {grant!r}")
-    names = list(dict.fromkeys(grant))
-    bad = [n for n in names if not isinstance(n, str)]
-    if bad:
-        raise ValueError(f"tools must be tool names (strings), not {bad!r}")
-    unknown = [n for n in names if n not in tools]
-    if unknown:
-        registered = ", ".join(sorted(tools)) or "none"
-        raise ValueError(
-            f"tools: no tool named {', '.join(map(repr, unknown))} is registered "
-            f"(registered: {registered})"
-        )
-    return names
-
-
-class Reply(Generic[T]):
-    """A one-shot answer slot for a caller waiting on the session."""
-
-    def __init__(self) -> None:
-        self._done = trio.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-
-    def set(self, value: T) -> None:
-        if not self._done.is_set():
-            self._value = value
-            self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
-            self._error = error
-            self._done.set()
-
-    async def wait(self) -> T:
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return cast(T, self._value)  # set() stored a T
-
-
-@define
-class CommandMsg(Generic[A]):
-    """A caller's command; ``A`` is the answer it gets (``Accepted`` for a submit)."""
-
-    command: protocol.Command
-    reply: Reply[A] = field(factory=Reply)
-
-
-@define
-class WaitIdle:
-    reply: Reply[RunFinished | None] = field(factory=Reply)
-
-
-@define
-class Query(Generic[T]):
-    """Read the state inside the actor (consistent with its commits)."""
-
-    fn: Callable[[SessionState], T]
-    reply: Reply[T] = field(factory=Reply)
-
-
-@define
-class Drain:
-    """Stop dispatching; answer once no tool of this session is running."""
-
-    reply: Reply[None] = field(factory=Reply)
-
-
-@define
-class HandOver:
-    """Move to node ``target``: finish the current step, start nothing new, and stop at
-    the next safe point (answered then); give up at ``deadline`` (trio clock)."""
-
-    target: str
-    deadline: float
-    reply: Reply[None] = field(factory=Reply)
-
-
-Message = CommandMsg[Any] | WaitIdle | Query[Any] | Drain | HandOver
-
-
-@define
-class _RetryResult:
-    result: protocol.Result
-
-
-@define
-class _CallDue:
-    """The back-off before a model call (or a summary's) is over: start it now, unless
-    it was cancelled meanwhile (``timer`` is then no longer the call's entry)."""
-
-    effect: protocol.CallModel | protocol.Summarize
-    timer: trio.CancelScope
-    durable: trio.Event | None
-
-
-@define
-class _HandOverDue:
-    """The hand-over's deadline passed: if no safe point came, the session stays."""
-
-    handover: HandOver
-
-
-@define
-class _FlushHeartbeat:
-    """The throttle interval of a call's heartbeats has passed: commit the one held."""
-
-    call_id: str
-
 
 @define
 class _Throttle:
@@ -186,32 +74,7 @@ class _Throttle:
 
     last_commit: float = -float("inf")  # trio clock
     held: protocol.HeartbeatReported | None = None
-    timer: trio.CancelScope | None = None  # a pending _FlushHeartbeat
-
-
-# Everything a session's mailbox carries: a caller's message, a result of one of its
-# actors (model calls, tool calls, back-off timers), or one of its own timers.
-Inbox = Message | protocol.Result | _RetryResult | _CallDue | _HandOverDue | _FlushHeartbeat
-
-
-@define
-class Mailbox:
-    """A session's inbox; it outlives actor restarts so no message is lost.
-
-    An evicted session's mailbox is closed (``evicted`` is set): a sender gets
-    ``BrokenResourceError`` and the supervisor starts a fresh actor and mailbox. A
-    session handed over to another node is closed the same way (``handed_over``).
-    """
-
-    send: trio.MemorySendChannel[Inbox]
-    receive: trio.MemoryReceiveChannel[Inbox]
-    evicted: bool = False
-    handed_over: bool = False
-
-    @classmethod
-    def open(cls, size: int = 256) -> Mailbox:
-        s, r = trio.open_memory_channel[Inbox](size)
-        return cls(s, r)
+    timer: trio.CancelScope | None = None  # a pending FlushHeartbeat
 
 
 class SessionActor:
@@ -398,7 +261,7 @@ class SessionActor:
             await self._heartbeat(message)
         elif isinstance(message, protocol.AgentLinked):
             await self._link(message)
-        elif isinstance(message, _FlushHeartbeat):
+        elif isinstance(message, FlushHeartbeat):
             throttle = self._beats.get(message.call_id)
             if throttle is not None and throttle.held is not None:
                 await self._commit_heartbeat(throttle)
@@ -406,13 +269,13 @@ class SessionActor:
             if self._waits.pop(message.call_id, None) is None:
                 return  # the wait was stopped (the call was cancelled); nothing is due
             await self._result(message)
-        elif isinstance(message, _CallDue):
+        elif isinstance(message, CallDue):
             key = _model_key(message.effect)
             if self._models.get(key) is message.timer:
                 self._model_waits.discard(key)
                 self._start_model_call(message.effect, message.durable)
             # else: cancelled (or called off) while it waited; nothing is due
-        elif isinstance(message, _RetryResult):
+        elif isinstance(message, RetryResult):
             self._release(message.result)
             await self._result(message.result)
         elif isinstance(message, WaitIdle):
@@ -427,7 +290,7 @@ class SessionActor:
             self._drains.append(message.reply)
         elif isinstance(message, HandOver):
             self._start_hand_over(message)
-        elif isinstance(message, _HandOverDue):
+        elif isinstance(message, HandOverDue):
             if self._handover is message.handover:
                 target = message.handover.target
                 await self._keep(f"no safe point before the deadline (to node {target})")
@@ -465,7 +328,7 @@ class SessionActor:
         with timer:
             await trio.sleep_forever()
         if self._handover is handover and not self.mailbox.handed_over:  # the deadline passed
-            await self.mailbox.send.send(_HandOverDue(handover))
+            await self.mailbox.send.send(HandOverDue(handover))
 
     async def _keep(self, why: str) -> None:
         """The hand-over gave up: dispatch again what it held back."""
@@ -554,7 +417,7 @@ class SessionActor:
             await trio.sleep_forever()  # until the timer's deadline, or until it is stopped
         throttle = self._beats.get(call_id)
         if throttle is not None and throttle.timer is timer:  # not stopped: still due
-            await self.mailbox.send.send(_FlushHeartbeat(call_id))
+            await self.mailbox.send.send(FlushHeartbeat(call_id))
 
     async def _commit_heartbeat(self, throttle: _Throttle) -> None:
         beat, throttle.held = throttle.held, None
@@ -601,7 +464,7 @@ class SessionActor:
 
     async def _retry_later(self, result: protocol.Result, delay: float = 1.0) -> None:
         await trio.sleep(delay)
-        await self.mailbox.send.send(_RetryResult(result))
+        await self.mailbox.send.send(RetryResult(result))
 
     def _after_message(self) -> None:
         if self._waiters and (self.state.idle or self.state.parked):
@@ -722,7 +585,7 @@ class SessionActor:
 
         The one way a session waits out a back-off: a tool call's retry (``BackOff``,
         due: ``BackOffOver``) and a model call's or a summary's (``CallModel`` or
-        ``Summarize`` with a later ``not_before``, due: ``_CallDue``). Cancelling the
+        ``Summarize`` with a later ``not_before``, due: ``CallDue``). Cancelling the
         timer (``StopBackOff``, ``CancelModel``, a failed commit's ``_call_off``) ends
         the wait with nothing posted; a ``due`` message that was posted just before is
         dropped by ``_handle``, which finds the timer no longer registered.
@@ -781,7 +644,7 @@ class SessionActor:
                 key = _model_key(effect)
                 timer = self._models[key] = trio.CancelScope()
                 self._model_waits.add(key)
-                self._wait_until(not_before, timer, _CallDue(effect, timer, durable))
+                self._wait_until(not_before, timer, CallDue(effect, timer, durable))
             else:
                 self._start_model_call(effect, durable)
         elif isinstance(effect, protocol.RunTool):

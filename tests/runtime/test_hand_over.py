@@ -23,7 +23,7 @@ from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, RetryableError, RetryPolicy, ToolContext
-from perdure.actors.session import HandOver
+from perdure.actors.mailbox import HandOver
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import (
     GenerationCompleted,
