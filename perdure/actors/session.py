@@ -19,9 +19,10 @@ timers. Every retry waits on one of them, whatever failed: a tool call's back-of
 call, and only when it is due does the session start the generation actor). A cancel
 or a revision during the wait cancels the timer (``StopBackOff``, ``CancelModel``), and
 a hand-over stops it (the wait's end is in the log), so a call that was waiting never
-starts. The throttle of heartbeats is a timer too (a running call's latest
-``ctx.heartbeat`` is committed at most once per ``heartbeat_interval``, the latest
-winning, and one still held is committed before the call's result).
+starts. The throttle of heartbeats (``perdure.actors.heartbeats``) keeps timers too:
+a running call's latest ``ctx.heartbeat`` is committed at most once per
+``heartbeat_interval``, the latest winning, and one still held is committed before the
+call's result.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ from functools import partial
 from typing import Any
 
 import trio
-from attrs import define, evolve
+from attrs import evolve
 
 from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.sessions import allowed_tools
 from perdure.actors.generation import call_model
+from perdure.actors.heartbeats import HeartbeatThrottle
 from perdure.actors.mailbox import (
     CallDue,
     CommandMsg,
@@ -66,15 +68,6 @@ log = logging.getLogger("perdure.session")
 
 RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
 RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdure.backoff)
-
-
-@define
-class _Throttle:
-    """A running call's heartbeats: when one was last committed, and the latest held back."""
-
-    last_commit: float = -float("inf")  # trio clock
-    held: protocol.HeartbeatReported | None = None
-    timer: trio.CancelScope | None = None  # a pending FlushHeartbeat
 
 
 class SessionActor:
@@ -105,7 +98,9 @@ class SessionActor:
         # The entries of ``_models`` that are still their back-off's timer (not yet a call).
         self._model_waits: set[str] = set()
         self._held_back: set[str] = set()  # ids of results held for a later commit
-        self._beats: dict[str, _Throttle] = {}  # heartbeat throttles of running calls
+        self._beats = HeartbeatThrottle(
+            ctx.settings.heartbeat_interval, self._commit_heartbeat, mailbox.send
+        )
         self._cancelling: set[str] = set()
         self._waiters: list[Reply[RunFinished | None]] = []
         self._drains: list[Reply[None]] = []
@@ -253,18 +248,18 @@ class SessionActor:
             self._tools.pop(message.call_id, None)
             await self._result(message)
         elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
-            await self._last_heartbeat(message.call_id)
+            await self._beats.finish(message.call_id)
             self._tools.pop(message.call_id, None)
             self._cancelling.discard(message.call_id)
             await self._result(message)
         elif isinstance(message, protocol.HeartbeatReported):
-            await self._heartbeat(message)
+            if message.call_id in self._tools:  # else its attempt already reported its end
+                assert self._nursery is not None
+                await self._beats.offer(message, self._nursery)
         elif isinstance(message, protocol.AgentLinked):
             await self._link(message)
         elif isinstance(message, FlushHeartbeat):
-            throttle = self._beats.get(message.call_id)
-            if throttle is not None and throttle.held is not None:
-                await self._commit_heartbeat(throttle)
+            await self._beats.flush(message.call_id)
         elif isinstance(message, protocol.BackOffOver):
             if self._waits.pop(message.call_id, None) is None:
                 return  # the wait was stopped (the call was cancelled); nothing is due
@@ -397,35 +392,8 @@ class SessionActor:
         else:
             self._tools.pop(result.call_id, None)
 
-    # -- heartbeats: committed throttled, the latest winning ---------------------------
-
-    async def _heartbeat(self, beat: protocol.HeartbeatReported) -> None:
-        if beat.call_id not in self._tools:
-            return  # its attempt already reported its end
-        throttle = self._beats.setdefault(beat.call_id, _Throttle())
-        throttle.held = beat
-        due = throttle.last_commit + self.ctx.settings.heartbeat_interval
-        if trio.current_time() >= due:
-            await self._commit_heartbeat(throttle)
-        elif throttle.timer is None:
-            assert self._nursery is not None
-            throttle.timer = trio.CancelScope(deadline=due)
-            self._nursery.start_soon(self._flush_at, beat.call_id, throttle.timer)
-
-    async def _flush_at(self, call_id: str, timer: trio.CancelScope) -> None:
-        with timer:
-            await trio.sleep_forever()  # until the timer's deadline, or until it is stopped
-        throttle = self._beats.get(call_id)
-        if throttle is not None and throttle.timer is timer:  # not stopped: still due
-            await self.mailbox.send.send(FlushHeartbeat(call_id))
-
-    async def _commit_heartbeat(self, throttle: _Throttle) -> None:
-        beat, throttle.held = throttle.held, None
-        if throttle.timer is not None:
-            timer, throttle.timer = throttle.timer, None
-            timer.cancel()
-        throttle.last_commit = trio.current_time()
-        assert beat is not None
+    async def _commit_heartbeat(self, beat: protocol.HeartbeatReported) -> None:
+        """Commit a heartbeat the throttle lets through (``perdure.actors.heartbeats``)."""
         env = self._env()
         step = decide.on_result(self.state, env, beat)
         try:
@@ -450,17 +418,6 @@ class SessionActor:
             raise
         except LogError as exc:
             log.warning("session %s: sub-agent %s not linked (%s)", self.session_id, link, exc)
-
-    async def _last_heartbeat(self, call_id: str) -> None:
-        """The attempt is over: commit the heartbeat still held, before its result."""
-        throttle = self._beats.pop(call_id, None)
-        if throttle is None:
-            return
-        if throttle.held is not None:
-            await self._commit_heartbeat(throttle)
-        elif throttle.timer is not None:
-            timer, throttle.timer = throttle.timer, None
-            timer.cancel()
 
     async def _retry_later(self, result: protocol.Result, delay: float = 1.0) -> None:
         await trio.sleep(delay)
