@@ -28,7 +28,7 @@ call's result.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -61,8 +61,9 @@ from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
+from perdure.observability.hooks import observe_after, observe_before, observe_failed
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, ContextCompacted, Record, RunFinished
+from perdure.storage.records import Committed, ContextCompacted, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -409,7 +410,7 @@ class SessionActor:
         committed: list[Committed] = []
         effects = step.effects
         if step.records:
-            records = self._observe_before(state, step.records)
+            records = observe_before(self.ctx.observers, self.session_id, state, step.records)
             overlap = self.ctx.overlap
             early = decide.overlapping(step, overlap)
             guard = Guard(self.session_id, rev_before)
@@ -430,7 +431,7 @@ class SessionActor:
                     committed = await self.ctx.journal.append(records, guard=guard)
             except LogError as exc:
                 self._calls.call_off(early)
-                self._observe_failed(state, records)
+                observe_failed(self.ctx.observers, self.session_id, state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
@@ -439,7 +440,7 @@ class SessionActor:
                 durable.set()
             for c in committed:
                 state.note_committed(c)
-            self._observe_after(state, committed)
+            observe_after(self.ctx.observers, self.session_id, state, committed)
             if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
                 _faults.hit("compaction.after")
         self._perform_all(effects)
@@ -450,30 +451,6 @@ class SessionActor:
     ) -> None:
         for effect in effects:
             self._perform(effect, durable)
-
-    # -- observers (perdure.observability): telemetry never stops a session ------------
-
-    def _observe_before(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
-        for observer in self.ctx.observers:
-            try:
-                records = observer.before_commit(state, records)
-            except Exception:
-                log.exception("session %s: an observer failed before a commit", self.session_id)
-        return records
-
-    def _observe_after(self, state: SessionState, committed: Sequence[Committed]) -> None:
-        for observer in self.ctx.observers:
-            try:
-                observer.after_commit(state, committed)
-            except Exception:
-                log.exception("session %s: an observer failed after a commit", self.session_id)
-
-    def _observe_failed(self, state: SessionState, records: Sequence[Record]) -> None:
-        for observer in self.ctx.observers:
-            try:
-                observer.commit_failed(state, records)
-            except Exception:
-                log.exception("session %s: an observer failed on a failed commit", self.session_id)
 
     # -- the timer: every retry's back-off is waited out here ----------------------------
 
