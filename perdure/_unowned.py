@@ -36,7 +36,7 @@ from attrs import evolve
 
 from perdure._runtime import running_children
 from perdure.actors import decide, protocol
-from perdure.actors.session import allowed_tools
+from perdure.actors.decide.sessions import allowed_tools
 from perdure.actors.state import SessionState
 from perdure.errors import UnknownSession
 from perdure.settings import Settings

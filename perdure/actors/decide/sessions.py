@@ -18,11 +18,15 @@ functions, and persist what they return. Each is pure: the records to commit, or
 * ``dependency`` / ``deletion`` — a sub-agent's session is kept while the parent call
   that waits for it is unfinished (deleting it early would let a re-run of that call
   after a crash start a second child); a session with unfinished work is not deleted.
+* ``check_grant`` / ``allowed_tools`` — a session may be granted some of the registered
+  tools (a sub-agent usually is): the grant is checked when the session is created and
+  recorded in its ``SessionCreated``; every decision about the session then sees only
+  the tools it grants (``allowed_tools`` narrows the ``Env``'s tools).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from attrs import frozen
 
@@ -42,6 +46,36 @@ from perdure.storage.records import (
     SessionForked,
     WorkspaceRestoreStarted,
 )
+from perdure.tools.contract import Tool
+
+
+def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> Mapping[str, Tool]:
+    """The registered tools a session may use (a sub-agent may be limited to some)."""
+    if allowed is None:
+        return tools
+    names = set(allowed)
+    return {n: t for n, t in tools.items() if n in names}
+
+
+def check_grant(grant: Iterable[str] | None, tools: Mapping[str, Tool]) -> list[str] | None:
+    """A session's grant of tools as it is recorded (names in order, each once), or
+    ``ValueError`` naming what is wrong with it; None grants every tool."""
+    if grant is None:
+        return None
+    if isinstance(grant, str):
+        raise ValueError(f"tools must be a list of tool names, not the string {grant!r}")
+    names = list(dict.fromkeys(grant))
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise ValueError(f"tools must be tool names (strings), not {bad!r}")
+    unknown = [n for n in names if n not in tools]
+    if unknown:
+        registered = ", ".join(sorted(tools)) or "none"
+        raise ValueError(
+            f"tools: no tool named {', '.join(map(repr, unknown))} is registered "
+            f"(registered: {registered})"
+        )
+    return names
 
 
 @frozen(kw_only=True)

@@ -29,7 +29,7 @@ import trio
 from perdure import retention
 from perdure.actors import protocol
 from perdure.actors.decide.sessions import orphaned
-from perdure.actors.session import CommandMsg
+from perdure.actors.mailbox import CommandMsg
 from perdure.errors import Refused
 from perdure.storage import LogError
 from perdure.storage.records import SessionCreated, ToolExecuting
