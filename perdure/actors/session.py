@@ -23,6 +23,12 @@ starts. The throttle of heartbeats (``perdure.actors.heartbeats``) keeps timers 
 a running call's latest ``ctx.heartbeat`` is committed at most once per
 ``heartbeat_interval``, the latest winning, and one still held is committed before the
 call's result.
+
+What the actor leans on, each a module with one job: its ``mailbox`` (everything it is
+told, and the one-shot replies it owes), ``inflight`` (the cancel scopes of what runs
+or waits on this node, and the ``View`` the core is shown of it) and ``heartbeats``.
+What is left here is the actor's own: the loop, commit-then-act, eviction when idle,
+and the safe point of a hand-over.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdu
 
 
 class SessionActor:
+    """One session's actor: the only writer of its records (see the module's docstring)."""
+
     def __init__(
         self,
         session_id: str,
