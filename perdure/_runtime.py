@@ -43,8 +43,8 @@ from perdure import errors as perdure_errors
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.forks import workspace_at
-from perdure.actors.decide.sessions import fork_files_request
-from perdure.actors.session import CommandMsg, Query, check_grant
+from perdure.actors.decide.sessions import check_grant, fork_files_request
+from perdure.actors.mailbox import CommandMsg, Query
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.answers import CallDiff, Rewound

@@ -22,12 +22,8 @@ from typing import Any
 
 import attrs
 
-from perdure.actors.state import (
-    Revision,
-    SessionState,
-    Task,
-    UserTurn,
-)
+from perdure.actors.entities import Revision, Task, UserTurn
+from perdure.actors.state import SessionState
 from perdure.budget import DEFAULT_PRICES, Price, Spend, spent_cost
 from perdure.storage.records import (
     RecoveryDecision,

@@ -16,7 +16,8 @@ import trio
 
 import perdure
 from perdure.actors import decide, protocol
-from perdure.actors.session import CommandMsg, Mailbox, SessionActor
+from perdure.actors.mailbox import CommandMsg, Mailbox
+from perdure.actors.session import SessionActor
 from perdure.providers import Reply, ScriptedProvider, ToolUse
 from perdure.storage import Guard, StaleGoal
 from perdure.storage.records import ToolExecuting
