@@ -227,7 +227,9 @@ def _decision(d: RecoveryDecision) -> dict[str, Any]:
     return {k: v for k, v in attrs.asdict(d).items() if k != "session_id"}
 
 
-def _cost(spend: Spend, prices: Mapping[str, Price]) -> dict[str, Any]:
+def cost(spend: Spend, prices: Mapping[str, Price]) -> dict[str, Any]:
+    """What ``spend`` costs at ``prices``, as the summary shows it (the models without a
+    price are listed, not counted)."""
     usd, unpriced = spent_cost(spend, prices)
     return {"usd": round(usd, 6), "unpriced_models": unpriced}
 
@@ -254,7 +256,7 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
                 "final_text": fin.final_text if fin else None,
                 "reason": fin.reason if fin else None,
                 "usage": _usage(run.usage),
-                "cost": _cost(run.spend, prices),
+                "cost": cost(run.spend, prices),
             }
         )
     answered = [
@@ -326,7 +328,7 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
         ],
         "decisions": [_decision(d) for d in s.decisions],
         "usage": _usage(s.usage),
-        "cost": _cost(s.spend, prices),
+        "cost": cost(s.spend, prices),
         "budget": None if s.budget is None else attrs.asdict(s.budget),
         "context": _context(s),
     }

@@ -37,6 +37,7 @@ from perdure.storage.records import (
     ToolRetryPending,
 )
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 SID = "s"
 attempts: dict[str, int] = {}
@@ -127,7 +128,7 @@ async def test_a_back_off_stops_at_once_and_the_next_actor_waits_out_the_rest(
         with trio.fail_after(wait / 2):
             await message.reply.wait()
         assert trio.current_time() - asked_at < wait / 2, "the back-off did not hold it up"
-        state = await rt.load_state(SID)
+        state = await fold_of(rt, SID)
         not_before = state.tasks["toolu_001_1"].not_before
         assert not_before is not None
         with trio.fail_after(900):
