@@ -28,7 +28,7 @@ call's result.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -41,6 +41,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.decide.sessions import allowed_tools
 from perdure.actors.generation import call_model
 from perdure.actors.heartbeats import HeartbeatThrottle
+from perdure.actors.inflight import InFlight, model_key
 from perdure.actors.mailbox import (
     CallDue,
     CommandMsg,
@@ -60,8 +61,9 @@ from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
+from perdure.observability.hooks import observe_after, observe_before, observe_failed
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, ContextCompacted, Record, RunFinished
+from perdure.storage.records import Committed, ContextCompacted, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -92,16 +94,10 @@ class SessionActor:
         self.started = False
         self.hibernated = False  # it stopped idle and left its state to the supervisor
         self._nursery: trio.Nursery | None = None
-        self._models: dict[str, trio.CancelScope] = {}
-        self._tools: dict[str, trio.CancelScope] = {}
-        self._waits: dict[str, trio.CancelScope] = {}  # tool retry back-offs being waited out
-        # The entries of ``_models`` that are still their back-off's timer (not yet a call).
-        self._model_waits: set[str] = set()
-        self._held_back: set[str] = set()  # ids of results held for a later commit
+        self._calls = InFlight()  # its calls and timers on this node (perdure.actors.inflight)
         self._beats = HeartbeatThrottle(
             ctx.settings.heartbeat_interval, self._commit_heartbeat, mailbox.send
         )
-        self._cancelling: set[str] = set()
         self._waiters: list[Reply[RunFinished | None]] = []
         self._drains: list[Reply[None]] = []
         self._draining = False
@@ -177,14 +173,11 @@ class SessionActor:
         """Nothing in flight on this node: no model call, tool, reconcile or cancel
         running, no result held for a later commit, no back-off timer, no heartbeat
         held back, no command being committed."""
-        return (
-            not (self._models or self._tools or self._cancelling or self._waits or self._beats)
-            and not self._pending
-        )
+        return not (self._calls or self._beats or self._pending)
 
     def calling_model(self) -> bool:
         """A model call is in flight (its reply, then its tool calls, are still to come)."""
-        return bool(self._models)
+        return bool(self._calls.models)
 
     def _hand_off(self) -> bool:
         """At a safe point of a hand-over, stop: close the mailbox and answer it.
@@ -226,14 +219,7 @@ class SessionActor:
         return allowed_tools(self.ctx.tools, self.state.allowed_tools)
 
     def _view(self) -> protocol.View:
-        return protocol.View(
-            models=frozenset(self._models),
-            tools=frozenset(self._tools),
-            cancelling=frozenset(self._cancelling),
-            waiting=frozenset(self._waits),
-            draining=self._draining,
-            handing_over=self._handover is not None,
-        )
+        return self._calls.view(draining=self._draining, handing_over=self._handover is not None)
 
     # -- the loop -------------------------------------------------------------------
 
@@ -241,19 +227,18 @@ class SessionActor:
         if isinstance(message, CommandMsg):
             await self._command(message)
         elif isinstance(message, protocol.ModelReplied | protocol.ModelFailed):
-            if self._models.pop(message.generation_id, None) is None:
+            if not self._calls.model_reported(message.generation_id):
                 return  # the call was cancelled; its late report means nothing
             await self._result(message)
         elif isinstance(message, protocol.RestoreFinished):
-            self._tools.pop(message.call_id, None)
+            self._calls.tool_reported(message.call_id)
             await self._result(message)
         elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
             await self._beats.finish(message.call_id)
-            self._tools.pop(message.call_id, None)
-            self._cancelling.discard(message.call_id)
+            self._calls.tool_reported(message.call_id)
             await self._result(message)
         elif isinstance(message, protocol.HeartbeatReported):
-            if message.call_id in self._tools:  # else its attempt already reported its end
+            if message.call_id in self._calls.tools:  # else its attempt already reported its end
                 assert self._nursery is not None
                 await self._beats.offer(message, self._nursery)
         elif isinstance(message, protocol.AgentLinked):
@@ -261,17 +246,15 @@ class SessionActor:
         elif isinstance(message, FlushHeartbeat):
             await self._beats.flush(message.call_id)
         elif isinstance(message, protocol.BackOffOver):
-            if self._waits.pop(message.call_id, None) is None:
+            if not self._calls.back_off_over(message.call_id):
                 return  # the wait was stopped (the call was cancelled); nothing is due
             await self._result(message)
         elif isinstance(message, CallDue):
-            key = _model_key(message.effect)
-            if self._models.get(key) is message.timer:
-                self._model_waits.discard(key)
+            if self._calls.model_due(model_key(message.effect), message.timer):
                 self._start_model_call(message.effect, message.durable)
             # else: cancelled (or called off) while it waited; nothing is due
         elif isinstance(message, RetryResult):
-            self._release(message.result)
+            self._calls.release(message.result)
             await self._result(message.result)
         elif isinstance(message, WaitIdle):
             self._waiters.append(message.reply)
@@ -306,15 +289,7 @@ class SessionActor:
             handover.reply.fail(Refused("busy", "the session is already moving or stopping"))
             return
         self._handover = handover
-        for call_id, wait in list(self._waits.items()):
-            if call_id not in self._held_back:
-                wait.cancel()
-                del self._waits[call_id]
-        for model_id in self._model_waits:
-            timer = self._models.pop(model_id, None)
-            if timer is not None:
-                timer.cancel()
-        self._model_waits.clear()
+        self._calls.stop_timers()
         assert self._nursery is not None
         self._handover_timer = trio.CancelScope(deadline=handover.deadline)
         self._nursery.start_soon(self._hand_over_due, handover, self._handover_timer)
@@ -369,28 +344,9 @@ class SessionActor:
             log.warning(
                 "session %s: cannot commit a result yet (%s); retrying", self.session_id, exc
             )
-            self._hold(result)
+            self._calls.hold(result)
             assert self._nursery is not None
             self._nursery.start_soon(self._retry_later, result)
-
-    def _hold(self, result: protocol.Result) -> None:
-        placeholder = trio.CancelScope()
-        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
-            self._models[result.generation_id] = placeholder
-        elif isinstance(result, protocol.BackOffOver):
-            self._waits[result.call_id] = placeholder
-            self._held_back.add(result.call_id)
-        else:
-            self._tools[result.call_id] = placeholder
-
-    def _release(self, result: protocol.Result) -> None:
-        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
-            self._models.pop(result.generation_id, None)
-        elif isinstance(result, protocol.BackOffOver):
-            self._waits.pop(result.call_id, None)
-            self._held_back.discard(result.call_id)
-        else:
-            self._tools.pop(result.call_id, None)
 
     async def _commit_heartbeat(self, beat: protocol.HeartbeatReported) -> None:
         """Commit a heartbeat the throttle lets through (``perdure.actors.heartbeats``)."""
@@ -432,7 +388,7 @@ class SessionActor:
                 else:
                     reply.set(outcome)
             self._waiters.clear()
-        if self._drains and not self._tools:
+        if self._drains and not self._calls.tools:
             for drained in self._drains:
                 drained.set(None)
             self._drains.clear()
@@ -454,7 +410,7 @@ class SessionActor:
         committed: list[Committed] = []
         effects = step.effects
         if step.records:
-            records = self._observe_before(state, step.records)
+            records = observe_before(self.ctx.observers, self.session_id, state, step.records)
             overlap = self.ctx.overlap
             early = decide.overlapping(step, overlap)
             guard = Guard(self.session_id, rev_before)
@@ -474,8 +430,8 @@ class SessionActor:
                 else:
                     committed = await self.ctx.journal.append(records, guard=guard)
             except LogError as exc:
-                self._call_off(early)
-                self._observe_failed(state, records)
+                self._calls.call_off(early)
+                observe_failed(self.ctx.observers, self.session_id, state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
@@ -484,7 +440,7 @@ class SessionActor:
                 durable.set()
             for c in committed:
                 state.note_committed(c)
-            self._observe_after(state, committed)
+            observe_after(self.ctx.observers, self.session_id, state, committed)
             if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
                 _faults.hit("compaction.after")
         self._perform_all(effects)
@@ -496,44 +452,6 @@ class SessionActor:
         for effect in effects:
             self._perform(effect, durable)
 
-    def _call_off(self, started: Iterable[protocol.Effect]) -> None:
-        """The commit these effects overlapped failed: stop them, and forget them, so that
-        whatever they report later is dropped (their step is not in the log)."""
-        for effect in started:
-            if isinstance(effect, protocol.CallModel):
-                scope = self._models.pop(effect.generation_id, None)
-                self._model_waits.discard(effect.generation_id)
-            elif isinstance(effect, protocol.RunTool):
-                scope = self._tools.pop(effect.call_id, None)
-            else:
-                scope = None
-            if scope is not None:
-                scope.cancel()
-
-    # -- observers (perdure.observability): telemetry never stops a session ------------
-
-    def _observe_before(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
-        for observer in self.ctx.observers:
-            try:
-                records = observer.before_commit(state, records)
-            except Exception:
-                log.exception("session %s: an observer failed before a commit", self.session_id)
-        return records
-
-    def _observe_after(self, state: SessionState, committed: Sequence[Committed]) -> None:
-        for observer in self.ctx.observers:
-            try:
-                observer.after_commit(state, committed)
-            except Exception:
-                log.exception("session %s: an observer failed after a commit", self.session_id)
-
-    def _observe_failed(self, state: SessionState, records: Sequence[Record]) -> None:
-        for observer in self.ctx.observers:
-            try:
-                observer.commit_failed(state, records)
-            except Exception:
-                log.exception("session %s: an observer failed on a failed commit", self.session_id)
-
     # -- the timer: every retry's back-off is waited out here ----------------------------
 
     def _wait_until(self, not_before: float, timer: trio.CancelScope, due: Inbox) -> None:
@@ -543,7 +461,7 @@ class SessionActor:
         The one way a session waits out a back-off: a tool call's retry (``BackOff``,
         due: ``BackOffOver``) and a model call's or a summary's (``CallModel`` or
         ``Summarize`` with a later ``not_before``, due: ``CallDue``). Cancelling the
-        timer (``StopBackOff``, ``CancelModel``, a failed commit's ``_call_off``) ends
+        timer (``StopBackOff``, ``CancelModel``, a failed commit's ``call_off``) ends
         the wait with nothing posted; a ``due`` message that was posted just before is
         dropped by ``_handle``, which finds the timer no longer registered.
         """
@@ -598,14 +516,12 @@ class SessionActor:
             if not_before is not None and not_before > ctx.clock():
                 # Held on the session's timer: the call's entry is the timer until it is
                 # due, so a cancel or a revision meanwhile stops the wait, not a call.
-                key = _model_key(effect)
-                timer = self._models[key] = trio.CancelScope()
-                self._model_waits.add(key)
+                timer = self._calls.model_timer(model_key(effect))
                 self._wait_until(not_before, timer, CallDue(effect, timer, durable))
             else:
                 self._start_model_call(effect, durable)
         elif isinstance(effect, protocol.RunTool):
-            scope = self._tools[effect.call_id] = trio.CancelScope()
+            scope = self._calls.tool_call(effect.call_id)
             nursery.start_soon(
                 run_tool,
                 ctx,
@@ -617,31 +533,23 @@ class SessionActor:
                 effect.workspace_since,
             )
         elif isinstance(effect, protocol.BackOff):
-            wait = self._waits[effect.call_id] = trio.CancelScope()
+            wait = self._calls.tool_timer(effect.call_id)
             over = protocol.BackOffOver(call_id=effect.call_id, attempt=effect.attempt)
             self._wait_until(effect.not_before, wait, over)
         elif isinstance(effect, protocol.StopBackOff):
-            stopped = self._waits.pop(effect.call_id, None)
-            if stopped is not None:
-                stopped.cancel()
+            self._calls.stop_back_off(effect.call_id)
         elif isinstance(effect, protocol.Reconcile):
-            scope = self._tools[effect.call_id] = trio.CancelScope()
+            scope = self._calls.tool_call(effect.call_id)
             nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)
         elif isinstance(effect, protocol.Forget):
             nursery.start_soon(run_forget, ctx, effect.tool, effect.executing)
         elif isinstance(effect, protocol.RestoreWorkspace):
-            self._tools[effect.call_id] = trio.CancelScope()
+            self._calls.tool_call(effect.call_id)
             nursery.start_soon(run_restore, ctx, self.session_id, effect, outbox)
         elif isinstance(effect, protocol.CancelTool):
-            tool_scope = self._tools.get(effect.call_id)
-            if tool_scope is not None:
-                self._cancelling.add(effect.call_id)
-                tool_scope.cancel()
+            self._calls.cancel_tool(effect.call_id)
         elif isinstance(effect, protocol.CancelModel):
-            model_scope = self._models.pop(effect.generation_id, None)
-            self._model_waits.discard(effect.generation_id)
-            if model_scope is not None:
-                model_scope.cancel()
+            self._calls.cancel_model(effect.generation_id)
 
     def _start_model_call(
         self, effect: protocol.CallModel | protocol.Summarize, durable: trio.Event | None
@@ -650,7 +558,7 @@ class SessionActor:
         nursery = self._nursery
         assert nursery is not None
         ctx, outbox = self.ctx, self.mailbox.send
-        scope = self._models[_model_key(effect)] = trio.CancelScope()
+        scope = self._calls.model_call(model_key(effect))
         if isinstance(effect, protocol.CallModel):
             request = conversation.request(
                 self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
@@ -662,8 +570,3 @@ class SessionActor:
             request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
             summarize = partial(call_model, provider=ctx.compaction_provider, publish=False)
             nursery.start_soon(summarize, ctx, request, outbox, scope)
-
-
-def _model_key(effect: protocol.CallModel | protocol.Summarize) -> str:
-    """The id a model call is tracked by among the session's calls in flight."""
-    return effect.generation_id if isinstance(effect, protocol.CallModel) else effect.compaction_id
