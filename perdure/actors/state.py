@@ -9,6 +9,7 @@ one had when its last record became durable.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any
 
 from attrs import define, field
@@ -91,6 +92,7 @@ from perdure.storage.records import (
     WorkspaceRestored,
     WorkspaceRestoreStarted,
 )
+from perdure.storage.redact import masked
 from perdure.view import (
     GenerationView,
     RunView,
@@ -227,20 +229,10 @@ class SessionState:
 
     def run_view(self, run_id: str) -> RunView | None:
         run = self.runs.get(run_id)
-        if run is None:
-            return None
-        return RunView(
-            run_id=run.run_id,
-            submission_id=run.submission_id,
-            goal_rev=run.goal_rev,
-            resume_attempt=run.resume_attempt,
-            resumed_from=run.resumed_from,
-            started_at=run.started_at,
-            cancel_requested=run.cancel_requested,
-            finished=run.finished,
-            usage=run.usage,
-            traceparent=run.traceparent,
-        )
+        return _run_view(run) if run is not None else None
+
+    def run_views(self) -> tuple[RunView, ...]:
+        return tuple(_run_view(run) for run in self.runs.values())
 
     def generation_view(self, generation_id: str) -> GenerationView | None:
         gen = self.generations.get(generation_id)
@@ -261,23 +253,13 @@ class SessionState:
 
     def task_view(self, call_id: str) -> TaskView | None:
         task = self.tasks.get(call_id)
-        if task is None:
-            return None
-        return TaskView(
-            call_id=task.call_id,
-            generation_id=task.generation_id,
-            tool_name=task.tool_name,
-            phase=task.phase,
-            terminal=task.terminal,
-            attempt=task.attempt,
-            executing=task.executing,
-            result=task.result,
-            last_error=task.last_error,
-            not_before=task.not_before,
-            last_heartbeat=task.last_heartbeat,
-            compensates=task.compensates,
-            children=task.children,
-        )
+        return _task_view(task) if task is not None else None
+
+    def task_views(self) -> tuple[TaskView, ...]:
+        return tuple(_task_view(task) for task in self.tasks.values())
+
+    def recovery_decisions(self) -> tuple[RecoveryDecision, ...]:
+        return tuple(self.decisions)
 
     def tool_attempt(self, call_id: str) -> ToolExecuting | None:
         task = self.tasks.get(call_id)
@@ -311,6 +293,7 @@ class SessionState:
             awaiting_approval=tuple(t.call_id for t in waiting if t.phase == "awaiting_approval"),
             awaiting_human=tuple(t.call_id for t in waiting if t.phase == "awaiting_human"),
             usage=self.usage,
+            spend=tuple(self.spend.items()),
             last_outcome=self.last_outcome,
             last_seq=self.last_seq,
         )
@@ -760,3 +743,38 @@ _HANDLERS: dict[type, Any] = {
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }
+
+
+def _run_view(run: Run) -> RunView:
+    return RunView(
+        run_id=run.run_id,
+        submission_id=run.submission_id,
+        goal_rev=run.goal_rev,
+        resume_attempt=run.resume_attempt,
+        resumed_from=run.resumed_from,
+        started_at=run.started_at,
+        cancel_requested=run.cancel_requested,
+        finished=run.finished,
+        usage=run.usage,
+        traceparent=run.traceparent,
+    )
+
+
+def _task_view(task: Task) -> TaskView:
+    return TaskView(
+        call_id=task.call_id,
+        generation_id=task.generation_id,
+        tool_name=task.tool_name,
+        input=MappingProxyType(masked(task.input, task.secret)),
+        goal_rev=task.goal_rev,
+        phase=task.phase,
+        terminal=task.terminal,
+        attempt=task.attempt,
+        executing=task.executing,
+        result=task.result,
+        last_error=task.last_error,
+        not_before=task.not_before,
+        last_heartbeat=task.last_heartbeat,
+        compensates=task.compensates,
+        children=task.children,
+    )
