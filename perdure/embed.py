@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import outcome
 import trio
@@ -54,7 +54,6 @@ from perdure import Runtime, StreamStats, StuckRun
 from perdure import open_runtime as open_trio_runtime
 from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.providers.base import Message
-from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
@@ -66,6 +65,9 @@ from perdure.storage.records import (
     RunFinished,
 )
 from perdure.view import SessionLookup, SessionView
+
+if TYPE_CHECKING:
+    from perdure.retention import Pruned
 
 T = TypeVar("T")
 Mode = Literal["thread", "guest"]

@@ -34,9 +34,8 @@ import attrs
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from perdure.budget import DEFAULT_PRICES
+from perdure.budget import DEFAULT_PRICES, cost_summary
 from perdure.errors import Refused
-from perdure.inspect import cost
 from perdure.server.errors import ApiError
 from perdure.server.protocols import ag_ui, ai_sdk
 from perdure.server.protocols.parts import Follower, Part, parse_approval_id
@@ -439,5 +438,5 @@ def _snapshot(state: SessionLookup) -> dict[str, Any]:
         "paused": view.paused,
         "parked": view.parked,
         "usage": attrs.asdict(view.usage),
-        "cost": cost(dict(view.spend), DEFAULT_PRICES),
+        "cost": cost_summary(dict(view.spend), DEFAULT_PRICES),
     }
