@@ -1,11 +1,12 @@
 """One way to wait: every retry's back-off is waited out on the session actor's timer.
 
 A tool call's retry (``BackOff``) and a model call's (``CallModel`` with a later
-``not_before``) are both held by the session's ``_wake_at`` timer; the generation actor
-and the tool actor are started only when the wait is over. The tests watch which tasks
-trio spawns and when (a trio instrument), on a ``MemoryLog`` under an autojumping
-``MockClock``: virtual time alone decides, so the times are exact. A cancel or a
-revision during a model call's back-off stops its timer: the waiting call never starts.
+``not_before``) are both held by the session's timer (``Performer._wake_at``); the
+generation actor and the tool actor are started only when the wait is over. The tests
+watch which tasks trio spawns and when (a trio instrument), on a ``MemoryLog`` under an
+autojumping ``MockClock``: virtual time alone decides, so the times are exact. A cancel
+or a revision during a model call's back-off stops its timer: the waiting call never
+starts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, RetryableError, RetryPolicy, ToolContext, tool
+from perdure.observability import logs
 from perdure.providers.base import Emit, ModelReply, ModelRequest, ProviderError
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import (
@@ -91,10 +93,22 @@ async def wait_for_record(rt: perdure.Runtime, kind: type) -> Any:
     raise AssertionError(f"no {kind.__name__}")
 
 
+class NotingIds(ScriptedProvider):
+    """The scripted provider, noting the log ids bound in each call's task."""
+
+    def __init__(self, replies: list[Reply]) -> None:
+        super().__init__(replies)
+        self.ids: list[dict[str, str]] = []
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        self.ids.append(logs.current_ids())
+        return await super().complete(request, emit)
+
+
 async def test_a_model_retry_and_a_tool_retry_wait_on_the_same_timer(
     where: Where, clock: MockClock
 ) -> None:
-    provider = ScriptedProvider(
+    provider = NotingIds(
         [
             Reply(tool_uses=[ToolUse("booked")], fail_attempts=1, retry_after=MODEL_RETRY_AFTER),
             Reply(text="done"),
@@ -128,6 +142,9 @@ async def test_a_model_retry_and_a_tool_retry_wait_on_the_same_timer(
     assert len(model_calls) == 3 and provider.calls == 3
     assert model_calls[1] == trio_time(model_retry.not_before)
     assert model_calls[0] == trio_time(model_retry.at)  # the first attempt did not wait
+    # The retry, started from the timer, still logs under its run's and turn's ids.
+    assert provider.ids[1]["generation_id"] == model_retry.generation_id
+    assert provider.ids[1]["run_id"] == provider.ids[0]["run_id"]
     assert spawns.times("run_tool") == [
         trio_time(executing[0].at),
         trio_time(tool_retry.not_before),
