@@ -468,6 +468,12 @@ class AsyncioRuntime:
             partial(self.trio_runtime.sessions, after=after, limit=limit, active=active)
         )
 
+    async def newest_sessions(
+        self, *, after: int = 0, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """The newest sessions' summaries, a page (``Runtime.newest_sessions``)."""
+        return await self.run(partial(self.trio_runtime.newest_sessions, after=after, limit=limit))
+
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)
 

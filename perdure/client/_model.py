@@ -304,6 +304,15 @@ def sessions(
     )
 
 
+def newest_sessions(after: int = 0, limit: int | None = None) -> Call[list[SessionInfo]]:
+    query = {"order": "newest"}
+    if after:
+        query["after"] = str(after)
+    if limit is not None:
+        query["limit"] = str(limit)
+    return Call("GET", "/v1/sessions?" + urlencode(query), sessions().read)
+
+
 def create_session(
     session_id: str | None,
     system: str | None,

@@ -557,13 +557,21 @@ SESSION_LIST_PARAMS: Final = (
         "limit",
         "query",
         {"type": "integer", "minimum": 1, "maximum": 10_000},
-        "a page of at most this many sessions, in session-id order",
+        "a page of at most this many sessions",
     ),
     Param(
         "after",
         "query",
         {"type": "string"},
-        "the page after this session id (the `next` of the page before)",
+        "the page after this one: the `next` of the page before (with `order=id` a "
+        "session id, with `order=newest` a whole number)",
+    ),
+    Param(
+        "order",
+        "query",
+        {"enum": ["id", "newest"]},
+        "`id` (the default): pages in session-id order; `newest`: newest first, by "
+        "creation (read from the log's index by creation)",
     ),
     Param(
         "active",
@@ -574,12 +582,14 @@ SESSION_LIST_PARAMS: Final = (
 )
 
 SESSION_LIST_DOC: Final = """\
-Without `limit`, `after` or `active`: every session, in order of creation (each call
-reads every session's summary). With any of them: a page in session-id order, at most
-`limit` sessions (10,000 when left out) after the id `after` (with `active=1` only
-sessions with unfinished work), and `next`, the `after` of the next page (null after
-the last page); a page reads only its own sessions' summaries, and `stuck` only for
-its sessions with unfinished work."""
+Without `limit`, `after`, `active` or `order`: every session, in order of creation (each
+call reads every session's summary). With any of them: a page of at most `limit`
+sessions (10,000 when left out), and `next`, the `after` of the next page (null after
+the last page). In session-id order (`order=id`, the default) a page holds the ids after
+`after` (with `active=1` only sessions with unfinished work); newest first
+(`order=newest`, what the web page shows; not with `active`) it holds the sessions
+created before the previous page's last. A page reads only its own sessions' summaries,
+and `stuck` only for its sessions with unfinished work."""
 
 SESSION_LIST: Final = {
     "type": "object",
