@@ -469,10 +469,11 @@ class AsyncioRuntime:
         )
 
     async def newest_sessions(
-        self, *, after: int = 0, limit: int | None = None
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
     ) -> list[SessionInfo]:
         """The newest sessions' summaries, a page (``Runtime.newest_sessions``)."""
-        return await self.run(partial(self.trio_runtime.newest_sessions, after=after, limit=limit))
+        page = partial(self.trio_runtime.newest_sessions, before=before, limit=limit, active=active)
+        return await self.run(page)
 
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)

@@ -304,12 +304,16 @@ def sessions(
     )
 
 
-def newest_sessions(after: int = 0, limit: int | None = None) -> Call[list[SessionInfo]]:
+def newest_sessions(
+    before: int = 0, limit: int | None = None, active: bool = False
+) -> Call[list[SessionInfo]]:
     query = {"order": "newest"}
-    if after:
-        query["after"] = str(after)
+    if before:
+        query["before"] = str(before)
     if limit is not None:
         query["limit"] = str(limit)
+    if active:
+        query["active"] = "1"
     return Call("GET", "/v1/sessions?" + urlencode(query), sessions().read)
 
 

@@ -399,7 +399,9 @@ class Api:
         # One more than asked: whether a next page exists, without a second read.
         limit = page.limit
         if page.newest:
-            infos = await self.rt.newest_sessions(after=page.before, limit=limit + 1)
+            infos = await self.rt.newest_sessions(
+                before=page.before, limit=limit + 1, active=page.active
+            )
         else:
             infos = await self.rt.sessions(after=page.after, limit=limit + 1, active=page.active)
         more = len(infos) > limit

@@ -463,10 +463,10 @@ class Journal:
         )
 
     async def newest_sessions(
-        self, *, before: int = 0, limit: int | None = None
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
     ) -> list[SessionInfo]:
         return await self.run(
-            functools.partial(self.log.newest_sessions, before=before, limit=limit)
+            functools.partial(self.log.newest_sessions, before=before, limit=limit, active=active)
         )
 
     async def session_info(self, session_id: str) -> SessionInfo | None:

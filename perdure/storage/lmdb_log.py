@@ -692,16 +692,19 @@ class LmdbLog(SingleOwner):
                 found = cursor.next()
             return out
 
-    def newest_sessions(self, *, before: int = 0, limit: int | None = None) -> list[SessionInfo]:
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
         """The sessions' summaries newest first (by creation): a reverse scan of the
-        ``created`` index from ``before``, reading only the page's own summaries."""
+        ``created`` index from ``before``, reading only the page's own summaries; with
+        ``active``, the active sessions' summaries (the active index), sorted."""
         out: list[SessionInfo] = []
         if limit is not None and limit <= 0:
             return out
         if before >= 1 << 64:  # past every seq: from the newest
             before = 0
-        if self._created is None:  # read-only, on a log without the index yet
-            every = self.sessions()
+        if active or self._created is None:  # (no index: a read-only open of an old log)
+            every = self.sessions(active=active)
             every.sort(key=lambda i: i.first_seq, reverse=True)
             found = [i for i in every if not before or i.first_seq < before]
             return found if limit is None else found[:limit]

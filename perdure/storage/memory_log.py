@@ -288,10 +288,16 @@ class MemoryLog(SingleOwner):
             infos = [i for i in infos if i.open_submissions]
         return infos if limit is None else infos[: max(0, limit)]
 
-    def newest_sessions(self, *, before: int = 0, limit: int | None = None) -> list[SessionInfo]:
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
         with self._store.lock:
             every = self._store.summaries.values()
-            infos = [i for i in every if not before or i.first_seq < before]
+            infos = [
+                i
+                for i in every
+                if (not before or i.first_seq < before) and (i.open_submissions or not active)
+            ]
         infos.sort(key=lambda i: i.first_seq, reverse=True)
         return infos if limit is None else infos[: max(0, limit)]
 

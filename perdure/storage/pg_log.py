@@ -822,11 +822,13 @@ class PgLog:
             ).fetchall()
         return [SessionInfo(*row) for row in rows]
 
-    def newest_sessions(self, *, before: int = 0, limit: int | None = None) -> list[SessionInfo]:
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
         # The index on first_seq (schema version 2) serves the page, newest first.
-        query = self._INFO
-        if before:
-            query += " WHERE first_seq < %(before)s"
+        query = self._INFO + " WHERE (%(before)s = 0 OR first_seq < %(before)s)"
+        if active:
+            query += " AND open_submissions > 0"
         query += " ORDER BY first_seq DESC LIMIT %(limit)s"
         params = {
             "before": min(before, (1 << 63) - 1),  # bigint's largest: below it is everything

@@ -58,6 +58,6 @@ def test_the_page_lists_the_newest_sessions_a_page_at_a_time(
     expect(rows).to_have_count(SESSIONS)
     expect(more).to_have_count(0)
     assert asked and all(q["order"] == ["newest"] and "limit" in q for q in asked), asked
-    assert any(q.get("after") for q in asked)  # "More" followed a page's next
+    assert any(q.get("before") for q in asked)  # "More" followed a page's next
     assert any(q["limit"] == [str(2 * PAGE)] for q in asked)  # the refresh after it
     assert errors == []

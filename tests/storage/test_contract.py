@@ -343,6 +343,10 @@ def test_the_newest_sessions_page_by_creation_and_follow_deletions(log: LogBacke
     (c,) = log.newest_sessions(limit=1)
     assert c == log.session_info("c")  # a page holds the same summary as a lookup
 
+    assert ids(active=True) == ["c", "a", "b"]  # d's run finished
+    assert ids(active=True, before=log.session_info("a").first_seq) == ["b"]  # type: ignore[union-attr]
+    assert ids(active=True, limit=1) == ["c"]
+
     (deleted,) = log.commit([([SessionDeleted(deleted="d", at=2.0)], None)])
     assert isinstance(deleted, list)
     assert ids() == ["c", "a", "b"]

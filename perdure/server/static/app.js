@@ -115,9 +115,9 @@ async function loadSessions() {
 async function moreSessions() {
   if (sessionList.next === null || sessionList.loading) return;
   sessionList.loading = true;
-  const after = encodeURIComponent(sessionList.next);
+  const before = encodeURIComponent(sessionList.next);
   try {
-    const data = await api("GET", `/v1/sessions?order=newest&limit=${LIST_PAGE}&after=${after}`);
+    const data = await api("GET", `/v1/sessions?order=newest&limit=${LIST_PAGE}&before=${before}`);
     sessionList.shown = Math.min(sessionList.shown + LIST_PAGE, MAX_LIST);
     showSessions(data);
   } catch (e) {
