@@ -41,7 +41,6 @@ from pydantic import BaseModel
 
 import perdure
 import perdure.embed
-from perdure.inspect import summarize
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 
 HERE = Path(__file__).resolve().parent
@@ -136,7 +135,7 @@ async def post_task(task: TaskIn, request: Request) -> dict[str, Any]:
 
 @app.get("/tasks/{session_id}")
 async def get_task(session_id: str, request: Request) -> dict[str, Any]:
-    return summarize(await runtime(request).load_state(session_id))
+    return await runtime(request).summary(session_id, wake=False)
 
 
 @app.post("/tasks/{session_id}/approvals/{call_id}")

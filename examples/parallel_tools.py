@@ -160,7 +160,8 @@ async def agent() -> None:
         await rt.create_session("hotel")
         await rt.submit("hotel", "Book room 12 for June 1st and tell the guest.", request_id="r1")
         outcome = await rt.wait_idle("hotel")
-        state = await rt.load_state("hotel")
+        tasks = await rt.state("hotel", lambda s: s.task_views())
+        decisions = await rt.state("hotel", lambda s: s.recovery_decisions())
     summary = {
         "outcome": outcome.status if outcome else None,
         "final_text": outcome.final_text if outcome else None,
@@ -171,9 +172,9 @@ async def agent() -> None:
                 "key": t.executing.idempotency_key if t.executing else None,
                 "output": getattr(t.result, "output", None),
             }
-            for t in state.tasks.values()
+            for t in tasks
         },
-        "decisions": [f"{d.subject}: {d.found} -> {d.action}" for d in state.decisions],
+        "decisions": [f"{d.subject}: {d.found} -> {d.action}" for d in decisions],
     }
     (WORKDIR / "summary.json").write_text(json.dumps(summary, indent=2))
 

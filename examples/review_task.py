@@ -153,10 +153,8 @@ async def agent(root: Path, variant: str) -> dict[str, Any]:
         sid = await rt.create_session("review")
         await rt.submit(sid, "Compare the API specs and open a review ticket.", request_id="r-1")
         outcome = await rt.wait_idle(sid)
-        state = await rt.load_state(sid)
-        result = next(
-            (t.result for t in state.tasks.values() if t.tool_name == "create_ticket"), None
-        )
+        tasks = await rt.state(sid, lambda s: s.task_views())
+        result = next((t.result for t in tasks if t.tool_name == "create_ticket"), None)
         return {
             "status": outcome.status if outcome else None,
             "ticket_result": result.output if result else None,

@@ -19,7 +19,6 @@ from pathlib import Path
 import trio
 
 import perdure
-from perdure.actors import conversation
 from perdure.providers import Reply, ScriptedProvider, ToolUse
 from perdure.providers.base import TextBlock, ToolResultBlock
 from perdure.storage.lmdb_log import LmdbLog
@@ -71,7 +70,8 @@ async def main() -> None:
         print(f"revision {done.ref} recorded at seq {done.seq}")
         outcome = await rt.wait_idle(sid)
         assert outcome is not None
-        state = await rt.load_state(sid)
+        tasks = await rt.state(sid, lambda s: s.task_views())
+        transcript = await rt.transcript(sid)
     log = LmdbLog(root / "log", readonly=True)
     try:
         records = log.read_session(sid)
@@ -81,9 +81,11 @@ async def main() -> None:
     for seq, _, text in render(records):
         print(f"  #{seq:<3} {text}")
     print("\nFate of each call:")
-    for task in state.tasks.values():
-        print(f"  {task.tool_name}({task.input}) under revision {task.goal_rev}: {task.phase}")
-    revised = [m for m in conversation.messages(state) if m.role == "user"][-2]
+    for task in tasks:
+        print(
+            f"  {task.tool_name}({dict(task.input)}) under revision {task.goal_rev}: {task.phase}"
+        )
+    revised = [m for m in transcript if m.role == "user"][-2]
     print("\nWhat the model read after the revision:")
     for block in revised.content:
         if isinstance(block, ToolResultBlock):
@@ -91,7 +93,7 @@ async def main() -> None:
         elif isinstance(block, TextBlock):
             print("  " + block.text.replace("\n", "\n  "))
     print(f"\nfinal answer: {outcome.final_text}")
-    ticket = next(t for t in state.tasks.values() if t.tool_name == "open_team_ticket")
+    ticket = next(t for t in tasks if t.tool_name == "open_team_ticket")
     assert ticket.phase == "cancelled" and ticket.executing is None, "the ticket never ran"
     assert outcome.status == "completed"
 

@@ -297,9 +297,13 @@ async def _apply(order: Order, log_dir: str, tools: list[Any]) -> Outcome:
     from perdure._unowned import owning
     from perdure.actors import protocol
     from perdure.inspect import summarize
+    from perdure.settings import Settings
     from perdure.tools.contract import registry
 
-    async with owning(log_dir, registry(tools)) as log:
+    # No runtime owns the log, so none has settings to lend: the command is decided
+    # under those a runtime opened with no options would have, and records what that
+    # runtime would.
+    async with owning(log_dir, registry(tools), settings=Settings()) as log:
         state = await log.state(order.session_id)
         rid = order.with_request_id(summarize(state))
         command: protocol.Command

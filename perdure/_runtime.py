@@ -43,13 +43,14 @@ from perdure import errors as perdure_errors
 from perdure.actors import conversation, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.forks import workspace_at
-from perdure.actors.decide.sessions import fork_files_request
-from perdure.actors.session import CommandMsg, Query, check_grant
+from perdure.actors.decide.sessions import check_grant, fork_files_request
+from perdure.actors.mailbox import CommandMsg, Query
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.answers import CallDiff, Rewound
 from perdure.budget import CompactionPolicy, Price, check_compaction
 from perdure.errors import UnknownSession, find_exception
+from perdure.inspect import summarize
 from perdure.observability.hooks import (
     BackgroundObserver,
     CommitObserver,
@@ -83,7 +84,7 @@ from perdure.storage.records import (
 from perdure.stuck import DEFAULT_STUCK_AFTER, StuckRun, last_progress_at, stuck_run
 from perdure.tools.contract import Tool, registry
 from perdure.tools.history import WorkspaceHistory
-from perdure.view import SessionView
+from perdure.view import SessionLookup, SessionView
 
 if TYPE_CHECKING:  # the mcp extra is imported only when MCP servers are configured
     from perdure.tools.mcp import McpHub, McpServer
@@ -299,7 +300,7 @@ class Runtime:
             session_id = f"fork-{digest}"
         forked = await self._sup.fork_session(source, session_id, at, rid, files)
         if self._ctx.workspace is not None:  # the fork keeps the checkpoints it copied
-            copied = await self.load_state(forked.session_id)
+            copied = await self._fold(forked.session_id)
             trees = [t for m in copied.checkpoints for t in (m.before, m.after) if t]
             history = WorkspaceHistory(self._ctx.workspace)
             await _threads.run_sync(history.keep_for, forked.session_id, trees)
@@ -362,7 +363,7 @@ class Runtime:
     async def workspace_diff(self, session_id: str, call_id: str | None = None) -> list[CallDiff]:
         """What each checkpointed call of the session changed in the workspace (or only
         ``call_id``'s attempts), with a unified diff of each, in log order."""
-        state = await self.load_state(session_id)
+        state = await self._fold(session_id)
         marks = [m for m in state.checkpoints if call_id is None or m.call_id == call_id]
         if call_id is not None and not marks:
             raise perdure_errors.Refused(
@@ -451,7 +452,7 @@ class Runtime:
             now = self._ctx.clock()
             if now - last < threshold:
                 continue  # moved recently: no need to read its state
-            run = await self.state(
+            run = await self._read(
                 info.session_id,
                 partial(stuck_run, last_progress=last, now=now, after=threshold),
                 wake=False,
@@ -597,7 +598,7 @@ class Runtime:
 
     async def children(self, session_id: str) -> list[str]:
         """The sub-agent sessions started by the session's unfinished tool calls."""
-        return await self.state(session_id, running_children)
+        return await self._read(session_id, running_children)
 
     # -- retention ----------------------------------------------------------------------
 
@@ -660,20 +661,42 @@ class Runtime:
         return await self._sup.wait_idle(session_id)
 
     async def state(
-        self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
+        self, session_id: str, fn: Callable[[SessionLookup], T], *, wake: bool = True
     ) -> T:
         """Evaluate ``fn`` on the live state of a session, inside its actor (read-only!).
 
-        A hibernated session's state is read where it sleeps: no actor is woken for it.
+        ``fn`` is handed the state as a ``perdure.SessionLookup``: the read model, whose
+        answers are frozen records made when asked (one input, run, model turn or tool
+        call by its id, every run or call, a ``SessionView`` snapshot). A hibernated
+        session's state is read where it sleeps: no actor is woken for it.
         ``wake=False``: a session no actor runs here (evicted, parked, never started on
-        this node) is read from the log instead, as ``load_state`` does; the read then
-        starts no actor, takes no lease and runs no recovery.
+        this node) is read from the log instead; the read then starts no actor, takes
+        no lease and runs no recovery.
         """
+        return await self._read(session_id, fn, wake=wake)
+
+    async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
+        """A frozen snapshot of a session's headline facts (``perdure.SessionView``):
+        safe to keep, never changed by later commits. ``wake`` as for ``state``."""
+        return await self._read(session_id, SessionState.view, wake=wake)
+
+    async def summary(self, session_id: str, *, wake: bool = True) -> dict[str, Any]:
+        """What the session is doing, as JSON-ready data (``perdure.inspect.summarize``:
+        the request in force, what is done, what happens next, the unconfirmed side
+        effects, every run and call, usage and cost): the body of the daemon's
+        ``GET /v1/sessions/{id}`` and what ``perdure show`` prints. ``wake`` as for
+        ``state``."""
+        return await self._read(session_id, summarize, wake=wake)
+
+    async def _read(
+        self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
+    ) -> T:
+        """``fn`` on the fold's own state (the runtime's reads; ``state`` is the face)."""
         if not wake:
             found, answer = await self._sup.peek(session_id, fn)
             if found:
                 return cast(T, answer)  # T itself may allow None
-            return fn(await self.load_state(session_id))
+            return fn(await self._fold(session_id))
         asleep = self._sup.dormant.get(session_id)
         if asleep is not None:
             answer = fn(await dormant_state(asleep))
@@ -681,13 +704,8 @@ class Runtime:
             return answer
         return await self._sup.ask(session_id, lambda: Query(fn))
 
-    async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
-        """A frozen snapshot of a session's headline facts (``perdure.SessionView``):
-        safe to keep, never changed by later commits. ``wake`` as for ``state``."""
-        return await self.state(session_id, SessionState.view, wake=wake)
-
-    async def load_state(self, session_id: str) -> SessionState:
-        """The state folded from the log (works for any session; no actor is started)."""
+    async def _fold(self, session_id: str) -> SessionState:
+        """The state folded from the log (any session; no actor is started)."""
         if await self._journal.session_info(session_id) is None:
             raise UnknownSession(session_id)
         return SessionState.fold(session_id, await self._journal.read_session(session_id))
@@ -697,7 +715,7 @@ class Runtime:
         after a context compaction, its summary in place of what it covers. With
         ``history``, every message of the session instead, as if nothing was compacted
         (the log keeps them all)."""
-        return await self.state(
+        return await self._read(
             session_id,
             lambda state: list(conversation.messages(state, include_pending=True, history=history)),
             wake=False,

@@ -36,9 +36,10 @@ from attrs import evolve
 
 from perdure._runtime import running_children
 from perdure.actors import decide, protocol
-from perdure.actors.session import allowed_tools
+from perdure.actors.decide.sessions import allowed_tools
 from perdure.actors.state import SessionState
 from perdure.errors import UnknownSession
+from perdure.settings import Settings
 from perdure.storage import Guard, open_log
 from perdure.storage.journal import Journal, open_journal
 from perdure.tools.contract import Tool
@@ -48,11 +49,16 @@ class UnownedLog:
     """One log owned by this process for the duration of a command (``owning``)."""
 
     def __init__(
-        self, journal: Journal, tools: Mapping[str, Tool], clock: Callable[[], float]
+        self,
+        journal: Journal,
+        tools: Mapping[str, Tool],
+        clock: Callable[[], float],
+        settings: Settings,
     ) -> None:
         self.journal = journal
         self.tools = tools
         self.clock = clock
+        self.settings = settings
 
     async def state(self, session_id: str) -> SessionState:
         """The session folded from its records; ``UnknownSession`` if there is none."""
@@ -64,7 +70,11 @@ class UnownedLog:
     async def apply(self, state: SessionState, command: protocol.Command) -> protocol.Done:
         """Decide ``command`` on ``state`` and commit what it records; the answer the
         runtime would give (``Refused`` and its kin when the session cannot take it)."""
-        env = protocol.Env(tools=allowed_tools(self.tools, state.allowed_tools), now=self.clock())
+        env = protocol.Env(
+            tools=allowed_tools(self.tools, state.allowed_tools),
+            now=self.clock(),
+            limits=self.settings.limits,
+        )
         step, answer = decide.command(state, env, command)
         assert isinstance(answer, protocol.Done), "a person's commands answer Done"
         # A command's own decision only records; what follows it is advance's, in the
@@ -102,11 +112,14 @@ async def owning(
     log_dir: str | os.PathLike[str],
     tools: Mapping[str, Tool],
     clock: Callable[[], float] = time.time,
+    *,
+    settings: Settings,
 ) -> AsyncIterator[UnownedLog]:
-    """Own the LMDB log at ``log_dir`` for the block (``LogBusy`` if a process does)."""
+    """Own the LMDB log at ``log_dir`` for the block (``LogBusy`` if a process does);
+    commands are decided under ``settings``, as a runtime opened with them would."""
     log = await trio.to_thread.run_sync(lambda: open_log(log_dir))
     try:
         async with open_journal(log) as journal:
-            yield UnownedLog(journal, tools, clock)
+            yield UnownedLog(journal, tools, clock, settings)
     finally:
         await trio.to_thread.run_sync(log.close)

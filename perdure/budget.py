@@ -25,6 +25,7 @@ tokens, which context compaction measures the last request against (``window_of`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from attrs import frozen
 
@@ -166,6 +167,14 @@ def spent_cost(spend: Spend, prices: Mapping[str, Price]) -> tuple[float, list[s
             continue
         total += price.cost(usage)
     return total, unpriced
+
+
+def cost_summary(spend: Spend, prices: Mapping[str, Price]) -> dict[str, Any]:
+    """What ``spend`` costs at ``prices``, as JSON-ready data (a session's summary and
+    the daemon's AG-UI snapshot): ``usd`` to a millionth, and the ``unpriced_models``
+    (listed, not counted)."""
+    usd, unpriced = spent_cost(spend, prices)
+    return {"usd": round(usd, 6), "unpriced_models": unpriced}
 
 
 def over_budget(

@@ -323,8 +323,7 @@ async def _child_main(plan: dict[str, Any]) -> dict[str, Any]:
             nursery.start_soon(approve_everything)
             outcome = await rt.wait_idle(sid)
             nursery.cancel_scope.cancel()
-        state = await rt.load_state(sid)
-        task = state.tasks.get(CALL_ID)
+        task = await rt.state(sid, lambda s: s.task_view(CALL_ID), wake=False)
         return {
             "status": outcome.status if outcome else None,
             "result": task.phase if task else "not called",

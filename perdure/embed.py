@@ -54,7 +54,6 @@ from perdure import Runtime, StreamStats, StuckRun
 from perdure import open_runtime as open_trio_runtime
 from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
 from perdure.providers.base import Message
-from perdure.retention import Pruned
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
 from perdure.storage.journal import JournalStats
@@ -65,10 +64,10 @@ from perdure.storage.records import (
     ResolutionAction,
     RunFinished,
 )
-from perdure.view import SessionView
+from perdure.view import SessionLookup, SessionView
 
 if TYPE_CHECKING:
-    from perdure.actors.state import SessionState
+    from perdure.retention import Pruned
 
 T = TypeVar("T")
 Mode = Literal["thread", "guest"]
@@ -588,18 +587,20 @@ class AsyncioRuntime:
         return await self.run(self.trio_runtime.wait_idle, session_id)
 
     async def state(
-        self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
+        self, session_id: str, fn: Callable[[SessionLookup], T], *, wake: bool = True
     ) -> T:
-        """``fn`` on the live state, inside the session's actor (on the trio thread);
-        ``wake=False`` reads a session no actor runs from the log (``Runtime.state``)."""
+        """``fn`` on the live state (a ``perdure.SessionLookup``), inside the session's
+        actor (on the trio thread); ``wake=False`` reads a session no actor runs from the
+        log (``Runtime.state``)."""
         return await self.run(partial(self.trio_runtime.state, wake=wake), session_id, fn)
 
     async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
         """A frozen snapshot of a session's headline facts (``Runtime.view``)."""
         return await self.run(partial(self.trio_runtime.view, wake=wake), session_id)
 
-    async def load_state(self, session_id: str) -> SessionState:
-        return await self.run(self.trio_runtime.load_state, session_id)
+    async def summary(self, session_id: str, *, wake: bool = True) -> dict[str, Any]:
+        """What the session is doing, as JSON-ready data (``Runtime.summary``)."""
+        return await self.run(partial(self.trio_runtime.summary, wake=wake), session_id)
 
     async def transcript(self, session_id: str, *, history: bool = False) -> list[Message]:
         return await self.run(partial(self.trio_runtime.transcript, session_id, history=history))

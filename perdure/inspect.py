@@ -22,13 +22,9 @@ from typing import Any
 
 import attrs
 
-from perdure.actors.state import (
-    Revision,
-    SessionState,
-    Task,
-    UserTurn,
-)
-from perdure.budget import DEFAULT_PRICES, Price, Spend, spent_cost
+from perdure.actors.entities import Revision, Task, UserTurn
+from perdure.actors.state import SessionState
+from perdure.budget import DEFAULT_PRICES, Price, cost_summary
 from perdure.storage.records import (
     RecoveryDecision,
     ToolCancelled,
@@ -231,11 +227,6 @@ def _decision(d: RecoveryDecision) -> dict[str, Any]:
     return {k: v for k, v in attrs.asdict(d).items() if k != "session_id"}
 
 
-def _cost(spend: Spend, prices: Mapping[str, Price]) -> dict[str, Any]:
-    usd, unpriced = spent_cost(spend, prices)
-    return {"usd": round(usd, 6), "unpriced_models": unpriced}
-
-
 def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> Summary:
     """The session's state as JSON-ready data; see the module docstring.
 
@@ -258,7 +249,7 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
                 "final_text": fin.final_text if fin else None,
                 "reason": fin.reason if fin else None,
                 "usage": _usage(run.usage),
-                "cost": _cost(run.spend, prices),
+                "cost": cost_summary(run.spend, prices),
             }
         )
     answered = [
@@ -330,7 +321,7 @@ def summarize(s: SessionState, prices: Mapping[str, Price] = DEFAULT_PRICES) -> 
         ],
         "decisions": [_decision(d) for d in s.decisions],
         "usage": _usage(s.usage),
-        "cost": _cost(s.spend, prices),
+        "cost": cost_summary(s.spend, prices),
         "budget": None if s.budget is None else attrs.asdict(s.budget),
         "context": _context(s),
     }

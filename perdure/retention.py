@@ -26,7 +26,6 @@ from typing import Any
 import attrs
 
 from perdure.actors.decide import sessions
-from perdure.actors.state import SessionState
 from perdure.errors import Refused
 from perdure.storage import SessionBusy, SessionInfo
 from perdure.storage.codec import converter
@@ -44,21 +43,19 @@ class Pruned:
     records: int  # how many records went (or would go, in a dry run)
 
 
-async def parent_of(journal: Journal, first: list[Committed]) -> SessionState | None:
-    """The folded state of the session whose call started this sub-agent (``first``: the
-    sub-agent's first record); None for another session, or a parent with no records."""
+async def parent_history(journal: Journal, first: list[Committed]) -> list[Committed]:
+    """The log of the session whose call started this sub-agent (``first``: the
+    sub-agent's first record); empty for another session, or a parent with no records.
+    The core reads it (``sessions.dependency``, ``sessions.orphaned``): no fold here."""
     link = sessions.parent_call(first)
-    if link is None:
-        return None
-    history = await journal.read_session(link[0])
-    return SessionState.fold(link[0], history) if history else None
+    return await journal.read_session(link[0]) if link is not None else []
 
 
 async def dependency(journal: Journal, session_id: str) -> str | None:
     """Why the session must be kept for another one, or None (``sessions.dependency``:
     a sub-agent's session is kept while the parent call that runs it is unfinished)."""
     first = await journal.read_session(session_id, 0, 1)
-    return sessions.dependency(first, await parent_of(journal, first))
+    return sessions.dependency(first, await parent_history(journal, first))
 
 
 async def delete_session(journal: Journal, session_id: str, at: float, reason: str = "") -> int:

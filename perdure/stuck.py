@@ -23,7 +23,8 @@ from attrs import frozen
 from perdure.storage.records import Committed
 
 if TYPE_CHECKING:
-    from perdure.actors.state import SessionState, Task
+    from perdure.actors.entities import Task
+    from perdure.actors.state import SessionState
 
 __all__ = [
     "DEFAULT_STUCK_AFTER",

@@ -5,10 +5,11 @@ the core's decisions; they change with every commit and their shape is the core'
 change. The edges (observability, the daemon's frontends, the embedding faces) read
 this module's records instead, which the fold builds on demand:
 
-* ``SessionLookup`` is what a commit observer and a read through ``Runtime.state``
-  may ask of a session: one submission, run, model turn or tool call by its id, each a
-  small frozen record made when asked. Nothing is built for a turn nobody asks about,
-  so a runtime without observers pays nothing per turn for this model.
+* ``SessionLookup`` is what a commit observer and a function given to
+  ``Runtime.state`` may ask of a session: one submission, run, model turn or tool call
+  by its id (or every run and every call, in order), each a small frozen record made
+  when asked. Nothing is built for a turn nobody asks about, so a runtime without
+  observers pays nothing per turn for this model.
 * ``SessionView`` is a snapshot of the session's headline facts (``Runtime.view``):
   made once per call, safe to keep, and never changed by later commits.
 
@@ -18,12 +19,14 @@ frozen too) are handed out as they are.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from attrs import frozen
 
 from perdure.storage.records import (
     GenerationCompleted,
+    RecoveryDecision,
     RetryPending,
     RunFinished,
     ToolCancelled,
@@ -98,6 +101,10 @@ class TaskView:
     call_id: str
     generation_id: str
     tool_name: str
+    # The model's input to the call, its secret parameters masked; read-only (a view of
+    # the fold's own mapping, not a copy).
+    input: Mapping[str, Any]
+    goal_rev: int  # the goal revision in force when the call was made
     phase: str
     terminal: bool
     attempt: int  # 0: never executed
@@ -113,9 +120,9 @@ class TaskView:
 class SessionLookup(Protocol):
     """What may be asked of a session's state, one item at a time, by its id.
 
-    Commit observers receive one (the state as of the commit they observe), and a
-    function given to ``Runtime.state`` may be typed against it. Each answer is made
-    when asked and is frozen; ``None`` says no such item is in the session.
+    Commit observers receive one (the state as of the commit they observe), and so
+    does a function given to ``Runtime.state``. Each answer is made when asked and is
+    frozen; ``None`` says no such item is in the session.
     """
 
     @property
@@ -128,6 +135,18 @@ class SessionLookup(Protocol):
     def generation_view(self, generation_id: str) -> GenerationView | None: ...
 
     def task_view(self, call_id: str) -> TaskView | None: ...
+
+    def run_views(self) -> tuple[RunView, ...]:
+        """Every run of the session, in the order they started."""
+        ...
+
+    def task_views(self) -> tuple[TaskView, ...]:
+        """Every tool call of the session (compensations too), in the order made."""
+        ...
+
+    def recovery_decisions(self) -> tuple[RecoveryDecision, ...]:
+        """What each recovery of the session found and did, in order (the log's records)."""
+        ...
 
     def tool_attempt(self, call_id: str) -> ToolExecuting | None:
         """The ``ToolExecuting`` record of a call's latest attempt (None: never ran).
@@ -165,5 +184,8 @@ class SessionView:
     awaiting_approval: tuple[str, ...]  # call ids of the current turn waiting for a person
     awaiting_human: tuple[str, ...]  # call ids of the current turn waiting for a resolution
     usage: Usage
+    # Usage by the model that answered ("" when unknown), in the order each was first
+    # used: what the session's cost is reckoned from (``perdure.budget.spent_cost``).
+    spend: tuple[tuple[str, Usage], ...]
     last_outcome: RunFinished | None
     last_seq: int  # the seq of the session's latest record

@@ -20,12 +20,9 @@ EDGES = (
     "perdure.client",
 )
 INSIDES = ("perdure.actors", "perdure._runtime")
-ANNOTATION_ONLY_EXCEPTIONS = {
-    ("perdure.embed", "perdure.actors.state"): (
-        "AsyncioRuntime.state(fn) and load_state hand over the fold's state, as "
-        "Runtime's do: the embedding face mirrors the trio one"
-    ),
-}
+# None left: ``Runtime.state`` and ``AsyncioRuntime.state`` hand their function a
+# ``perdure.SessionLookup``, not the fold's state.
+ANNOTATION_ONLY_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _inside_imports(graph: grimp.ImportGraph) -> set[tuple[str, str]]:

@@ -20,15 +20,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from perdure.actors.state import (
-    AssistantTurn,
-    ConversationItem,
-    Note,
-    Revision,
-    SessionState,
-    Task,
-    UserTurn,
-)
+from perdure.actors.entities import AssistantTurn, ConversationItem, Note, Revision, Task, UserTurn
+from perdure.actors.state import SessionState
 from perdure.providers.base import (
     Block,
     FailedAttempt,

@@ -29,7 +29,6 @@ from perdure.storage.bus import Event
 async def call_model(
     ctx: ActorContext,
     request: ModelRequest,
-    not_before: float | None,
     outbox: trio.MemorySendChannel[Result],
     scope: trio.CancelScope,
     *,
@@ -42,10 +41,6 @@ async def call_model(
     (a summary is not a turn of the conversation)."""
     provider = provider if provider is not None else ctx.provider
     with scope:
-        if not_before is not None:
-            delay = not_before - ctx.clock()
-            if delay > 0:
-                await trio.sleep(delay)
         bus = ctx.journal.bus
         session_id, generation_id, attempt = (
             request.session_id,

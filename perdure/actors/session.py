@@ -13,33 +13,63 @@ restarts the latter from the log, exactly as after a crash.
 
 Children (generation and tool actors) run in the session's nursery and report on
 the session's mailbox; the session decides what their results mean. So do its
-timers: a retry's back-off (``BackOff``: it reports ``BackOffOver``) and the
-throttle of heartbeats (a running call's latest ``ctx.heartbeat`` is committed at
-most once per ``heartbeat_interval``, the latest winning, and one still held is
-committed before the call's result).
+timers. Every retry waits on one of them, whatever failed: a tool call's back-off
+(``BackOff``; the timer reports ``BackOffOver``) and a model call's or a summary's
+(``CallModel``/``Summarize`` whose ``not_before`` is still to come; the timer holds the
+call, and only when it is due does the session start the generation actor). A cancel
+or a revision during the wait cancels the timer (``StopBackOff``, ``CancelModel``), and
+a hand-over stops it (the wait's end is in the log), so a call that was waiting never
+starts. The throttle of heartbeats (``perdure.actors.heartbeats``) keeps timers too:
+a running call's latest ``ctx.heartbeat`` is committed at most once per
+``heartbeat_interval``, the latest winning, and one still held is committed before the
+call's result.
+
+What the actor leans on, each a module with one job: its ``mailbox`` (everything it is
+told, and the one-shot replies it owes), ``effects`` (starting each effect as a child
+task or a timer), ``inflight`` (the cancel scopes of what runs or waits on this node,
+and the ``View`` the core is shown of it) and ``heartbeats``.
+What is left here is the actor's own: the loop, commit-then-act, eviction when idle,
+and the safe point of a hand-over.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import partial
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import trio
-from attrs import define, evolve, field
+from attrs import evolve
 
 from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
-from perdure.actors.generation import call_model
+from perdure.actors.decide.sessions import allowed_tools
+from perdure.actors.effects import Performer
+from perdure.actors.heartbeats import HeartbeatThrottle
+from perdure.actors.inflight import InFlight, model_key
+from perdure.actors.mailbox import (
+    CallDue,
+    CommandMsg,
+    Drain,
+    FlushHeartbeat,
+    HandOver,
+    HandOverDue,
+    Inbox,
+    Mailbox,
+    Query,
+    Reply,
+    RetryResult,
+    WaitIdle,
+)
 from perdure.actors.state import SessionState
-from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
+from perdure.observability.hooks import observe_after, observe_before, observe_failed
+from perdure.providers.base import ModelRequest
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
-from perdure.storage.records import Committed, ContextCompacted, Record, RunFinished
+from perdure.storage.records import Committed, ContextCompacted, RunFinished
 from perdure.tools.contract import Tool
 
 log = logging.getLogger("perdure.session")
@@ -47,159 +77,10 @@ log = logging.getLogger("perdure.session")
 RELOAD_TRIES = 8  # re-reads after a failed commit before the actor gives up (~6 s)
 RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdure.backoff)
 
-T = TypeVar("T")
-A = TypeVar("A", protocol.Accepted, protocol.Done)
-
-
-def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> Mapping[str, Tool]:
-    """The registered tools a session may use (a sub-agent may be limited to some)."""
-    if allowed is None:
-        return tools
-    names = set(allowed)
-    return {n: t for n, t in tools.items() if n in names}
-
-
-def check_grant(grant: Iterable[str] | None, tools: Mapping[str, Tool]) -> list[str] | None:
-    """A session's grant of tools as it is recorded (names in order, each once), or
-    ``ValueError`` naming what is wrong with it; None grants every tool."""
-    if grant is None:
-        return None
-    if isinstance(grant, str):
-        raise ValueError(f"tools must be a list of tool names, not the string {grant!r}")
-    names = list(dict.fromkeys(grant))
-    bad = [n for n in names if not isinstance(n, str)]
-    if bad:
-        raise ValueError(f"tools must be tool names (strings), not {bad!r}")
-    unknown = [n for n in names if n not in tools]
-    if unknown:
-        registered = ", ".join(sorted(tools)) or "none"
-        raise ValueError(
-            f"tools: no tool named {', '.join(map(repr, unknown))} is registered "
-            f"(registered: {registered})"
-        )
-    return names
-
-
-class Reply(Generic[T]):
-    """A one-shot answer slot for a caller waiting on the session."""
-
-    def __init__(self) -> None:
-        self._done = trio.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-
-    def set(self, value: T) -> None:
-        if not self._done.is_set():
-            self._value = value
-            self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
-            self._error = error
-            self._done.set()
-
-    async def wait(self) -> T:
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return cast(T, self._value)  # set() stored a T
-
-
-@define
-class CommandMsg(Generic[A]):
-    """A caller's command; ``A`` is the answer it gets (``Accepted`` for a submit)."""
-
-    command: protocol.Command
-    reply: Reply[A] = field(factory=Reply)
-
-
-@define
-class WaitIdle:
-    reply: Reply[RunFinished | None] = field(factory=Reply)
-
-
-@define
-class Query(Generic[T]):
-    """Read the state inside the actor (consistent with its commits)."""
-
-    fn: Callable[[SessionState], T]
-    reply: Reply[T] = field(factory=Reply)
-
-
-@define
-class Drain:
-    """Stop dispatching; answer once no tool of this session is running."""
-
-    reply: Reply[None] = field(factory=Reply)
-
-
-@define
-class HandOver:
-    """Move to node ``target``: finish the current step, start nothing new, and stop at
-    the next safe point (answered then); give up at ``deadline`` (trio clock)."""
-
-    target: str
-    deadline: float
-    reply: Reply[None] = field(factory=Reply)
-
-
-Message = CommandMsg[Any] | WaitIdle | Query[Any] | Drain | HandOver
-
-
-@define
-class _RetryResult:
-    result: protocol.Result
-
-
-@define
-class _HandOverDue:
-    """The hand-over's deadline passed: if no safe point came, the session stays."""
-
-    handover: HandOver
-
-
-@define
-class _FlushHeartbeat:
-    """The throttle interval of a call's heartbeats has passed: commit the one held."""
-
-    call_id: str
-
-
-@define
-class _Throttle:
-    """A running call's heartbeats: when one was last committed, and the latest held back."""
-
-    last_commit: float = -float("inf")  # trio clock
-    held: protocol.HeartbeatReported | None = None
-    timer: trio.CancelScope | None = None  # a pending _FlushHeartbeat
-
-
-# Everything a session's mailbox carries: a caller's message, a result of one of its
-# actors (model calls, tool calls, back-off timers), or one of its own timers.
-Inbox = Message | protocol.Result | _RetryResult | _HandOverDue | _FlushHeartbeat
-
-
-@define
-class Mailbox:
-    """A session's inbox; it outlives actor restarts so no message is lost.
-
-    An evicted session's mailbox is closed (``evicted`` is set): a sender gets
-    ``BrokenResourceError`` and the supervisor starts a fresh actor and mailbox. A
-    session handed over to another node is closed the same way (``handed_over``).
-    """
-
-    send: trio.MemorySendChannel[Inbox]
-    receive: trio.MemoryReceiveChannel[Inbox]
-    evicted: bool = False
-    handed_over: bool = False
-
-    @classmethod
-    def open(cls, size: int = 256) -> Mailbox:
-        s, r = trio.open_memory_channel[Inbox](size)
-        return cls(s, r)
-
 
 class SessionActor:
+    """One session's actor: the only writer of its records (see the module's docstring)."""
+
     def __init__(
         self,
         session_id: str,
@@ -221,12 +102,10 @@ class SessionActor:
         self.started = False
         self.hibernated = False  # it stopped idle and left its state to the supervisor
         self._nursery: trio.Nursery | None = None
-        self._models: dict[str, trio.CancelScope] = {}
-        self._tools: dict[str, trio.CancelScope] = {}
-        self._waits: dict[str, trio.CancelScope] = {}  # retry back-offs being waited out
-        self._held_back: set[str] = set()  # ids of results held for a later commit
-        self._beats: dict[str, _Throttle] = {}  # heartbeat throttles of running calls
-        self._cancelling: set[str] = set()
+        self._calls = InFlight()  # its calls and timers on this node (perdure.actors.inflight)
+        self._beats = HeartbeatThrottle(
+            ctx.settings.heartbeat_interval, self._commit_heartbeat, mailbox.send
+        )
         self._waiters: list[Reply[RunFinished | None]] = []
         self._drains: list[Reply[None]] = []
         self._draining = False
@@ -234,13 +113,14 @@ class SessionActor:
         self._handover_timer: trio.CancelScope | None = None
         self._pending: list[Reply[Any]] = []  # replies owed if this actor dies
         self._messages = conversation.MessageCache()  # the model's view, built incrementally
+        self._effects = Performer(session_id, ctx, self._calls, mailbox.send, self._model_request)
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         logs.bind(session_id=self.session_id)  # on every line of this actor and its children
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self._nursery = self._effects.nursery = nursery
             records, self._preloaded = self._preloaded, None
             woken, self._woken = self._woken, None
             if woken is not None:
@@ -302,14 +182,11 @@ class SessionActor:
         """Nothing in flight on this node: no model call, tool, reconcile or cancel
         running, no result held for a later commit, no back-off timer, no heartbeat
         held back, no command being committed."""
-        return (
-            not (self._models or self._tools or self._cancelling or self._waits or self._beats)
-            and not self._pending
-        )
+        return not (self._calls or self._beats or self._pending)
 
     def calling_model(self) -> bool:
         """A model call is in flight (its reply, then its tool calls, are still to come)."""
-        return bool(self._models)
+        return bool(self._calls.models)
 
     def _hand_off(self) -> bool:
         """At a safe point of a hand-over, stop: close the mailbox and answer it.
@@ -351,14 +228,7 @@ class SessionActor:
         return allowed_tools(self.ctx.tools, self.state.allowed_tools)
 
     def _view(self) -> protocol.View:
-        return protocol.View(
-            models=frozenset(self._models),
-            tools=frozenset(self._tools),
-            cancelling=frozenset(self._cancelling),
-            waiting=frozenset(self._waits),
-            draining=self._draining,
-            handing_over=self._handover is not None,
-        )
+        return self._calls.view(draining=self._draining, handing_over=self._handover is not None)
 
     # -- the loop -------------------------------------------------------------------
 
@@ -366,31 +236,34 @@ class SessionActor:
         if isinstance(message, CommandMsg):
             await self._command(message)
         elif isinstance(message, protocol.ModelReplied | protocol.ModelFailed):
-            if self._models.pop(message.generation_id, None) is None:
+            if not self._calls.model_reported(message.generation_id):
                 return  # the call was cancelled; its late report means nothing
             await self._result(message)
         elif isinstance(message, protocol.RestoreFinished):
-            self._tools.pop(message.call_id, None)
+            self._calls.tool_reported(message.call_id)
             await self._result(message)
         elif isinstance(message, protocol.ToolFinished | protocol.ReconcileFinished):
-            await self._last_heartbeat(message.call_id)
-            self._tools.pop(message.call_id, None)
-            self._cancelling.discard(message.call_id)
+            await self._beats.finish(message.call_id)
+            self._calls.tool_reported(message.call_id)
             await self._result(message)
         elif isinstance(message, protocol.HeartbeatReported):
-            await self._heartbeat(message)
+            if message.call_id in self._calls.tools:  # else its attempt already reported its end
+                assert self._nursery is not None
+                await self._beats.offer(message, self._nursery)
         elif isinstance(message, protocol.AgentLinked):
             await self._link(message)
-        elif isinstance(message, _FlushHeartbeat):
-            throttle = self._beats.get(message.call_id)
-            if throttle is not None and throttle.held is not None:
-                await self._commit_heartbeat(throttle)
+        elif isinstance(message, FlushHeartbeat):
+            await self._beats.flush(message.call_id)
         elif isinstance(message, protocol.BackOffOver):
-            if self._waits.pop(message.call_id, None) is None:
+            if not self._calls.back_off_over(message.call_id):
                 return  # the wait was stopped (the call was cancelled); nothing is due
             await self._result(message)
-        elif isinstance(message, _RetryResult):
-            self._release(message.result)
+        elif isinstance(message, CallDue):
+            if self._calls.model_due(model_key(message.effect), message.timer):
+                self._effects.start_model_call(message.effect, self._run_id(), message.durable)
+            # else: cancelled (or called off) while it waited; nothing is due
+        elif isinstance(message, RetryResult):
+            self._calls.release(message.result)
             await self._result(message.result)
         elif isinstance(message, WaitIdle):
             self._waiters.append(message.reply)
@@ -404,7 +277,7 @@ class SessionActor:
             self._drains.append(message.reply)
         elif isinstance(message, HandOver):
             self._start_hand_over(message)
-        elif isinstance(message, _HandOverDue):
+        elif isinstance(message, HandOverDue):
             if self._handover is message.handover:
                 target = message.handover.target
                 await self._keep(f"no safe point before the deadline (to node {target})")
@@ -416,18 +289,16 @@ class SessionActor:
     def _start_hand_over(self, handover: HandOver) -> None:
         """From now on dispatch only the current step's tool calls (``View.handing_over``).
 
-        Back-off timers stop at once: a back-off's end is in the log (``not_before``),
-        so the next owner waits out the rest. A result held back for a later commit
-        (an outage) keeps its place, and the session is not at rest until it lands.
+        Back-off timers (a tool call's retry, a model call's) stop at once: a back-off's
+        end is in the log (``not_before``), so the next owner waits out the rest. A
+        result held back for a later commit (an outage) keeps its place, and the session
+        is not at rest until it lands.
         """
         if self._handover is not None or self._draining:
             handover.reply.fail(Refused("busy", "the session is already moving or stopping"))
             return
         self._handover = handover
-        for call_id, wait in list(self._waits.items()):
-            if call_id not in self._held_back:
-                wait.cancel()
-                del self._waits[call_id]
+        self._calls.stop_timers()
         assert self._nursery is not None
         self._handover_timer = trio.CancelScope(deadline=handover.deadline)
         self._nursery.start_soon(self._hand_over_due, handover, self._handover_timer)
@@ -436,7 +307,7 @@ class SessionActor:
         with timer:
             await trio.sleep_forever()
         if self._handover is handover and not self.mailbox.handed_over:  # the deadline passed
-            await self.mailbox.send.send(_HandOverDue(handover))
+            await self.mailbox.send.send(HandOverDue(handover))
 
     async def _keep(self, why: str) -> None:
         """The hand-over gave up: dispatch again what it held back."""
@@ -482,58 +353,12 @@ class SessionActor:
             log.warning(
                 "session %s: cannot commit a result yet (%s); retrying", self.session_id, exc
             )
-            self._hold(result)
+            self._calls.hold(result)
             assert self._nursery is not None
             self._nursery.start_soon(self._retry_later, result)
 
-    def _hold(self, result: protocol.Result) -> None:
-        placeholder = trio.CancelScope()
-        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
-            self._models[result.generation_id] = placeholder
-        elif isinstance(result, protocol.BackOffOver):
-            self._waits[result.call_id] = placeholder
-            self._held_back.add(result.call_id)
-        else:
-            self._tools[result.call_id] = placeholder
-
-    def _release(self, result: protocol.Result) -> None:
-        if isinstance(result, protocol.ModelReplied | protocol.ModelFailed):
-            self._models.pop(result.generation_id, None)
-        elif isinstance(result, protocol.BackOffOver):
-            self._waits.pop(result.call_id, None)
-            self._held_back.discard(result.call_id)
-        else:
-            self._tools.pop(result.call_id, None)
-
-    # -- heartbeats: committed throttled, the latest winning ---------------------------
-
-    async def _heartbeat(self, beat: protocol.HeartbeatReported) -> None:
-        if beat.call_id not in self._tools:
-            return  # its attempt already reported its end
-        throttle = self._beats.setdefault(beat.call_id, _Throttle())
-        throttle.held = beat
-        due = throttle.last_commit + self.ctx.settings.heartbeat_interval
-        if trio.current_time() >= due:
-            await self._commit_heartbeat(throttle)
-        elif throttle.timer is None:
-            assert self._nursery is not None
-            throttle.timer = trio.CancelScope(deadline=due)
-            self._nursery.start_soon(self._flush_at, beat.call_id, throttle.timer)
-
-    async def _flush_at(self, call_id: str, timer: trio.CancelScope) -> None:
-        with timer:
-            await trio.sleep_forever()  # until the timer's deadline, or until it is stopped
-        throttle = self._beats.get(call_id)
-        if throttle is not None and throttle.timer is timer:  # not stopped: still due
-            await self.mailbox.send.send(_FlushHeartbeat(call_id))
-
-    async def _commit_heartbeat(self, throttle: _Throttle) -> None:
-        beat, throttle.held = throttle.held, None
-        if throttle.timer is not None:
-            timer, throttle.timer = throttle.timer, None
-            timer.cancel()
-        throttle.last_commit = trio.current_time()
-        assert beat is not None
+    async def _commit_heartbeat(self, beat: protocol.HeartbeatReported) -> None:
+        """Commit a heartbeat the throttle lets through (``perdure.actors.heartbeats``)."""
         env = self._env()
         step = decide.on_result(self.state, env, beat)
         try:
@@ -559,20 +384,9 @@ class SessionActor:
         except LogError as exc:
             log.warning("session %s: sub-agent %s not linked (%s)", self.session_id, link, exc)
 
-    async def _last_heartbeat(self, call_id: str) -> None:
-        """The attempt is over: commit the heartbeat still held, before its result."""
-        throttle = self._beats.pop(call_id, None)
-        if throttle is None:
-            return
-        if throttle.held is not None:
-            await self._commit_heartbeat(throttle)
-        elif throttle.timer is not None:
-            timer, throttle.timer = throttle.timer, None
-            timer.cancel()
-
     async def _retry_later(self, result: protocol.Result, delay: float = 1.0) -> None:
         await trio.sleep(delay)
-        await self.mailbox.send.send(_RetryResult(result))
+        await self.mailbox.send.send(RetryResult(result))
 
     def _after_message(self) -> None:
         if self._waiters and (self.state.idle or self.state.parked):
@@ -583,7 +397,7 @@ class SessionActor:
                 else:
                     reply.set(outcome)
             self._waiters.clear()
-        if self._drains and not self._tools:
+        if self._drains and not self._calls.tools:
             for drained in self._drains:
                 drained.set(None)
             self._drains.clear()
@@ -605,7 +419,7 @@ class SessionActor:
         committed: list[Committed] = []
         effects = step.effects
         if step.records:
-            records = self._observe_before(state, step.records)
+            records = observe_before(self.ctx.observers, self.session_id, state, step.records)
             overlap = self.ctx.overlap
             early = decide.overlapping(step, overlap)
             guard = Guard(self.session_id, rev_before)
@@ -625,8 +439,8 @@ class SessionActor:
                 else:
                     committed = await self.ctx.journal.append(records, guard=guard)
             except LogError as exc:
-                self._call_off(early)
-                self._observe_failed(state, records)
+                self._calls.call_off(early)
+                observe_failed(self.ctx.observers, self.session_id, state, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
@@ -635,7 +449,7 @@ class SessionActor:
                 durable.set()
             for c in committed:
                 state.note_committed(c)
-            self._observe_after(state, committed)
+            observe_after(self.ctx.observers, self.session_id, state, committed)
             if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
                 _faults.hit("compaction.after")
         self._perform_all(effects)
@@ -644,52 +458,9 @@ class SessionActor:
     def _perform_all(
         self, effects: Iterable[protocol.Effect], durable: trio.Event | None = None
     ) -> None:
+        run_id = self._run_id()
         for effect in effects:
-            self._perform(effect, durable)
-
-    def _call_off(self, started: Iterable[protocol.Effect]) -> None:
-        """The commit these effects overlapped failed: stop them, and forget them, so that
-        whatever they report later is dropped (their step is not in the log)."""
-        for effect in started:
-            if isinstance(effect, protocol.CallModel):
-                scope = self._models.pop(effect.generation_id, None)
-            elif isinstance(effect, protocol.RunTool):
-                scope = self._tools.pop(effect.call_id, None)
-            else:
-                scope = None
-            if scope is not None:
-                scope.cancel()
-
-    # -- observers (perdure.observability): telemetry never stops a session ------------
-
-    def _observe_before(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
-        for observer in self.ctx.observers:
-            try:
-                records = observer.before_commit(state, records)
-            except Exception:
-                log.exception("session %s: an observer failed before a commit", self.session_id)
-        return records
-
-    def _observe_after(self, state: SessionState, committed: Sequence[Committed]) -> None:
-        for observer in self.ctx.observers:
-            try:
-                observer.after_commit(state, committed)
-            except Exception:
-                log.exception("session %s: an observer failed after a commit", self.session_id)
-
-    def _observe_failed(self, state: SessionState, records: Sequence[Record]) -> None:
-        for observer in self.ctx.observers:
-            try:
-                observer.commit_failed(state, records)
-            except Exception:
-                log.exception("session %s: an observer failed on a failed commit", self.session_id)
-
-    async def _back_off(self, effect: protocol.BackOff, scope: trio.CancelScope) -> None:
-        """Sleep until the back-off's wall-clock ``not_before``, then say so."""
-        with scope:
-            await trio.sleep(max(0.0, effect.not_before - self.ctx.clock()))
-            over = protocol.BackOffOver(call_id=effect.call_id, attempt=effect.attempt)
-            await self.mailbox.send.send(over)
+            self._effects.perform(effect, run_id, durable)
 
     async def _reload_after(self, failed: LogError) -> SessionState:
         """Re-read the state after a failed commit, waiting out a short outage.
@@ -708,84 +479,13 @@ class SessionActor:
             f"be re-read ({reread})"
         ) from failed
 
-    def _perform(self, effect: protocol.Effect, durable: trio.Event | None = None) -> None:
-        """Start what a step asks for; each effect carries what it needs. ``durable``:
-        the step's commit is still in flight, and is durable once this event is set."""
-        # The tasks started here inherit these ids: their log lines carry them.
-        ids: dict[str, str] = {}
-        if self.state.run is not None:
-            ids["run_id"] = self.state.run.run_id
-        executing = getattr(effect, "executing", None)
-        if executing is not None:
-            ids.update(run_id=executing.run_id, call_id=executing.call_id)
+    def _model_request(self, effect: protocol.CallModel | protocol.Summarize) -> ModelRequest:
+        """What a model call (or a summary's) sends, built from the state when it starts."""
         if isinstance(effect, protocol.CallModel):
-            ids["generation_id"] = effect.generation_id
-        elif isinstance(effect, protocol.Summarize):
-            ids["compaction_id"] = effect.compaction_id
-        with logs.bound(**ids):
-            self._start(effect, durable)
-
-    def _start(self, effect: protocol.Effect, durable: trio.Event | None) -> None:
-        nursery = self._nursery
-        assert nursery is not None
-        ctx, outbox = self.ctx, self.mailbox.send
-        if isinstance(effect, protocol.CallModel):
-            request = conversation.request(
+            return conversation.request(
                 self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
             )
-            scope = self._models[effect.generation_id] = trio.CancelScope()
-            call = partial(call_model, durable=durable)
-            nursery.start_soon(call, ctx, request, effect.not_before, outbox, scope)
-        elif isinstance(effect, protocol.Summarize):
-            if _faults.ACTIVE:
-                _faults.hit("summary.before")
-            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
-            scope = self._models[effect.compaction_id] = trio.CancelScope()
-            nursery.start_soon(
-                partial(
-                    call_model,
-                    provider=ctx.compaction_provider,
-                    publish=False,
-                ),
-                ctx,
-                request,
-                effect.not_before,
-                outbox,
-                scope,
-            )
-        elif isinstance(effect, protocol.RunTool):
-            scope = self._tools[effect.call_id] = trio.CancelScope()
-            nursery.start_soon(
-                run_tool,
-                ctx,
-                effect.tool,
-                effect.executing,
-                outbox,
-                scope,
-                effect.last_heartbeat,
-                effect.workspace_since,
-            )
-        elif isinstance(effect, protocol.BackOff):
-            wait = self._waits[effect.call_id] = trio.CancelScope()
-            nursery.start_soon(self._back_off, effect, wait)
-        elif isinstance(effect, protocol.StopBackOff):
-            stopped = self._waits.pop(effect.call_id, None)
-            if stopped is not None:
-                stopped.cancel()
-        elif isinstance(effect, protocol.Reconcile):
-            scope = self._tools[effect.call_id] = trio.CancelScope()
-            nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)
-        elif isinstance(effect, protocol.Forget):
-            nursery.start_soon(run_forget, ctx, effect.tool, effect.executing)
-        elif isinstance(effect, protocol.RestoreWorkspace):
-            self._tools[effect.call_id] = trio.CancelScope()
-            nursery.start_soon(run_restore, ctx, self.session_id, effect, outbox)
-        elif isinstance(effect, protocol.CancelTool):
-            tool_scope = self._tools.get(effect.call_id)
-            if tool_scope is not None:
-                self._cancelling.add(effect.call_id)
-                tool_scope.cancel()
-        elif isinstance(effect, protocol.CancelModel):
-            model_scope = self._models.pop(effect.generation_id, None)
-            if model_scope is not None:
-                model_scope.cancel()
+        return conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+
+    def _run_id(self) -> str | None:
+        return self.state.run.run_id if self.state.run is not None else None

@@ -9,15 +9,29 @@ one had when its last record became durable.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any
 
 from attrs import define, field
 
+from perdure.actors.entities import (
+    NO_USAGE,
+    AssistantTurn,
+    Compacting,
+    Compensation,
+    ConversationItem,
+    Generation,
+    Note,
+    RequestSeen,
+    Revision,
+    Run,
+    Submission,
+    Task,
+    ToolResultRecord,
+    UserTurn,
+)
 from perdure.actors.lifecycle import (
-    TERMINAL_PHASES,
-    GenerationPhase,
     ImpossibleTransition,
-    TaskPhase,
     generation_moves,
     task_moves,
 )
@@ -78,6 +92,7 @@ from perdure.storage.records import (
     WorkspaceRestored,
     WorkspaceRestoreStarted,
 )
+from perdure.storage.redact import masked
 from perdure.view import (
     GenerationView,
     RunView,
@@ -85,169 +100,6 @@ from perdure.view import (
     SubmissionView,
     TaskView,
 )
-
-ToolResultRecord = ToolCompleted | ToolOutcomeUnknown | ToolCancelled
-_NO_USAGE = Usage()
-
-
-@define
-class Task:
-    """One tool call of the model, through its phases."""
-
-    call_id: str
-    generation_id: str
-    tool_name: str
-    input: dict[str, Any]
-    goal_rev: int
-    phase: TaskPhase = "created"
-    executing: ToolExecuting | None = None
-    result: ToolResultRecord | None = None
-    stale: bool = False  # became terminal after a newer goal revision was in force
-    lineage: str = ""  # the submission whose run created it ("compensation" otherwise)
-    compensates: str | None = None  # for a compensation: the call it undoes
-    compensated_by: str | None = None  # the compensation requested for this call
-    secret: list[str] = field(factory=list)  # the input's secret parameters (masked in views)
-    # When an attempt failed (retry_pending, awaiting_human): what went wrong, and when
-    # the next attempt may start (a person's retry may start at once).
-    last_error: str = ""
-    not_before: float | None = None
-    retry_by_human: bool = False  # the pending retry was a person's choice
-    # awaiting_human because its outcome is unknown (not because it raised NeedsHuman)
-    unknown_outcome: bool = False
-    rerun_of: str | None = None  # a goal-dependent call run again under a newer revision
-    reruns: dict[int, str] = field(factory=dict)  # revision -> the call run again under it
-    last_heartbeat: ToolHeartbeat | None = None  # the latest committed, of any attempt
-    children: tuple[str, ...] = ()  # the sub-agent sessions it started, in order
-    # The tool version the call is pinned to: its executing record's, or for a
-    # compensation not yet run, that of the call it undoes (None: not started, or a
-    # log older than versions). It finishes on that version while it is registered.
-    pinned_version: str | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.phase in TERMINAL_PHASES
-
-    @property
-    def attempt(self) -> int:
-        return self.executing.attempt if self.executing else 0
-
-    @property
-    def result_rev(self) -> int:
-        """The goal revision the call's result answers (its call's, in older logs)."""
-        recorded = getattr(self.result, "goal_rev", None)
-        return recorded if isinstance(recorded, int) else self.goal_rev
-
-
-@define
-class Generation:
-    """One model turn."""
-
-    generation_id: str
-    run_id: str
-    submission_id: str
-    goal_rev: int
-    phase: GenerationPhase = "started"
-    attempt: int = 1  # the attempt to make next (or the one that succeeded)
-    not_before: float | None = None
-    last_error: str = ""
-    reply: GenerationCompleted | None = None
-    # Tuples, not lists: set once (call_ids) or rarely grown (failures); an empty tuple
-    # costs nothing, and the garbage collector stops tracking tuples of strings.
-    call_ids: tuple[str, ...] = ()
-    usage: Usage = _NO_USAGE
-    model: str = ""  # the model asked (from a retry record) or that answered
-    failures: tuple[RetryPending, ...] = ()  # the failed attempts, in order
-
-
-@define
-class Run:
-    run_id: str
-    submission_id: str
-    goal_rev: int
-    resume_attempt: int
-    resumed_from: str | None
-    started_at: float
-    cancel_requested: bool = False
-    progressed: bool = False  # a reply or a tool result was committed during this run
-    finished: RunFinished | None = None
-    usage: Usage = _NO_USAGE  # frozen: one shared zero
-    spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
-    traceparent: str = ""  # the trace context of the run's span (perdure.observability)
-
-
-@define
-class Submission:
-    submission_id: str
-    request_id: str
-    text: str
-    body_hash: str
-    at: float
-    seq: int = 0
-    runs: list[str] = field(factory=list)
-    generations: list[str] = field(factory=list)
-    outcome: RunFinished | None = None
-    traceparent: str = ""  # the caller's trace context, if it gave one
-
-
-@define
-class RequestSeen:
-    """A request id already used in this session: for idempotent retries of commands."""
-
-    kind: str
-    body_hash: str
-    ref: str  # what it produced (a submission id, a call id, a run id, a revision)
-    seq: int = 0
-    disposition: str = "queued"  # of a submit: queued, interrupted or steered
-
-
-# One entry of the conversation, in order. The model's view is built from these.
-@define
-class UserTurn:
-    submission_id: str
-
-
-@define
-class AssistantTurn:
-    generation_id: str
-
-
-@define
-class Note:
-    """Text the runtime tells the model (a revision, a cancelled request)."""
-
-    text: str
-
-
-@define
-class Revision:
-    """The user revised the request; ``call_ids`` were unfinished at that moment, and
-    ``earlier`` had their results already (under the revision each call names)."""
-
-    goal_rev: int
-    text: str
-    call_ids: list[str]
-    earlier: list[str] = field(factory=list)
-
-
-ConversationItem = UserTurn | AssistantTurn | Note | Revision
-
-
-@define
-class Compensation:
-    call_id: str
-    compensation_id: str
-    automatic: bool
-
-
-@define
-class Compacting:
-    """A compaction started and not finished: its summary's model call, by attempt."""
-
-    started: CompactionStarted
-    attempt: int = 1  # the attempt to make next
-    not_before: float | None = None
-    last_error: str = ""
-    failures: tuple[CompactionRetryPending, ...] = ()  # the failed attempts, in order
 
 
 @define
@@ -274,7 +126,7 @@ class SessionState:
     # leaves (its call's ``compensated_by`` and the conversation's note keep its trace):
     # every advance and idle check asks for these, and must not walk the history.
     compensations: dict[str, Compensation] = field(factory=dict)
-    usage: Usage = _NO_USAGE  # frozen: one shared zero
+    usage: Usage = NO_USAGE  # frozen: one shared zero
     spend: dict[str, Usage] = field(factory=dict)  # usage by model, for budgets
     budget: Budget | None = None  # the last budget given to this session (None: the default)
     paused: bool = False
@@ -377,20 +229,10 @@ class SessionState:
 
     def run_view(self, run_id: str) -> RunView | None:
         run = self.runs.get(run_id)
-        if run is None:
-            return None
-        return RunView(
-            run_id=run.run_id,
-            submission_id=run.submission_id,
-            goal_rev=run.goal_rev,
-            resume_attempt=run.resume_attempt,
-            resumed_from=run.resumed_from,
-            started_at=run.started_at,
-            cancel_requested=run.cancel_requested,
-            finished=run.finished,
-            usage=run.usage,
-            traceparent=run.traceparent,
-        )
+        return _run_view(run) if run is not None else None
+
+    def run_views(self) -> tuple[RunView, ...]:
+        return tuple(_run_view(run) for run in self.runs.values())
 
     def generation_view(self, generation_id: str) -> GenerationView | None:
         gen = self.generations.get(generation_id)
@@ -411,23 +253,13 @@ class SessionState:
 
     def task_view(self, call_id: str) -> TaskView | None:
         task = self.tasks.get(call_id)
-        if task is None:
-            return None
-        return TaskView(
-            call_id=task.call_id,
-            generation_id=task.generation_id,
-            tool_name=task.tool_name,
-            phase=task.phase,
-            terminal=task.terminal,
-            attempt=task.attempt,
-            executing=task.executing,
-            result=task.result,
-            last_error=task.last_error,
-            not_before=task.not_before,
-            last_heartbeat=task.last_heartbeat,
-            compensates=task.compensates,
-            children=task.children,
-        )
+        return _task_view(task) if task is not None else None
+
+    def task_views(self) -> tuple[TaskView, ...]:
+        return tuple(_task_view(task) for task in self.tasks.values())
+
+    def recovery_decisions(self) -> tuple[RecoveryDecision, ...]:
+        return tuple(self.decisions)
 
     def tool_attempt(self, call_id: str) -> ToolExecuting | None:
         task = self.tasks.get(call_id)
@@ -461,6 +293,7 @@ class SessionState:
             awaiting_approval=tuple(t.call_id for t in waiting if t.phase == "awaiting_approval"),
             awaiting_human=tuple(t.call_id for t in waiting if t.phase == "awaiting_human"),
             usage=self.usage,
+            spend=tuple(self.spend.items()),
             last_outcome=self.last_outcome,
             last_seq=self.last_seq,
         )
@@ -614,7 +447,7 @@ class SessionState:
 
     def _add_usage(self, gen: Generation, usage: Usage) -> None:
         # A generation's first usage is the reply's own object (frozen): not a copy.
-        gen.usage = usage if gen.usage == _NO_USAGE else gen.usage + usage
+        gen.usage = usage if gen.usage == NO_USAGE else gen.usage + usage
         run = self.runs.get(gen.run_id)
         if run is not None:
             self._spend(run, gen.model, usage)
@@ -625,8 +458,8 @@ class SessionState:
         """Count ``usage`` for the run and the session, in total and by model."""
         run.usage = run.usage + usage
         self.usage = self.usage + usage
-        run.spend[model] = run.spend.get(model, _NO_USAGE) + usage
-        self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
+        run.spend[model] = run.spend.get(model, NO_USAGE) + usage
+        self.spend[model] = self.spend.get(model, NO_USAGE) + usage
 
     def _tool_task_created(self, r: ToolTaskCreated) -> None:
         before = self.tasks.get(r.call_id)
@@ -809,7 +642,7 @@ class SessionState:
             self._spend(run, model, usage)
         else:
             self.usage = self.usage + usage
-            self.spend[model] = self.spend.get(model, _NO_USAGE) + usage
+            self.spend[model] = self.spend.get(model, NO_USAGE) + usage
 
     def _compaction_retry_pending(self, r: CompactionRetryPending) -> None:
         pending = self._pending_compaction(r.compaction_id, "CompactionRetryPending")
@@ -910,3 +743,38 @@ _HANDLERS: dict[type, Any] = {
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }
+
+
+def _run_view(run: Run) -> RunView:
+    return RunView(
+        run_id=run.run_id,
+        submission_id=run.submission_id,
+        goal_rev=run.goal_rev,
+        resume_attempt=run.resume_attempt,
+        resumed_from=run.resumed_from,
+        started_at=run.started_at,
+        cancel_requested=run.cancel_requested,
+        finished=run.finished,
+        usage=run.usage,
+        traceparent=run.traceparent,
+    )
+
+
+def _task_view(task: Task) -> TaskView:
+    return TaskView(
+        call_id=task.call_id,
+        generation_id=task.generation_id,
+        tool_name=task.tool_name,
+        input=MappingProxyType(masked(task.input, task.secret)),
+        goal_rev=task.goal_rev,
+        phase=task.phase,
+        terminal=task.terminal,
+        attempt=task.attempt,
+        executing=task.executing,
+        result=task.result,
+        last_error=task.last_error,
+        not_before=task.not_before,
+        last_heartbeat=task.last_heartbeat,
+        compensates=task.compensates,
+        children=task.children,
+    )

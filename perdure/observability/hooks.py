@@ -8,8 +8,9 @@ them back with their sequence numbers once they are durable, with the session's
 state already folded over them. Observers read that state through the read model
 (``perdure.SessionLookup``: one frozen submission, run, model turn or tool call by its
 id, made when asked), never the fold's own dicts, whose shape is the core's to change.
-Observers must be quick and must not raise; the shell logs and ignores an observer's
-error, since telemetry never stops a run.
+Observers must be quick and must not raise; the shell calls them through
+``observe_before`` / ``observe_after`` / ``observe_failed``, which log and ignore an
+observer's error, since telemetry never stops a run.
 
 This module imports nothing optional: the tracing observer (OpenTelemetry) and the
 Prometheus one live in their own modules and are imported only when used.
@@ -17,6 +18,7 @@ Prometheus one live in their own modules and are imported only when used.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from perdure.view import SessionLookup
 
 
+log = logging.getLogger("perdure.session")  # an observer's failure is the session's to log
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 
 
@@ -58,6 +61,49 @@ class CommitObserver(Protocol):
     def commit_failed(self, state: SessionLookup, records: Sequence[Record]) -> None:
         """The append of ``records`` failed: nothing of it is in the log."""
         ...
+
+
+def observe_before(
+    observers: Sequence[CommitObserver],
+    session_id: str,
+    state: SessionLookup,
+    records: Sequence[Record],
+) -> Sequence[Record]:
+    """Show each observer the records about to be appended; return them as stamped."""
+    for observer in observers:
+        try:
+            records = observer.before_commit(state, records)
+        except Exception:
+            log.exception("session %s: an observer failed before a commit", session_id)
+    return records
+
+
+def observe_after(
+    observers: Sequence[CommitObserver],
+    session_id: str,
+    state: SessionLookup,
+    committed: Sequence[Committed],
+) -> None:
+    """Show each observer the records now durable."""
+    for observer in observers:
+        try:
+            observer.after_commit(state, committed)
+        except Exception:
+            log.exception("session %s: an observer failed after a commit", session_id)
+
+
+def observe_failed(
+    observers: Sequence[CommitObserver],
+    session_id: str,
+    state: SessionLookup,
+    records: Sequence[Record],
+) -> None:
+    """Tell each observer that the append of ``records`` failed."""
+    for observer in observers:
+        try:
+            observer.commit_failed(state, records)
+        except Exception:
+            log.exception("session %s: an observer failed on a failed commit", session_id)
 
 
 @runtime_checkable

@@ -45,7 +45,6 @@ from starlette.types import ASGIApp
 
 from perdure import Done, Runtime, __version__
 from perdure.answers import check_if_busy
-from perdure.inspect import summarize
 from perdure.observability.hooks import check_traceparent
 from perdure.server import frontends, tokens
 from perdure.server.auth import (
@@ -457,7 +456,7 @@ class Api:
         sid = path_session(request)
         # The live state when the session is in memory (no fold of its whole log), else
         # the log's; never wakes an actor.
-        return JSONResponse(await self.rt.state(sid, summarize, wake=False))
+        return JSONResponse(await self.rt.summary(sid, wake=False))
 
     @documented(
         Operation(

@@ -30,11 +30,12 @@ from contextlib import aclosing
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from perdure.budget import DEFAULT_PRICES, cost_summary
 from perdure.errors import Refused
-from perdure.inspect import summarize
 from perdure.server.errors import ApiError
 from perdure.server.protocols import ag_ui, ai_sdk
 from perdure.server.protocols.parts import Follower, Part, parse_approval_id
@@ -428,11 +429,14 @@ def _reply_of(call_id: str, state: SessionLookup) -> tuple[str, int, dict[str, A
     return sub.submission_id, sub.seq, _snapshot(state)
 
 
-def _snapshot(state: Any) -> dict[str, Any]:
-    """What AG-UI's shared state shows of a session: the summary's headline facts."""
-    s = summarize(state)
+def _snapshot(state: SessionLookup) -> dict[str, Any]:
+    """What AG-UI's shared state shows of a session: the headline facts of its summary
+    (``GET /v1/sessions/{id}``), read from the session's snapshot (``SessionView``)."""
+    view = state.view()
     return {
-        key: s[key]
-        for key in ("session_id", "goal_rev", "paused", "parked", "usage", "cost")
-        if key in s
+        "session_id": view.session_id,
+        "paused": view.paused,
+        "parked": view.parked,
+        "usage": attrs.asdict(view.usage),
+        "cost": cost_summary(dict(view.spend), DEFAULT_PRICES),
     }

@@ -131,7 +131,7 @@ def test_the_two_clients_offer_the_same_operations_with_the_same_parameters() ->
 ONLY_IN_PROCESS = {
     "ensure_session": "the clients' create_session answers whether it created the session",
     "session_info": "the clients' sessions() lists the same summaries",
-    "load_state": "a fold of the log is a process's object; the clients read state()",
+    "summary": "the clients' state() answers this summary (GET /v1/sessions/{id})",
     "view": "the clients' state() answers the session's summary, which holds the same facts",
     "restarts": "the log's system records are read where the log is",
     "stream_stats": "the daemon's /metrics serves them",

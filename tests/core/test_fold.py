@@ -13,7 +13,8 @@ import pytest
 
 from perdure import errors
 from perdure.actors import decide, protocol
-from perdure.actors.state import Note, SessionState
+from perdure.actors.entities import Note
+from perdure.actors.state import SessionState
 from perdure.storage.records import RetryPending, SessionParked
 from tests.core.sim import COURSE_TOOLS, Session, decide_committed
 
@@ -87,7 +88,7 @@ def test_a_parked_session_takes_no_command_and_decides_nothing() -> None:
 
 def test_a_revision_is_folded_with_its_number_and_repeats_as_a_duplicate_after_a_restart() -> None:
     from perdure.actors.conversation import revision_text
-    from perdure.actors.state import Revision
+    from perdure.actors.entities import Revision
     from perdure.storage.records import Budget
 
     s = Session()

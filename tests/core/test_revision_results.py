@@ -12,7 +12,7 @@ from __future__ import annotations
 import perdure
 from perdure.actors import protocol
 from perdure.actors.conversation import messages, revision_text
-from perdure.actors.state import Revision
+from perdure.actors.entities import Revision
 from perdure.providers.base import TextBlock
 from perdure.storage.records import (
     GenerationStarted,

@@ -13,7 +13,6 @@ from perdure.actors import protocol
 from perdure.actors.decide import sessions
 from perdure.actors.decide.sessions import NewSession
 from perdure.actors.protocol import Env
-from perdure.actors.state import SessionState
 from perdure.errors import Refused, UnknownSession
 from perdure.storage.backend import SessionInfo
 from perdure.storage.records import (
@@ -78,13 +77,14 @@ def test_a_fork_copies_the_prefix_and_is_idempotent_by_its_request_id() -> None:
         sessions.fork("nope", "f2", None, "fk2", existing=None, history=[], now=10.0)
 
 
-def _parent(call_phase_done: bool) -> SessionState:
+def _parent(call_phase_done: bool) -> list[Committed]:
+    """The log of a parent session s1 whose call c1 runs (or has finished)."""
     s = Session()
     s.command(protocol.Submit("r1", "go"))
     s.reply("x", ("c1", "lookup", {"query": "q"}))
     if call_phase_done:
         s.finish_tool("c1", output="the child's answer")
-    return s.state
+    return committed(s.log)
 
 
 def test_a_sub_agent_is_kept_while_its_parent_call_waits_and_is_an_orphan_after() -> None:
@@ -96,7 +96,10 @@ def test_a_sub_agent_is_kept_while_its_parent_call_waits_and_is_an_orphan_after(
     assert sessions.dependency(first, done) is None
     stop = sessions.orphaned(first, done)
     assert stop == protocol.Cancel(request_id="orphan:s1/c1")
-    assert sessions.orphaned(first, None) == stop  # its parent is gone
+    assert sessions.orphaned(first, []) == stop  # its parent is gone
+    assert sessions.dependency(first, []) is None
+    other_call = committed([SessionCreated(session_id="s1.agent-y", parent="s1/c9", at=1.0)])
+    assert sessions.dependency(other_call, waiting) is None  # c9 is no call of s1
     plain = committed([SessionCreated(session_id="s2", at=1.0)])
     assert sessions.parent_call(plain) is None
     assert sessions.dependency(plain, done) is None and sessions.orphaned(plain, done) is None

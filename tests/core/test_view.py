@@ -155,6 +155,7 @@ def test_a_new_state_is_a_lookup_and_the_read_model_is_exported() -> None:
         awaiting_approval=(),
         awaiting_human=(),
         usage=Usage(),
+        spend=(),
         last_outcome=None,
         last_seq=0,
     )
@@ -250,3 +251,33 @@ def test_the_open_input_is_the_earliest_unanswered_one() -> None:
     # Answered by seq, not by id or insertion: reorder the dict to be sure.
     state.submissions = dict(reversed(list(state.submissions.items())))
     assert state.open_submission() == state.submission_view(subs[0].submission_id)
+
+
+def test_every_run_and_call_in_order_with_its_input_masked_and_the_recoveries() -> None:
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}), ("c2", "lookup", {"query": "p"}))
+    s.restart()  # a new process finds both calls executing: recovery decides about each
+    s.finish_tool("c1", output="one")
+    s.finish_tool("c2", output="two")
+    s.reply("done")
+    s.command(protocol.Submit("r2", "again"))
+    state = refold(s)
+
+    assert state.task_views() == (state.task_view("c1"), state.task_view("c2"))
+    assert len(state.runs) == 3  # the run, its resumption, and the second input's
+    assert state.run_views() == tuple(state.run_view(r) for r in state.runs)
+    assert state.recovery_decisions() == tuple(state.decisions) != ()
+
+    call = state.task_views()[0]
+    assert dict(call.input) == {"query": "q"}
+    assert call.goal_rev == state.tasks["c1"].goal_rev == state.goal_rev
+    with pytest.raises(TypeError):  # a view of the fold's input, not a handle on it
+        call.input["query"] = "changed"  # type: ignore[index]
+    state.tasks["c1"].secret = ["query"]
+    masked_call = state.task_view("c1")
+    assert masked_call is not None and masked_call.input["query"] != "q"
+    assert state.tasks["c1"].input == {"query": "q"}  # the fold's own is untouched
+
+    state.spend = {"m2": Usage(input_tokens=3), "m1": Usage(output_tokens=1)}
+    assert state.view().spend == (("m2", Usage(input_tokens=3)), ("m1", Usage(output_tokens=1)))

@@ -16,10 +16,12 @@ import trio
 
 import perdure
 from perdure.actors import decide, protocol
-from perdure.actors.session import CommandMsg, Mailbox, SessionActor
+from perdure.actors.mailbox import CommandMsg, Mailbox
+from perdure.actors.session import SessionActor
 from perdure.providers import Reply, ScriptedProvider, ToolUse
 from perdure.storage import Guard, StaleGoal
 from perdure.storage.records import ToolExecuting
+from tests.support.fold import fold_of
 
 
 @perdure.tool(replay=perdure.ReplayPolicy.NEVER, requires_approval=True)
@@ -42,7 +44,7 @@ async def test_dispatch_prepared_under_an_old_revision_is_refused(log_dir: Path)
             async for event in events:
                 if event.kind == "ToolAwaitingApproval":
                     break
-        snapshot = await rt.load_state(sid)  # what a zombie writer still believes
+        snapshot = await fold_of(rt, sid)  # what a zombie writer still believes
         await rt.revise(sid, "do not deploy", request_id="v1")
         outcome = await rt.wait_idle(sid)
         assert outcome is not None

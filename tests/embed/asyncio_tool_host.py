@@ -21,6 +21,7 @@ import perdure
 import perdure.embed
 from perdure import ReplayPolicy, ToolContext
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+from tests.support.fold import fold_in_asyncio
 
 WORKDIR = Path(".")
 
@@ -61,7 +62,7 @@ async def main(log: str, mode: Any, tool_name: str) -> None:
         await rt.ensure_session("s1")
         await rt.submit("s1", "note it", request_id="task-1")
         outcome = await rt.wait_idle("s1")
-        state = await rt.load_state("s1")
+        state = await fold_in_asyncio(rt, "s1")
     (task,) = state.tasks.values()
     print(
         json.dumps(

@@ -28,6 +28,7 @@ from perdure.storage.records import (
 )
 from tests.embed import asyncio_tools
 from tests.embed.asyncio_tools import SEEN, brew, wait_forever, wait_until_stopped
+from tests.support.fold import fold_in_asyncio, fold_of
 
 MODES = ["thread", "guest"]
 
@@ -65,7 +66,7 @@ def test_an_asyncio_tool_runs_on_the_host_loop_and_heartbeats(mode: str, tmp_pat
             sid = await rt.create_session()
             await rt.submit(sid, "coffee")
             outcome = await rt.wait_idle(sid)
-            state = await rt.load_state(sid)
+            state = await fold_in_asyncio(rt, sid)
             return outcome, state
 
     outcome, state = asyncio.run(main())
@@ -91,7 +92,7 @@ def test_a_timeout_cancels_the_asyncio_task_and_a_never_call_is_unknown(
             sid = await rt.create_session()
             await rt.submit(sid, "wait")
             await rt.wait_idle(sid)
-            return await rt.load_state(sid)
+            return await fold_in_asyncio(rt, sid)
 
     state = asyncio.run(main())
     (task,) = state.tasks.values()
@@ -116,7 +117,7 @@ def test_cancelling_the_tools_asyncio_task_ends_the_call_as_cancelled(
                 await asyncio.sleep(0.01)
             SEEN["task"].cancel()  # the application cancels the tool's await
             outcome = await asyncio.wait_for(rt.wait_idle(sid), 10)
-            return outcome, await rt.load_state(sid)
+            return outcome, await fold_in_asyncio(rt, sid)
 
     outcome, state = asyncio.run(main())
     (task,) = state.tasks.values()
@@ -135,7 +136,7 @@ async def test_on_a_plain_trio_runtime_the_error_names_the_tool_and_perdure_embe
         sid = await rt.create_session()
         await rt.submit(sid, "coffee")
         await rt.wait_idle(sid)
-        state = await rt.load_state(sid)
+        state = await fold_of(rt, sid)
     (task,) = state.tasks.values()
     assert isinstance(task.result, ToolCompleted) and task.result.is_error
     said = task.result.output

@@ -20,9 +20,11 @@ import perdure.embed
 from perdure.providers.base import TextBlock
 from perdure.providers.scripted import Reply, ScriptedProvider, _converter
 from perdure.storage.records import LogOpened, ToolCompleted
+from perdure.view import SessionLookup
 from tests.server.conftest import APPROVAL_SCRIPT, WORK_SCRIPT
 from tests.support import ledger_tools
 from tests.support.checker import check
+from tests.support.fold import fold_in_asyncio
 
 MODES = ["thread", "guest"]
 
@@ -34,8 +36,8 @@ def provider(script: list[dict[str, Any]]) -> ScriptedProvider:
 async def awaiting_approval(rt: perdure.embed.AsyncioRuntime, sid: str) -> str:
     """Follow the events until a call waits for approval; its call id."""
 
-    def pending(state: Any) -> list[str]:
-        return [t.call_id for t in state.tasks.values() if t.phase == "awaiting_approval"]
+    def pending(state: SessionLookup) -> list[str]:
+        return [t.call_id for t in state.task_views() if t.phase == "awaiting_approval"]
 
     stream = rt.events(sid)
     try:
@@ -85,7 +87,7 @@ def test_the_whole_api_from_asyncio(mode: str, tmp_path: Path, workspace: Path) 
             transcript = await rt.transcript(sid)
             last = transcript[-1].content[0]
             assert isinstance(last, TextBlock) and last.text == "Deployed: all done."
-            state = await rt.load_state(sid)
+            state = await fold_in_asyncio(rt, sid)
             assert state.session_id == sid and state.run is None
             replay = rt.events(sid, live=False, restarts=True)
             seqs = [e.seq async for e in replay]
@@ -101,7 +103,7 @@ def test_the_whole_api_from_asyncio(mode: str, tmp_path: Path, workspace: Path) 
             assert rt.log_path == tmp_path / "log" and rt.epoch == 1 and rt.node_id
 
             assert (await rt.pause(sid)).seq > 0
-            assert await rt.state(sid, lambda s: s.paused)
+            assert await rt.state(sid, lambda s: s.view().paused)
             assert (await rt.view(sid)).paused and (await rt.view(sid, wake=False)).paused
             assert (await rt.resume(sid)).seq > 0
             assert (await rt.cancel(sid)).seq == 0  # no run: nothing to record
@@ -286,7 +288,7 @@ def test_a_tool_awaits_asyncio_code_on_the_host_loop(mode: str, tmp_path: Path) 
             await rt.submit("s1", "go")
             outcome = await rt.wait_idle("s1")
             assert outcome is not None and outcome.status == "completed"
-            state = await rt.load_state("s1")
+            state = await fold_in_asyncio(rt, "s1")
             [task] = state.tasks.values()
             assert isinstance(task.result, ToolCompleted)
             found = json.loads(task.result.output)

@@ -20,6 +20,8 @@ import perdure
 from perdure.actors.state import SessionState
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.tools.mcp import McpServer
+from perdure.view import SessionLookup
+from tests.support.fold import fold_of
 
 SERVER = Path(__file__).with_name("shop_server.py")
 
@@ -126,7 +128,7 @@ async def run_turns(rt: perdure.Runtime, sid: str = "s") -> SessionState:
     await rt.submit(sid, "go", request_id="r1")
     with trio.fail_after(60):
         await rt.wait_idle(sid)
-    return await rt.load_state(sid)
+    return await fold_of(rt, sid)
 
 
 def results(state: SessionState) -> dict[str, tuple[str, bool]]:
@@ -140,8 +142,8 @@ def results(state: SessionState) -> dict[str, tuple[str, bool]]:
 
 
 async def wait_phase(rt: perdure.Runtime, call_id: str, phase: str) -> None:
-    def get(state: SessionState) -> str | None:
-        task = state.tasks.get(call_id)
+    def get(state: SessionLookup) -> str | None:
+        task = state.task_view(call_id)
         return None if task is None else task.phase
 
     with trio.fail_after(30):

@@ -24,15 +24,17 @@ import perdure
 from perdure import Reconciled, ToolContext
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.tools.mcp import McpServer
+from perdure.view import SessionLookup
+from tests.support.fold import fold_of
 
 SESSION = "s"
 SERVER = Path(__file__).with_name("shop_server.py")
 
 
 async def _phase(rt: perdure.Runtime, call_id: str) -> str | None:
-    def get(state: Any) -> str | None:
-        task = state.tasks.get(call_id)
-        return None if task is None else task.phase  # type: ignore[no-any-return]
+    def get(state: SessionLookup) -> str | None:
+        task = state.task_view(call_id)
+        return None if task is None else task.phase
 
     return await rt.state(SESSION, get)
 
@@ -86,7 +88,7 @@ async def main(args: argparse.Namespace) -> None:
             await rt.approve(SESSION, args.approve, approved=True, request_id="ok-1")
         with trio.fail_after(60):
             await rt.wait_idle(SESSION)
-        state = await rt.load_state(SESSION)
+        state = await fold_of(rt, SESSION)
     tasks = {}
     for call_id, task in state.tasks.items():
         result = task.result

@@ -39,6 +39,7 @@ from tests.mcp_servers._shop import (
     wait_ledger,
     wait_phase,
 )
+from tests.support.fold import fold_of
 
 # -- the policy table, row by row (no server needed) ----------------------------------------
 
@@ -218,7 +219,7 @@ async def test_a_cancelled_run_sends_cancelled_to_the_server(tmp_path: Path) -> 
         with trio.fail_after(30):
             await rt.wait_idle("s")
         await wait_ledger(ledger, "slow.cancelled")
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
     assert state.tasks[first_call()].phase == "cancelled"
     assert state.last_outcome is not None and state.last_outcome.status == "cancelled"
 
@@ -325,7 +326,7 @@ async def test_a_trusted_destructive_tool_waits_for_approval(tmp_path: Path) -> 
         await rt.approve("s", first_call(), approved=True)
         with trio.fail_after(30):
             await rt.wait_idle("s")
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
     assert results(state)[first_call()] == ("deleted cart", False)
     assert [e["tool"] for e in read_ledger(ledger)] == ["delete"]
 
@@ -532,7 +533,7 @@ async def test_a_keyed_call_cut_off_is_retried_with_the_same_key(tmp_path: Path)
         os.kill((await wait_ledger(ledger, "reserve"))["pid"], signal.SIGKILL)
         with trio.fail_after(60):
             await rt.wait_idle("s")
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
     task = state.tasks[first_call()]
     # attempt 2, or later if earlier retries found the server still restarting
     assert task.phase == "completed" and task.attempt >= 2
@@ -555,7 +556,7 @@ async def test_without_retries_a_keyed_call_cut_off_is_unknown(tmp_path: Path) -
         os.kill((await wait_ledger(ledger, "reserve"))["pid"], signal.SIGKILL)
         with trio.fail_after(60):
             await rt.wait_idle("s")
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
     assert state.tasks[first_call()].phase == "outcome_unknown"
     assert "it may have taken effect" in results(state)[first_call()][0]
 

@@ -75,7 +75,7 @@ async def main():
         await rt.wait_idle(second)
         stamps = {}
         for sid in (first, second):
-            state = await rt.load_state(sid)
+            state = await rt._fold(sid)  # what the log holds (tests/support/fold.py)
             stamps[sid] = [bool(run.traceparent) for run in state.runs.values()]
     out["spans"] = sorted(
         (s.name, s.attributes.get("gen_ai.conversation.id", "")) for s in spans.get_finished_spans()

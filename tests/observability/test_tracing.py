@@ -30,6 +30,7 @@ from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import RunStarted, ToolCompleted
 from tests.support.checker import read_log
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 
 @perdure.tool(replay=perdure.ReplayPolicy.SAFE)
@@ -247,7 +248,7 @@ async def test_a_malformed_traceparent_is_refused_and_nothing_is_recorded(log_di
         sid = await rt.create_session("s1")
         with pytest.raises(ValueError, match="traceparent"):
             await rt.submit(sid, "go", traceparent="00-nonsense")
-        assert (await rt.load_state(sid)).submissions == {}
+        assert (await fold_of(rt, sid)).submissions == {}
 
 
 async def test_sessions_with_the_same_run_ids_keep_their_own_spans(log_dir: Path) -> None:

@@ -15,6 +15,7 @@ import trio
 import perdure
 from perdure import ReplayPolicy, ToolContext
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+from tests.support.fold import fold_of
 from tests.support.pg import PgCluster, database_of
 
 RUNS: list[str] = []
@@ -73,9 +74,9 @@ async def test_a_database_outage_is_waited_out(pg_url: str, pg_cluster: PgCluste
         assert (outcome.status, outcome.final_text) == ("completed", "deployed")
         assert len(RUNS) == 1  # the NEVER tool was not run again
         for sid in ("busy", "quiet"):
-            state = await rt.load_state(sid)
+            state = await fold_of(rt, sid)
             assert state.parked is None, state.parked
-        assert "lost" not in (await rt.load_state("quiet")).requests
+        assert "lost" not in (await fold_of(rt, "quiet")).requests
         with trio.fail_after(30):
             await rt.submit("quiet", "hello", request_id="r2")
             assert (await rt.wait_idle("quiet")).final_text == "deployed"  # turn 1 script

@@ -20,6 +20,7 @@ from perdure import Event, ReplayPolicy, Runtime, open_runtime
 from perdure.providers.base import Provider
 from perdure.storage.records import GenerationCompleted, Record, RetryPending, RunFinished
 from tests.support.fake_vendor import FakeVendor
+from tests.support.fold import fold_of
 
 # -- tools the model may call ------------------------------------------------------------------
 
@@ -120,7 +121,7 @@ async def retried_durably(
     async with runtime(log_dir, provider) as rt:
         sid, outcome = await ask(rt, "Say something.")
         committed = await records(rt, sid)
-        state = await rt.load_state(sid)
+        state = await fold_of(rt, sid)
     assert outcome.status == "completed"
     assert outcome.final_text == "Recovered answer."
     (pending,) = of(RetryPending, committed)

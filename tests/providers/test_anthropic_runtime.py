@@ -44,6 +44,7 @@ from tests.providers._agent import (
     retried_durably,
     runtime,
 )
+from tests.support.fold import fold_of
 
 # -- replies and tools ----------------------------------------------------------------------
 
@@ -332,7 +333,7 @@ async def test_usage_is_summed_per_generation_run_and_session(
         await rt.submit(sid, "1 + 2?")
         await rt.submit(sid, "Say hi.")
         await rt.wait_idle(sid)
-        state = await rt.load_state(sid)
+        state = await fold_of(rt, sid)
     first, second = (state.submissions[s] for s in ("in1", "in2"))
     g1, g2 = (state.generations[g] for g in first.generations)
     assert g1.usage == Usage(

@@ -18,6 +18,7 @@ from perdure import ReplayPolicy, ToolContext
 from perdure.check import check_log
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import AgentStarted, InputAccepted, SessionCreated, ToolCompleted
+from tests.support.fold import fold_of
 
 RESEARCHER = "You research one question and answer in one line."
 
@@ -83,7 +84,7 @@ async def test_a_sub_agent_answers_the_parent_call(log_dir: Path) -> None:
         assert created.system == RESEARCHER
         transcript = await rt.transcript(child)
         assert transcript[0].role == "user"
-        request_tools = await rt.state(child, lambda s: sorted(s.allowed_tools or ()))
+        request_tools = sorted((await fold_of(rt, child)).allowed_tools or ())
         assert request_tools == ["lookup"]
     sound(log_dir)
 
@@ -101,9 +102,9 @@ async def test_cancelling_the_parent_cancels_its_running_child(log_dir: Path) ->
                 await trio.sleep(0.02)
         (child,) = await rt.children("p")
         await rt.pause("p", request_id="pz")
-        assert await rt.state(child, lambda s: s.paused), "the pause reached the child"
+        assert await rt.state(child, lambda s: s.view().paused), "the pause reached the child"
         await rt.resume("p", request_id="rz")
-        assert not await rt.state(child, lambda s: s.paused)
+        assert not await rt.state(child, lambda s: s.view().paused)
         await rt.cancel("p", request_id="c1")
         with trio.fail_after(20):
             outcome = await rt.wait_idle("p")

@@ -27,9 +27,10 @@ from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, ToolContext
-from perdure.actors.state import SessionState
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+from perdure.view import SessionLookup
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 SID = "s"
 
@@ -54,8 +55,8 @@ async def evicted(rt: perdure.Runtime, count: int) -> None:
             await trio.sleep(0.01)
 
 
-def final_texts(state: SessionState) -> list[str]:
-    return [run.finished.final_text for run in state.runs.values() if run.finished is not None]
+def final_texts(state: SessionLookup) -> list[str]:
+    return [run.finished.final_text for run in state.run_views() if run.finished is not None]
 
 
 async def test_an_evicted_session_comes_back_with_its_history(
@@ -88,7 +89,7 @@ async def test_an_evicted_session_comes_back_with_its_history(
             outcome = await rt.wait_idle(SID)
         assert outcome is not None
         assert outcome.final_text == "second done"
-        assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
+        assert final_texts(await fold_of(rt, SID)) == ["first done", "second done"]
         assert script.calls == 3  # nothing re-asked of the model
 
 
@@ -106,8 +107,8 @@ async def test_work_in_flight_keeps_the_actor_resident(where: Where, clock: Mock
         await rt.create_session(SID)
         await rt.submit(SID, "go", request_id="r1")
 
-        def awaiting(state: SessionState) -> list[str]:
-            return [t.call_id for t in state.tasks.values() if t.phase == "awaiting_approval"]
+        def awaiting(state: SessionLookup) -> list[str]:
+            return [t.call_id for t in state.task_views() if t.phase == "awaiting_approval"]
 
         with trio.fail_after(10):
             while not (waiting := await rt.state(SID, awaiting)):
@@ -150,7 +151,7 @@ async def test_messages_racing_the_eviction_are_never_lost(
                 await rt.wait_idle(SID)
                 for _ in range(5):  # queries at random moments around the eviction
                     await trio.sleep(rng.choice([0, 0.0005, 0.001, 0.002]))
-                    runs = await rt.state(SID, lambda s: len(s.runs))
+                    runs = await rt.state(SID, lambda s: len(s.run_views()))
                     assert runs == i + 1
         stops = rt.evictions if stop == "evicted" else rt.hibernations
         assert stops >= n // 2, stops
@@ -163,7 +164,7 @@ async def test_messages_racing_the_eviction_are_never_lost(
         async with trio.open_nursery() as nursery:
             for i in range(n):
                 nursery.start_soon(submit, i)
-        state = await rt.load_state(SID)
+        state = await fold_of(rt, SID)
         assert len(state.submissions) == n
         assert final_texts(state) == [f"answer {i}" for i in range(n)]
         assert script.calls == n

@@ -8,8 +8,9 @@ in real time (``tests/support/deterministic.py``), where the lease part is trivi
 * the step in hand finishes (its tool runs to the end), a command that arrives
   meanwhile is served and committed, then the actor stops at the safe point without
   starting the next turn; the session's next use recovers it with nothing in flight;
-* a back-off being waited out does not hold the hand-over up: it stops at once, and
-  the next actor waits out the rest (the back-off's end is in the log);
+* a back-off being waited out (a tool call's retry or a model call's) does not hold
+  the hand-over up: it stops at once, and the next actor waits out the rest (the
+  back-off's end is in the log);
 * a hand-over that finds no safe point before its deadline gives up: the session
   stays, and its run goes on where it was.
 """
@@ -22,18 +23,21 @@ from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, RetryableError, RetryPolicy, ToolContext
-from perdure.actors.session import HandOver
+from perdure.actors.mailbox import HandOver
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import (
+    GenerationCompleted,
     GenerationStarted,
     InputAccepted,
     RecoveryDecision,
+    RetryPending,
     RunFinished,
     ToolCompleted,
     ToolExecuting,
     ToolRetryPending,
 )
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 SID = "s"
 attempts: dict[str, int] = {}
@@ -124,7 +128,7 @@ async def test_a_back_off_stops_at_once_and_the_next_actor_waits_out_the_rest(
         with trio.fail_after(wait / 2):
             await message.reply.wait()
         assert trio.current_time() - asked_at < wait / 2, "the back-off did not hold it up"
-        state = await rt.load_state(SID)
+        state = await fold_of(rt, SID)
         not_before = state.tasks["toolu_001_1"].not_before
         assert not_before is not None
         with trio.fail_after(900):
@@ -137,6 +141,35 @@ async def test_a_back_off_stops_at_once_and_the_next_actor_waits_out_the_rest(
         ]
         assert len(second) == 1 and second[0].at >= not_before, "the rest was waited out"
         assert attempts[where.kind] == 2
+
+
+async def test_a_model_back_off_stops_at_once_and_the_next_actor_waits_out_the_rest(
+    where: Where, clock: MockClock
+) -> None:
+    wait = 600.0 if where.virtual else 2.0
+    prov = ScriptedProvider([Reply(text="done", fail_attempts=1, retry_after=wait)])
+    async with perdure.open_runtime(
+        where.open(), provider=prov, tools=[], **where.options(retry_cap=wait)
+    ) as rt:
+        await rt.create_session(SID)
+        await rt.submit(SID, "go", request_id="r1")
+        await wait_for(rt, RetryPending)
+        asked_at = trio.current_time()
+        message = await hand_over(rt, deadline=60)
+        with trio.fail_after(wait / 2):
+            await message.reply.wait()
+        assert trio.current_time() - asked_at < wait / 2, "the back-off did not hold it up"
+        assert SID not in rt.resident_sessions
+        assert prov.calls == 1, "no model call started on the way out"
+        with trio.fail_after(900):
+            outcome = await rt.wait_idle(SID)
+        assert outcome is not None and outcome.status == "completed"
+        records = [c.record for c in await rt._journal.read_session(SID)]
+        (pending,) = [r for r in records if isinstance(r, RetryPending)]
+        assert pending.not_before - pending.at >= wait
+        (completed,) = [r for r in records if isinstance(r, GenerationCompleted)]
+        assert completed.at >= pending.not_before, "the rest was waited out"
+        assert prov.calls == 2
 
 
 async def test_no_safe_point_before_the_deadline_the_session_stays_and_goes_on(

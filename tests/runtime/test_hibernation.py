@@ -39,6 +39,7 @@ from perdure.observability.metrics import RuntimeMetrics
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from tests.runtime.test_eviction import _actor_tasks, final_texts
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 SID = "s"
 
@@ -59,6 +60,15 @@ def count_reads(rt: perdure.Runtime) -> list[str]:
         return await real(session_id, *args, **kwargs)
 
     rt._journal.read_session = reading  # type: ignore[method-assign]
+    real_start = rt._journal.session_with_records  # an actor's start reads in one call
+
+    async def reading_at_start(session_id: str) -> Any:
+        info, records = await real_start(session_id)
+        if info is not None:
+            reads.append(session_id)
+        return info, records
+
+    rt._journal.session_with_records = reading_at_start  # type: ignore[method-assign]
     return reads
 
 
@@ -146,7 +156,7 @@ async def test_an_idle_actor_hibernates_and_wakes_on_its_state(
         await second_input(rt)
         assert reads == []  # woken on the state it left, the log not read
         assert _actor_tasks(SID) == 1
-        assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
+        assert final_texts(await fold_of(rt, SID)) == ["first done", "second done"]
         assert model.calls == 3
 
 
@@ -158,7 +168,7 @@ async def test_queries_of_a_hibernated_session_wake_no_actor(
         await run_once_and_sleep(rt)
         outcome = await rt.wait_idle(SID)
         assert outcome is not None and outcome.final_text == "first done"
-        assert await rt.state(SID, lambda s: len(s.runs)) == 1
+        assert await rt.state(SID, lambda s: len(s.run_views())) == 1
         with pytest.raises(ZeroDivisionError):  # fn's error is the caller's, as before
             await rt.state(SID, lambda s: 1 / 0)
         assert _actor_tasks(SID) == 0 and rt.hibernated_sessions == [SID]
@@ -253,7 +263,7 @@ async def test_a_long_asleep_session_is_frozen_and_wakes_on_its_thawed_state(
         await second_input(rt)  # saw the history
         assert reads == []  # woken on the thawed state, the log not read
         assert rt.frozen_sessions == []
-        assert final_texts(await rt.load_state(SID)) == ["first done", "second done"]
+        assert final_texts(await fold_of(rt, SID)) == ["first done", "second done"]
 
 
 async def test_a_frozen_session_is_evicted_after_the_idle_timeout(
@@ -352,7 +362,7 @@ async def test_a_large_state_freezes_and_thaws_in_a_worker_thread(
         await run_once_and_sleep(rt)
         await frozen(rt)
         reads = count_reads(rt)
-        assert await rt.state(SID, lambda s: len(s.runs)) == 1
+        assert await rt.state(SID, lambda s: len(s.run_views())) == 1
         await second_input(rt)
         assert reads == []  # woken on the state thawed in a thread
         loop = threading.get_ident()
@@ -382,7 +392,7 @@ async def test_a_session_woken_while_a_thread_freezes_it_keeps_its_new_state(
                 await trio.sleep(0.01)  # frozen by a later round, from the new state
         # The blob of the old state was dropped: the frozen one has both runs.
         assert isinstance(rt._sup.dormant[SID], bytes)
-        assert await rt.state(SID, lambda s: len(s.runs)) == 2
+        assert await rt.state(SID, lambda s: len(s.run_views())) == 2
         assert reads == [] and rt._sup.freezes == 1
         assert not [r for r in caplog.records if "unfrozen" in r.getMessage()]
 

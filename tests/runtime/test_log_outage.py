@@ -30,6 +30,7 @@ from perdure.storage import CommitUnknown, LogUnavailable
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import ToolCompleted
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 FAILED_READS = RELOAD_TRIES + 4
 
@@ -89,7 +90,7 @@ async def test_an_unreachable_log_is_waited_out(where: Where, clock: MockClock) 
         assert failed_reads == FAILED_READS
         assert outcome is not None
         assert (outcome.status, outcome.final_text) == ("completed", "done")
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
         assert state.parked is None
         assert [t.phase for t in state.tasks.values()] == ["completed"]
 
@@ -145,7 +146,7 @@ async def test_callers_hear_of_an_outage_at_once(where: Where, clock: MockClock)
         with trio.fail_after(10):
             await rt.submit("evicted", "after", request_id="r3")
             assert (await rt.wait_idle("evicted")).final_text == "two"
-        assert "r2" not in (await rt.load_state("evicted")).requests
+        assert "r2" not in (await fold_of(rt, "evicted")).requests
 
 
 async def test_a_session_that_cannot_start_at_boot_starts_when_the_log_answers(

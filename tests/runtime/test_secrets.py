@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 
 import perdure
 from perdure.cli import main
-from perdure.inspect import summarize
 from perdure.observability.logs import JsonFormatter
 from perdure.observability.tracing import Tracing
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
@@ -77,7 +76,7 @@ async def test_a_secret_argument_appears_in_no_view_that_leaves_the_log(tmp_path
             with trio.fail_after(20):
                 await rt.wait_idle("s")
             committed = await rt._journal.read_session("s")
-            page = json.dumps(await rt.state("s", summarize))
+            page = json.dumps(await rt.summary("s"))
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)

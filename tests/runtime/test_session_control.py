@@ -29,6 +29,7 @@ from perdure.storage.records import (
     ToolCompleted,
     ToolExecuting,
 )
+from tests.support.fold import fold_of
 
 GATE: dict[str, trio.Event] = {}
 SENT: list[str] = []
@@ -92,7 +93,7 @@ async def test_a_fork_copies_a_settled_prefix_and_leaves_the_source_alone(log_di
         assert [m.role for m in fork_transcript] == ["user", "assistant", "user", "assistant"]
         (lineage,) = await records(rt, "alt", SessionForked)
         assert isinstance(lineage, SessionForked) and lineage.source == "src"
-        state = await rt.load_state("alt")
+        state = await fold_of(rt, "alt")
         assert state.system == "be brief"
         assert [t.phase for t in state.tasks.values()] == ["completed"]
 

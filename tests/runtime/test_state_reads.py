@@ -6,8 +6,8 @@
 * an evicted one from the log, and no actor starts for it (no lease, no recovery);
   ``wake=True`` (the default) starts one, as before;
 * an unknown session is a clear error;
-* ``transcript`` and the daemon's ``GET /v1/sessions/{id}`` read this way: on a long
-  session they used to fold its whole log per call.
+* ``transcript`` and ``summary`` (the daemon's ``GET /v1/sessions/{id}``) read this
+  way: on a long session they used to fold its whole log per call.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.runtime.test_hibernation import (
     sleepy_runtime,
 )
 from tests.support.deterministic import Where
+from tests.support.fold import fold_of
 
 
 async def test_a_session_in_memory_is_read_in_place(where: Where, clock: MockClock) -> None:
@@ -37,10 +38,10 @@ async def test_a_session_in_memory_is_read_in_place(where: Where, clock: MockClo
         await rt.submit(SID, "one", request_id="r1")
         await rt.wait_idle(SID)
         reads = count_reads(rt)
-        live = await rt.state(SID, summarize, wake=False)
+        live = await rt.summary(SID, wake=False)
         transcript = await rt.transcript(SID)
         assert reads == []  # neither folded the log
-        folded = await rt.load_state(SID)
+        folded = await fold_of(rt, SID)
         assert live == summarize(folded)
         assert transcript == await rt.transcript(SID)
         assert [m.role for m in transcript] == ["user", "assistant", "user", "assistant"]
@@ -81,7 +82,7 @@ async def test_a_view_is_a_frozen_snapshot_read_in_place_or_from_the_log(
         assert isinstance(live, perdure.SessionView)
         assert live.idle and live.created and live.current_run is None
         assert live.last_outcome is not None and live.last_outcome.final_text == "first done"
-        assert live == (await rt.load_state(SID)).view()
+        assert live == (await fold_of(rt, SID)).view()
         await evicted(rt)
         reads = count_reads(rt)
         assert await rt.view(SID, wake=False) == live  # the same facts, from the log
@@ -94,6 +95,8 @@ async def test_an_unknown_session_is_a_clear_error(where: Where, clock: MockCloc
     async with sleepy_runtime(where, script(), hibernate_after=None, idle_timeout=None) as rt:
         with pytest.raises(UnknownSession):
             await rt.state("nobody", final_texts, wake=False)
+        with pytest.raises(UnknownSession):
+            await rt.summary("nobody", wake=False)
         with pytest.raises(UnknownSession):
             await rt.transcript("nobody")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 import perdure
@@ -93,3 +94,34 @@ def test_the_daemon_compacts_automatically_and_on_demand(tmp_path: Path) -> None
         daemon.close()
     assert "S." in json.dumps(seen[0]) and len(seen) == 2
     assert "question 0" in json.dumps(whole) and "question 0" not in json.dumps(seen)
+
+
+async def test_a_command_on_an_unowned_log_is_decided_under_the_settings_given(
+    tmp_path: Path,
+) -> None:
+    """``owning(settings=...)``: the limits reach the core's decision, as a runtime's do.
+    Two questions and answers are four items: the default policy keeps six verbatim
+    (nothing to compact), a policy that keeps one starts a compaction of three."""
+    from perdure._unowned import owning
+    from perdure.actors import protocol
+    from perdure.errors import Refused
+    from perdure.settings import Limits, Settings
+
+    log = tmp_path / "log"
+    answers = ScriptedProvider([Reply(text="first answer"), Reply(text="second answer")])
+    async with perdure.open_runtime(log, provider=answers) as rt:
+        await rt.create_session("s")
+        for n, text in enumerate(("first question", "second question")):
+            await rt.submit("s", text, request_id=f"q{n}")
+            await rt.wait_idle("s")
+
+    async with owning(log, {}, settings=Settings()) as unowned:
+        with pytest.raises(Refused, match="nothing"):
+            await unowned.apply(await unowned.state("s"), protocol.CompactContext("k0"))
+    keep_one = Settings(limits=Limits(compaction=perdure.CompactionPolicy(keep_recent=1)))
+    async with owning(log, {}, settings=keep_one) as unowned:
+        done = await unowned.apply(await unowned.state("s"), protocol.CompactContext("k1"))
+        stored = [c.record for c in await unowned.journal.read_session("s")]
+    assert done.seq and not done.duplicate
+    (started,) = [r for r in stored if isinstance(r, CompactionStarted)]
+    assert (started.start, started.end) == (0, 3)

@@ -256,3 +256,33 @@ def test_ag_ui_denial_and_ai_sdk_view_of_the_same_session(daemon: Daemon) -> Non
         denied = [e for e in chunks if e["type"] == "tool-output-denied"]
         assert [d["toolCallId"] for d in denied] == [interrupt["toolCallId"]]
         assert chunks[-1]["type"] == "finish" and chunks[-1]["finishReason"] == "stop"
+
+
+def test_the_ag_ui_snapshot_is_the_summary_s_headline_read_from_the_view() -> None:
+    """AG-UI's shared state reads the session's ``SessionView`` (no summary is made per
+    answer); what it shows is what ``GET /v1/sessions/{id}`` says of the same session,
+    cost included (a priced model, an unpriced one), pause and parking too."""
+    from perdure.actors import protocol
+    from perdure.inspect import summarize
+    from perdure.server.frontends import _snapshot
+    from perdure.storage.records import Usage
+    from tests.core.sim import Session
+
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "lookup", {"query": "q"}))
+    s.command(protocol.Pause("p1"))
+    state = s.state
+    state.spend = {
+        "claude-sonnet-4": Usage(input_tokens=1000, output_tokens=200),
+        "no-such-model": Usage(input_tokens=5),
+    }
+    state.usage = Usage(input_tokens=1005, output_tokens=200)
+    state.parked = "crashed 3 times"
+    summary = summarize(state)
+    snapshot = _snapshot(state)
+    keys = ("session_id", "paused", "parked", "usage", "cost")
+    assert list(snapshot) == list(keys)
+    assert snapshot == {key: summary[key] for key in keys}
+    assert snapshot["cost"]["unpriced_models"] == ["no-such-model"] and snapshot["paused"]
+    assert snapshot["cost"]["usd"] > 0

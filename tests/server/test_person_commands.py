@@ -361,6 +361,7 @@ async def test_pause_and_resume_on_an_unowned_log_reach_the_running_sub_agents(
     from perdure._unowned import owning
     from perdure.actors import protocol
     from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
+    from perdure.settings import Settings
     from perdure.tools.contract import registry
     from tests.runtime.test_agents import RESEARCHER, lookup, research
 
@@ -382,7 +383,7 @@ async def test_pause_and_resume_on_an_unowned_log_reach_the_running_sub_agents(
                 await trio.sleep(0.02)
         (child,) = await rt.children("p")
 
-    async with owning(log_dir, registry(tools)) as log:
+    async with owning(log_dir, registry(tools), settings=Settings()) as log:
         done = await log.apply(await log.state("p"), protocol.Pause("pz"))
         assert done.seq and not done.duplicate
         assert (await log.state("p")).paused

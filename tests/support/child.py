@@ -31,6 +31,7 @@ import trio
 
 import perdure
 from perdure.providers.scripted import Reply, ScriptedProvider, _converter
+from perdure.view import SessionLookup
 from tests.support import ledger_tools
 
 
@@ -192,9 +193,9 @@ async def _act(rt: perdure.Runtime, action: dict[str, Any]) -> None:
         raise ValueError(f"unknown action {kind!r}")
 
 
-def _phases(state: Any) -> dict[str, Any]:
-    tasks = {t.call_id: t.phase for t in state.tasks.values()}
-    return {"paused": state.paused, "tasks": tasks}
+def _phases(state: SessionLookup) -> dict[str, Any]:
+    tasks = {t.call_id: t.phase for t in state.task_views()}
+    return {"paused": state.view().paused, "tasks": tasks}
 
 
 async def _wait_for(

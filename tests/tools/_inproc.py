@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import trio
 from attrs import frozen
@@ -14,6 +13,8 @@ from perdure.actors.state import SessionState
 from perdure.providers.base import ToolResultBlock
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import RunFinished
+from perdure.view import SessionLookup
+from tests.support.fold import fold_of
 
 SESSION = "s"
 
@@ -38,7 +39,7 @@ def provider(uses: Iterable[ToolUse], final: str = "all done") -> ScriptedProvid
 
 
 async def read_turn(rt: perdure.Runtime, outcome: RunFinished | None = None) -> Turn:
-    state = await rt.load_state(SESSION)
+    state = await fold_of(rt, SESSION)
     results: dict[str, tuple[str, bool]] = {}
     for message in await rt.transcript(SESSION):
         for block in message.content:
@@ -66,8 +67,8 @@ async def one_turn(
 
 
 async def wait_phase(rt: perdure.Runtime, call: str, phase: str) -> None:
-    def get(state: Any) -> str | None:
-        task = state.tasks.get(call)
+    def get(state: SessionLookup) -> str | None:
+        task = state.task_view(call)
         return None if task is None else task.phase
 
     with trio.fail_after(10):

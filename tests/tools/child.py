@@ -29,6 +29,8 @@ from perdure import Reconciled, ReplayPolicy, ToolContext, tool
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import ToolAwaitingApproval
 from perdure.tools.workspace import workspace_tools
+from perdure.view import SessionLookup
+from tests.support.fold import fold_of
 
 SESSION = "s"
 WORKDIR = Path(".")
@@ -208,11 +210,11 @@ TEST_TOOLS = [
 
 
 async def _phase(rt: perdure.Runtime, call_id: str) -> str | None:
-    def get(state: Any) -> str | None:
-        task = state.tasks.get(call_id)
+    def get(state: SessionLookup) -> str | None:
+        task = state.task_view(call_id)
         return None if task is None else task.phase
 
-    return await rt.state(SESSION, get)  # type: ignore[no-any-return]
+    return await rt.state(SESSION, get)
 
 
 async def _wait_phase(rt: perdure.Runtime, call_id: str, phase: str) -> None:
@@ -297,7 +299,7 @@ async def main(args: argparse.Namespace) -> None:
             to = int(args.rewind_to) if args.rewind_to.isdigit() else args.rewind_to
             done = await rt.rewind(SESSION, to=to, request_id=f"rewind-{args.rewind_to}")
             extra["rewound"] = {"tree": done.tree, "before": done.before}
-        state = await rt.load_state(SESSION)
+        state = await fold_of(rt, SESSION)
         extra["checkpoints"] = [
             {"call_id": m.call_id, "before": m.before, "after": m.after, "changed": m.changed}
             for m in state.checkpoints

@@ -17,6 +17,7 @@ import perdure
 from perdure import ReplayPolicy, ToolContext, ToolResult, tool
 from perdure.providers.scripted import ToolUse
 from perdure.storage.records import ToolAwaitingApproval
+from tests.support.fold import fold_of
 from tests.tools._inproc import SESSION, call_id, one_turn, provider, read_turn, wait_phase
 
 CALLS: list[tuple[str, dict[str, Any]]] = []
@@ -269,7 +270,7 @@ async def test_cancelling_a_run_while_a_reconcile_runs_ends_the_run(tmp_path: Pa
             outcome = await rt.wait_idle(SESSION)
         assert outcome is not None
         assert outcome.status == "cancelled"
-        task = (await rt.load_state(SESSION)).tasks[call_id(1)]
+        task = (await fold_of(rt, SESSION)).tasks[call_id(1)]
         assert task.phase == "outcome_unknown"
         assert "the reconcile was cancelled" in task.result.reason  # type: ignore[union-attr]
 

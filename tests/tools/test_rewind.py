@@ -21,6 +21,7 @@ from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import WorkspaceCheckpointed, WorkspaceRestored
 from perdure.tools.history import STORE_DIR, WorkspaceHistory
 from perdure.tools.workspace import workspace_tools
+from tests.support.fold import fold_of
 from tests.tools.test_history import files_of
 
 TOOLS = workspace_tools(include_bash=True)
@@ -58,7 +59,7 @@ async def test_calls_are_checkpointed_diffed_and_rewound(tmp_path: Path, ws: Pat
         await rt.submit("s", "go", request_id="r1")
         with trio.fail_after(30):
             await rt.wait_idle("s")
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
         marks = state.checkpoints
         by_tool = {state.tasks[m.call_id].tool_name: m for m in marks}
         # write, edit, bash: checkpointed; read_file is not a workspace-changing tool
@@ -105,7 +106,7 @@ async def test_calls_are_checkpointed_diffed_and_rewound(tmp_path: Path, ws: Pat
         forked = await rt.fork("s", at=first_turn_end + 1, session_id="f", files=True)
         assert forked.session_id == "f"
         assert files_of(ws) == {"keep.txt": b"kept\n", "a.txt": b"one\n"}
-        restored = (await rt.load_state("f")).restores
+        restored = (await fold_of(rt, "f")).restores
         assert [r.tree for r in restored.values()] == [marks[0].after]
 
 
@@ -129,9 +130,9 @@ async def test_a_rewind_is_refused_while_a_run_is_active(tmp_path: Path, ws: Pat
         await rt.create_session("s")
         await rt.submit("s", "go", request_id="r1")
         with trio.fail_after(20):
-            while not (await rt.load_state("s")).checkpoints:  # noqa: ASYNC110
+            while not (await fold_of(rt, "s")).checkpoints:  # noqa: ASYNC110
                 await trio.sleep(0.05)
-        call = (await rt.load_state("s")).checkpoints[0].call_id
+        call = (await fold_of(rt, "s")).checkpoints[0].call_id
         with pytest.raises(Refused, match=r"run .* is in progress"):
             await rt.rewind("s", to=call)
         await rt.cancel("s")
@@ -151,7 +152,7 @@ async def test_a_damaged_store_refuses_the_rewind_and_writes_nothing(
         await rt.submit("s", "go", request_id="r1")
         with trio.fail_after(30):
             await rt.wait_idle("s")
-        first = (await rt.load_state("s")).checkpoints[0]
+        first = (await fold_of(rt, "s")).checkpoints[0]
         objects = ws / ".perdure-tools" / "history.git" / "objects"
         tree = objects / first.before[:2] / first.before[2:]
         os.chmod(tree, 0o644)
@@ -160,7 +161,7 @@ async def test_a_damaged_store_refuses_the_rewind_and_writes_nothing(
         with pytest.raises(Refused, match="not restored"):
             await rt.rewind("s", to=first.call_id, request_id="rw")
         assert files_of(ws) == before
-        state = await rt.load_state("s")
+        state = await fold_of(rt, "s")
         assert isinstance(state.restores["rw"], WorkspaceRestored)
         assert state.restores["rw"].error
         assert state.restoring is None  # the session is not stuck: it goes on
@@ -180,7 +181,7 @@ def test_retention_check_and_the_command_line(tmp_path: Path, ws: Path) -> None:
                 await rt.wait_idle(sid)
             if fork:
                 await rt.fork(sid, session_id="f")
-            return (await rt.load_state(sid)).checkpoints
+            return (await fold_of(rt, sid)).checkpoints
 
     async def delete(*sids: str) -> list[bool]:
         held = []
@@ -251,8 +252,8 @@ async def test_two_sessions_on_one_workspace_are_detected(tmp_path: Path, ws: Pa
             await rt.submit(sid, "go", request_id=rid)
             with trio.fail_after(30):
                 await rt.wait_idle(sid)
-        first, second = (await rt.load_state("s1")).checkpoints
-        (other,) = (await rt.load_state("s2")).checkpoints
+        first, second = (await fold_of(rt, "s1")).checkpoints
+        (other,) = (await fold_of(rt, "s2")).checkpoints
     assert (first.changed, first.outside) == (["a.txt"], [])
     assert (other.changed, other.outside) == (["b.txt"], [])  # s2 had no earlier call
     assert (second.changed, second.outside) == (["c.txt"], ["b.txt"])
@@ -271,7 +272,7 @@ async def test_bad_rewinds_are_refused_before_anything_is_recorded(
             await rt.rewind("s", to=True)
         with pytest.raises(perdure.UnknownSession):
             await rt.rewind("nobody", to="toolu_001_1")
-        assert (await rt.load_state("s")).restores == {}
+        assert (await fold_of(rt, "s")).restores == {}
     async with perdure.open_runtime(tmp_path / "log2", provider=script(), tools=TOOLS) as rt:
         await rt.create_session("s")
         with pytest.raises(Refused, match="no workspace"):

@@ -30,6 +30,7 @@ from perdure.actors.decide.verbs import (
     not_granted,
     tool_for,
 )
+from perdure.actors.entities import Generation, Task
 from perdure.actors.lifecycle import (
     TaskPhase,
 )
@@ -43,7 +44,7 @@ from perdure.actors.protocol import (
     Step,
     View,
 )
-from perdure.actors.state import Generation, SessionState, Task
+from perdure.actors.state import SessionState
 from perdure.storage.records import (
     CompensationFinished,
     Record,

@@ -16,6 +16,7 @@ from typing import Any
 
 from perdure.actors.decide import compacting
 from perdure.actors.decide.verbs import registered_for
+from perdure.actors.entities import Task
 from perdure.actors.protocol import (
     NOTHING,
     Accepted,
@@ -36,7 +37,7 @@ from perdure.actors.protocol import (
     Step,
     Submit,
 )
-from perdure.actors.state import SessionState, Task
+from perdure.actors.state import SessionState
 from perdure.errors import Refused, SessionParkedError
 from perdure.storage.records import (
     ApprovalDecided,

@@ -31,6 +31,7 @@ from perdure.actors.decide.verbs import (
     tool_for,
     version_words,
 )
+from perdure.actors.entities import Task
 from perdure.actors.lifecycle import (
     IN_FLIGHT_PHASES,
     TaskPhase,
@@ -42,7 +43,7 @@ from perdure.actors.protocol import (
     RestoreWorkspace,
     Step,
 )
-from perdure.actors.state import SessionState, Task
+from perdure.actors.state import SessionState
 from perdure.storage.records import (
     Record,
     RecoveryDecision,

@@ -30,6 +30,7 @@ from perdure.actors.decide.verbs import (
     tool_for,
     unknown_outcome_text,
 )
+from perdure.actors.entities import Generation, Task
 from perdure.actors.protocol import (
     NOTHING,
     AgentLinked,
@@ -45,7 +46,7 @@ from perdure.actors.protocol import (
     ToolFinished,
     WorkspaceSeen,
 )
-from perdure.actors.state import Generation, SessionState, Task
+from perdure.actors.state import SessionState
 from perdure.storage.records import (
     AgentStarted,
     GenerationCompleted,

@@ -18,11 +18,15 @@ functions, and persist what they return. Each is pure: the records to commit, or
 * ``dependency`` / ``deletion`` — a sub-agent's session is kept while the parent call
   that waits for it is unfinished (deleting it early would let a re-run of that call
   after a crash start a second child); a session with unfinished work is not deleted.
+* ``check_grant`` / ``allowed_tools`` — a session may be granted some of the registered
+  tools (a sub-agent usually is): the grant is checked when the session is created and
+  recorded in its ``SessionCreated``; every decision about the session then sees only
+  the tools it grants (``allowed_tools`` narrows the ``Env``'s tools).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from attrs import frozen
 
@@ -42,6 +46,36 @@ from perdure.storage.records import (
     SessionForked,
     WorkspaceRestoreStarted,
 )
+from perdure.tools.contract import Tool
+
+
+def allowed_tools(tools: Mapping[str, Tool], allowed: Iterable[str] | None) -> Mapping[str, Tool]:
+    """The registered tools a session may use (a sub-agent may be limited to some)."""
+    if allowed is None:
+        return tools
+    names = set(allowed)
+    return {n: t for n, t in tools.items() if n in names}
+
+
+def check_grant(grant: Iterable[str] | None, tools: Mapping[str, Tool]) -> list[str] | None:
+    """A session's grant of tools as it is recorded (names in order, each once), or
+    ``ValueError`` naming what is wrong with it; None grants every tool."""
+    if grant is None:
+        return None
+    if isinstance(grant, str):
+        raise ValueError(f"tools must be a list of tool names, not the string {grant!r}")
+    names = list(dict.fromkeys(grant))
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise ValueError(f"tools must be tool names (strings), not {bad!r}")
+    unknown = [n for n in names if n not in tools]
+    if unknown:
+        registered = ", ".join(sorted(tools)) or "none"
+        raise ValueError(
+            f"tools: no tool named {', '.join(map(repr, unknown))} is registered "
+            f"(registered: {registered})"
+        )
+    return names
 
 
 @frozen(kw_only=True)
@@ -183,33 +217,34 @@ def parent_call(first: Sequence[Committed]) -> tuple[str, str] | None:
     return parent, call_id
 
 
-def dependency(first: Sequence[Committed], parent: SessionState | None) -> str | None:
+def dependency(first: Sequence[Committed], parent_history: Sequence[Committed]) -> str | None:
     """Why the session must be kept for another one, or None.
 
-    ``first``: the session's first record; ``parent``: the folded state of the session
-    named by ``parent_call(first)`` (None if it has no records). A sub-agent's session
-    is kept while the parent call that runs it is unfinished.
+    ``first``: the session's first record; ``parent_history``: the whole log of the
+    session named by ``parent_call(first)``, as read (empty: it has no records). A
+    sub-agent's session is kept while the parent call that runs it is unfinished; the
+    parent's log is folded here, so the shell that read it needs no fold of its own.
     """
     link = parent_call(first)
-    if link is None or parent is None:
+    if link is None or not parent_history:
         return None
-    task = parent.tasks.get(link[1])
+    task = SessionState.fold(link[0], parent_history).tasks.get(link[1])
     if task is not None and not task.terminal:
         return f"its parent call {link[0]}/{link[1]} still waits for it"
     return None
 
 
-def orphaned(first: Sequence[Committed], parent: SessionState | None) -> Cancel | None:
+def orphaned(first: Sequence[Committed], parent_history: Sequence[Committed]) -> Cancel | None:
     """The cancel of a recovered sub-agent whose parent call is over without it, or None.
 
     A crash between the parent's cancel (or revision) and the child's leaves a child
     whose answer nobody waits for: the parent's recovery settled its call. The cancel
     is idempotent by a request id derived from the parent call, so a second start
-    decides the same and records nothing more. ``first`` and ``parent`` as for
+    decides the same and records nothing more. ``first`` and ``parent_history`` as for
     ``dependency``; a sub-agent whose parent call still waits is not an orphan.
     """
     link = parent_call(first)
-    if link is None or dependency(first, parent) is not None:
+    if link is None or dependency(first, parent_history) is not None:
         return None
     return Cancel(request_id=f"orphan:{link[0]}/{link[1]}")
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from perdure.actors.entities import Task
 from perdure.actors.lifecycle import (
     FAILED_ATTEMPT_PHASES,
     TASK_PHASES,
@@ -34,7 +35,7 @@ from perdure.actors.protocol import (
     StopBackOff,
     View,
 )
-from perdure.actors.state import SessionState, Task
+from perdure.actors.state import SessionState
 from perdure.backoff import Backoff
 from perdure.budget import over_budget
 from perdure.storage.records import (

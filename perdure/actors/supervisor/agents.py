@@ -29,7 +29,7 @@ import trio
 from perdure import retention
 from perdure.actors import protocol
 from perdure.actors.decide.sessions import orphaned
-from perdure.actors.session import CommandMsg
+from perdure.actors.mailbox import CommandMsg
 from perdure.errors import Refused
 from perdure.storage import LogError
 from perdure.storage.records import SessionCreated, ToolExecuting
@@ -119,7 +119,7 @@ class SubAgents:
         for sid in (s for s in sessions if AGENT_MARK in s):
             try:
                 first = await journal.read_session(sid, 0, 1)
-                stop = orphaned(first, await retention.parent_of(journal, first))
+                stop = orphaned(first, await retention.parent_history(journal, first))
                 if stop is not None:
                     await self._cancel(sid, stop.request_id)
                     stopped.append(sid)

@@ -34,10 +34,8 @@ import trio
 
 from perdure.actors import balance
 from perdure.actors.context import ActorContext
-from perdure.actors.session import (
-    Mailbox,
-    SessionActor,
-)
+from perdure.actors.mailbox import Mailbox
+from perdure.actors.session import SessionActor
 from perdure.backoff import Backoff
 from perdure.errors import NotOwnerRefused
 from perdure.storage import (

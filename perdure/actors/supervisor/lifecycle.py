@@ -32,17 +32,10 @@ import trio
 from perdure import retention
 from perdure.actors.context import ActorContext
 from perdure.actors.decide import sessions
-from perdure.actors.decide.sessions import NewSession
+from perdure.actors.decide.sessions import NewSession, allowed_tools
+from perdure.actors.mailbox import Drain, Mailbox, Query, Reply, WaitIdle
 from perdure.actors.protocol import Forked, Submit
-from perdure.actors.session import (
-    Drain,
-    Mailbox,
-    Query,
-    Reply,
-    SessionActor,
-    WaitIdle,
-    allowed_tools,
-)
+from perdure.actors.session import SessionActor
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor.agents import SubAgents
 from perdure.actors.supervisor.base import OUTAGE_BACKOFF, RESTART_BACKOFF, _refuse_queued
@@ -143,7 +136,12 @@ class Supervisor(Ownership):
             asleep = self.dormant.pop(session_id, None)
             woken: SessionState | None = None
             if not records:
-                info = await self.journal.session_info(session_id)
+                if asleep is None and not self.journal.log.multi_node:
+                    # One read for both (the actor folds these records). A log other
+                    # processes write is read by the actor once it holds the lease.
+                    info, records = await self.journal.session_with_records(session_id)
+                else:
+                    info = await self.journal.session_info(session_id)
                 if info is None:
                     raise UnknownSession(session_id)
                 # A hibernated state is taken only if the log has nothing newer for the
@@ -421,7 +419,7 @@ class Supervisor(Ownership):
             del self.unreachable[session_id]  # restarted: the log answers again
         message = make()
         try:
-            await box.send.send(message)  # type: ignore[arg-type]  # every Asking is a session.Message
+            await box.send.send(message)  # type: ignore[arg-type]  # every Asking is a mailbox.Message
         except trio.BrokenResourceError:
             if box.evicted:
                 return await self.ask(session_id, make)  # evicted meanwhile: start it again

@@ -25,10 +25,8 @@ import trio
 
 from perdure import _libc, _threads
 from perdure.actors import dormant
-from perdure.actors.session import (
-    Mailbox,
-    SessionActor,
-)
+from perdure.actors.mailbox import Mailbox
+from perdure.actors.session import SessionActor
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor.base import SupervisorBase
 from perdure.storage import LogError

@@ -43,11 +43,8 @@ from typing import Any
 import trio
 
 from perdure.actors import balance
-from perdure.actors.session import (
-    HandOver,
-    Mailbox,
-    SessionActor,
-)
+from perdure.actors.mailbox import HandOver, Mailbox
+from perdure.actors.session import SessionActor
 from perdure.actors.supervisor.base import OUTAGE_BACKOFF, _Handing, _refuse_queued
 from perdure.actors.supervisor.memory import Memory
 from perdure.errors import (
