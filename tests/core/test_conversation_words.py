@@ -169,3 +169,18 @@ def test_a_request_keeps_its_tool_definitions_in_the_cache_and_reuses_them() -> 
     assert cache.definitions is first.tools and len(first.tools) == len(TOOLS)
     assert request(s.state, TOOLS, gen.generation_id, 2, cache).tools is first.tools
     assert tool_definitions({}, MessageCache()) == ()
+
+
+def test_a_call_named_with_an_empty_id_is_no_other_calls_rerun() -> None:
+    """A provider may give a call an empty id; the revision still says a re-run only of
+    a call that was run again (none here: lookup does not depend on the request)."""
+    s = Session()
+    s.command(protocol.Submit("r1", "look"))
+    s.reply("x", ("", "lookup", {"query": "a"}), ("c2", "lookup", {"query": "b"}))
+    s.finish_tool("", output="found a")
+    s.command(protocol.Revise("v1", "look again"))
+    rev = next(i for i in s.state.conversation if isinstance(i, Revision))
+    text = revision_text(s.state, rev)
+    assert "run again" not in text
+    assert "\n- lookup (c2): still executing\n" in text
+    assert text.endswith("\n- lookup (): revision 0]")
