@@ -1649,7 +1649,8 @@ def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
         lists["list_all_ms"],
         "(info)",
         None,
-        f"a page of 100: {lists['list_page_100_ms']:.1f} ms; perdure sessions "
+        f"a page of 100: {lists['list_page_100_ms']:.1f} ms; the web page's newest 100: "
+        f"{lists.get('list_newest_100_ms', float('nan')):.1f} ms; perdure sessions "
         f"{lists['cli_sessions_s']:.2f} s",
     )
     build = scale.get("build")
