@@ -83,7 +83,7 @@ async def test_a_cancelled_wait_leaves_a_plain_defs_thread_to_finish_on_its_own(
 
     def stuck(ctx: ToolContext) -> str:
         trio.from_thread.run_sync(started.set)
-        release.wait(5)  # reached only if the wait did not end at the cancel
+        release.wait(10)  # reached only if the wait did not end at the cancel
         finished.set()
         return "late"
 
