@@ -615,6 +615,23 @@ def test_a_nested_model_that_validates_by_name_is_described_by_name() -> None:
     assert t.validate({"person": {"full_name": "Ann"}}) == []
 
 
+def test_problems_show_the_value_sent_up_to_sixty_characters_and_name_the_parameters() -> None:
+    """The model sees the value it sent, whole up to 60 characters of its repr, else its
+    first 57 and "..."; a field a tool without parameters does not take says so."""
+
+    async def echo(text: int) -> None: ...
+
+    async def ping() -> None: ...
+
+    sixty, sixty_one = "x" * 58, "x" * 59  # their reprs: 60 and 61 characters
+    prefix = "text: Input should be a valid integer, unable to parse string as an integer, got "
+    assert tool(echo).validate({"text": sixty}) == [prefix + repr(sixty)]
+    assert tool(echo).validate({"text": sixty_one}) == [prefix + repr(sixty_one)[:57] + "..."]
+    assert tool(ping).validate({"host": "a"}) == [
+        "host: unexpected field (the tool's parameters: none)"
+    ]
+
+
 # -- definition errors, each with the words that say what to change ---------------------------
 
 
