@@ -726,6 +726,16 @@ def test_a_parameter_pydantic_validates_but_cannot_describe_is_named() -> None:
     )
 
 
+def test_a_type_pydantic_cannot_build_from_json_is_refused_even_with_a_schema() -> None:
+    """A schema written for a type pydantic knows nothing of does not make it a parameter:
+    no JSON the model sends could become one (pydantic would only check the instance)."""
+
+    async def hold(h: Annotated[Handle, pydantic.WithJsonSchema({"type": "string"})]) -> None: ...
+
+    with pytest.raises(ToolDefinitionError, match="tool 'hold', parameter 'h': pydantic cannot"):
+        tool(hold)
+
+
 def test_a_default_pydantic_trips_over_while_describing_names_the_tool() -> None:
     """Each type has a schema but the whole has none: sorting this default for the
     schema fails (a NaN does not compare), so the error names the tool and the reason."""
