@@ -23,13 +23,19 @@ starts. The throttle of heartbeats (``perdure.actors.heartbeats``) keeps timers 
 a running call's latest ``ctx.heartbeat`` is committed at most once per
 ``heartbeat_interval``, the latest winning, and one still held is committed before the
 call's result.
+
+What the actor leans on, each a module with one job: its ``mailbox`` (everything it is
+told, and the one-shot replies it owes), ``effects`` (starting each effect as a child
+task or a timer), ``inflight`` (the cancel scopes of what runs or waits on this node,
+and the ``View`` the core is shown of it) and ``heartbeats`` (the throttle above). What
+is left here is the actor's own: the loop, commit-then-act, eviction when idle, and the
+safe point of a hand-over.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from functools import partial
 from typing import Any
 
 import trio
@@ -39,7 +45,7 @@ from perdure import _faults
 from perdure.actors import conversation, decide, protocol
 from perdure.actors.context import ActorContext
 from perdure.actors.decide.sessions import allowed_tools
-from perdure.actors.generation import call_model
+from perdure.actors.effects import Performer
 from perdure.actors.heartbeats import HeartbeatThrottle
 from perdure.actors.inflight import InFlight, model_key
 from perdure.actors.mailbox import (
@@ -57,11 +63,11 @@ from perdure.actors.mailbox import (
     WaitIdle,
 )
 from perdure.actors.state import SessionState
-from perdure.actors.tool import run_forget, run_reconcile, run_restore, run_tool
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
 from perdure.observability import logs
 from perdure.observability.hooks import observe_after, observe_before, observe_failed
+from perdure.providers.base import ModelRequest
 from perdure.storage import CommitUnknown, Guard, LogError, LogFenced, LogUnavailable
 from perdure.storage.records import Committed, ContextCompacted, RunFinished
 from perdure.tools.contract import Tool
@@ -73,6 +79,8 @@ RELOAD_BACKOFF = Backoff(initial=0.05, cap=2.0)  # between those re-reads (perdu
 
 
 class SessionActor:
+    """One session's actor: the only writer of its records (see the module's docstring)."""
+
     def __init__(
         self,
         session_id: str,
@@ -105,13 +113,14 @@ class SessionActor:
         self._handover_timer: trio.CancelScope | None = None
         self._pending: list[Reply[Any]] = []  # replies owed if this actor dies
         self._messages = conversation.MessageCache()  # the model's view, built incrementally
+        self._effects = Performer(session_id, ctx, self._calls, mailbox.send, self._model_request)
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         logs.bind(session_id=self.session_id)  # on every line of this actor and its children
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self._nursery = self._effects.nursery = nursery
             records, self._preloaded = self._preloaded, None
             woken, self._woken = self._woken, None
             if woken is not None:
@@ -251,7 +260,7 @@ class SessionActor:
             await self._result(message)
         elif isinstance(message, CallDue):
             if self._calls.model_due(model_key(message.effect), message.timer):
-                self._start_model_call(message.effect, message.durable)
+                self._effects.start_model_call(message.effect, self._run_id(), message.durable)
             # else: cancelled (or called off) while it waited; nothing is due
         elif isinstance(message, RetryResult):
             self._calls.release(message.result)
@@ -449,29 +458,9 @@ class SessionActor:
     def _perform_all(
         self, effects: Iterable[protocol.Effect], durable: trio.Event | None = None
     ) -> None:
+        run_id = self._run_id()
         for effect in effects:
-            self._perform(effect, durable)
-
-    # -- the timer: every retry's back-off is waited out here ----------------------------
-
-    def _wait_until(self, not_before: float, timer: trio.CancelScope, due: Inbox) -> None:
-        """Post ``due`` to this session's mailbox at the wall-clock time ``not_before``,
-        unless ``timer`` is cancelled first.
-
-        The one way a session waits out a back-off: a tool call's retry (``BackOff``,
-        due: ``BackOffOver``) and a model call's or a summary's (``CallModel`` or
-        ``Summarize`` with a later ``not_before``, due: ``CallDue``). Cancelling the
-        timer (``StopBackOff``, ``CancelModel``, a failed commit's ``call_off``) ends
-        the wait with nothing posted; a ``due`` message that was posted just before is
-        dropped by ``_handle``, which finds the timer no longer registered.
-        """
-        assert self._nursery is not None
-        self._nursery.start_soon(self._wake_at, not_before, timer, due)
-
-    async def _wake_at(self, not_before: float, timer: trio.CancelScope, due: Inbox) -> None:
-        with timer:
-            await trio.sleep(max(0.0, not_before - self.ctx.clock()))
-            await self.mailbox.send.send(due)
+            self._effects.perform(effect, run_id, durable)
 
     async def _reload_after(self, failed: LogError) -> SessionState:
         """Re-read the state after a failed commit, waiting out a short outage.
@@ -490,83 +479,13 @@ class SessionActor:
             f"be re-read ({reread})"
         ) from failed
 
-    def _perform(self, effect: protocol.Effect, durable: trio.Event | None = None) -> None:
-        """Start what a step asks for; each effect carries what it needs. ``durable``:
-        the step's commit is still in flight, and is durable once this event is set."""
-        # The tasks started here inherit these ids: their log lines carry them.
-        ids: dict[str, str] = {}
-        if self.state.run is not None:
-            ids["run_id"] = self.state.run.run_id
-        executing = getattr(effect, "executing", None)
-        if executing is not None:
-            ids.update(run_id=executing.run_id, call_id=executing.call_id)
+    def _model_request(self, effect: protocol.CallModel | protocol.Summarize) -> ModelRequest:
+        """What a model call (or a summary's) sends, built from the state when it starts."""
         if isinstance(effect, protocol.CallModel):
-            ids["generation_id"] = effect.generation_id
-        elif isinstance(effect, protocol.Summarize):
-            ids["compaction_id"] = effect.compaction_id
-        with logs.bound(**ids):
-            self._start(effect, durable)
-
-    def _start(self, effect: protocol.Effect, durable: trio.Event | None) -> None:
-        nursery = self._nursery
-        assert nursery is not None
-        ctx, outbox = self.ctx, self.mailbox.send
-        if isinstance(effect, protocol.CallModel | protocol.Summarize):
-            not_before = effect.not_before
-            if not_before is not None and not_before > ctx.clock():
-                # Held on the session's timer: the call's entry is the timer until it is
-                # due, so a cancel or a revision meanwhile stops the wait, not a call.
-                timer = self._calls.model_timer(model_key(effect))
-                self._wait_until(not_before, timer, CallDue(effect, timer, durable))
-            else:
-                self._start_model_call(effect, durable)
-        elif isinstance(effect, protocol.RunTool):
-            scope = self._calls.tool_call(effect.call_id)
-            nursery.start_soon(
-                run_tool,
-                ctx,
-                effect.tool,
-                effect.executing,
-                outbox,
-                scope,
-                effect.last_heartbeat,
-                effect.workspace_since,
-            )
-        elif isinstance(effect, protocol.BackOff):
-            wait = self._calls.tool_timer(effect.call_id)
-            over = protocol.BackOffOver(call_id=effect.call_id, attempt=effect.attempt)
-            self._wait_until(effect.not_before, wait, over)
-        elif isinstance(effect, protocol.StopBackOff):
-            self._calls.stop_back_off(effect.call_id)
-        elif isinstance(effect, protocol.Reconcile):
-            scope = self._calls.tool_call(effect.call_id)
-            nursery.start_soon(run_reconcile, ctx, effect.tool, effect.executing, outbox, scope)
-        elif isinstance(effect, protocol.Forget):
-            nursery.start_soon(run_forget, ctx, effect.tool, effect.executing)
-        elif isinstance(effect, protocol.RestoreWorkspace):
-            self._calls.tool_call(effect.call_id)
-            nursery.start_soon(run_restore, ctx, self.session_id, effect, outbox)
-        elif isinstance(effect, protocol.CancelTool):
-            self._calls.cancel_tool(effect.call_id)
-        elif isinstance(effect, protocol.CancelModel):
-            self._calls.cancel_model(effect.generation_id)
-
-    def _start_model_call(
-        self, effect: protocol.CallModel | protocol.Summarize, durable: trio.Event | None
-    ) -> None:
-        """Start the generation actor of a model call (or a summary's) that is due now."""
-        nursery = self._nursery
-        assert nursery is not None
-        ctx, outbox = self.ctx, self.mailbox.send
-        scope = self._calls.model_call(model_key(effect))
-        if isinstance(effect, protocol.CallModel):
-            request = conversation.request(
+            return conversation.request(
                 self.state, self._registered(), effect.generation_id, effect.attempt, self._messages
             )
-            nursery.start_soon(partial(call_model, durable=durable), ctx, request, outbox, scope)
-        else:
-            if _faults.ACTIVE:
-                _faults.hit("summary.before")
-            request = conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
-            summarize = partial(call_model, provider=ctx.compaction_provider, publish=False)
-            nursery.start_soon(summarize, ctx, request, outbox, scope)
+        return conversation.summary_request(self.state, effect.compaction_id, effect.attempt)
+
+    def _run_id(self) -> str | None:
+        return self.state.run.run_id if self.state.run is not None else None

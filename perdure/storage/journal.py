@@ -72,7 +72,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import trio
-from attrs import define
+from attrs import Factory, define
 
 from perdure import _faults, _threads
 from perdure.storage.backend import ClusterView, Guard, LogBackend, SessionInfo
@@ -110,6 +110,39 @@ class _Append:
 def _uncancellable(raise_cancel: Any) -> trio.lowlevel.Abort:
     # A commit handed over happens (or fails) regardless: its caller must learn which.
     return trio.lowlevel.Abort.FAILED
+
+
+# What an actor starting on the log reads: the session's summary, its records.
+_Start = tuple[SessionInfo | None, list[Committed] | None]
+
+
+@define
+class _StartReads:
+    """The sessions starting in one scheduling round, read in one worker-thread call."""
+
+    session_ids: list[str]
+    waiters: list[trio.lowlevel.Task] = Factory(list)
+    found: dict[str, _Start | BaseException] = Factory(dict)
+
+
+def _read_starts(log: LogBackend, session_ids: Sequence[str]) -> dict[str, _Start | BaseException]:
+    """``Journal.session_with_records`` for each session, in a worker thread: one
+    session's error is that session's alone."""
+    found: dict[str, _Start | BaseException] = {}
+    for sid in session_ids:
+        try:
+            info = log.session_info(sid)
+        except Exception as exc:
+            found[sid] = exc
+            continue
+        if info is None:
+            found[sid] = (None, None)
+            continue
+        try:
+            found[sid] = (info, log.read_session(sid))
+        except Exception:
+            found[sid] = (info, None)
+    return found
 
 
 @define
@@ -189,6 +222,7 @@ class Journal:
         self._listener: threading.Thread | None = None
         self._inline = log.inline
         self._reads = trio.CapacityLimiter(LOCAL_READ_THREADS) if log.local else None
+        self._start_reads: _StartReads | None = None  # gathering in this round
         # Appends of this scheduling round, not yet handed over; and those handed to
         # the writer thread whose delivery has not run yet (while any are, the loop
         # never commits: one write transaction at a time, in order).
@@ -462,8 +496,53 @@ class Journal:
             functools.partial(self.log.sessions, after=after, limit=limit, active=active)
         )
 
+    async def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        return await self.run(
+            functools.partial(self.log.newest_sessions, before=before, limit=limit, active=active)
+        )
+
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.log.session_info, session_id)
+
+    async def session_with_records(self, session_id: str) -> _Start:
+        """The session's summary and, if it exists, its every record: what an actor
+        starting on the log needs. Records that cannot be read come back as None (the
+        actor reads them itself, where its supervisor handles the error); an error
+        reading the summary is raised.
+
+        The sessions that start in one scheduling round are read together, in ONE
+        worker-thread call (a group read): a thread round trip per session costs about
+        as much CPU as a tool call's whole decision, and with one read for all of them
+        a burst of sessions starts in the same round instead of two at a time, so
+        their commits go on sharing transactions. The wait is not a cancel point, as
+        a worker thread's is not.
+        """
+        group = self._start_reads
+        if group is not None:  # a read of this round is gathering: join it
+            group.session_ids.append(session_id)
+            group.waiters.append(trio.lowlevel.current_task())
+            await trio.lowlevel.wait_task_rescheduled(_uncancellable)
+        else:
+            group = self._start_reads = _StartReads([session_id])
+            try:
+                # Every session that starts in this round joins before the read begins.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            finally:
+                self._start_reads = None
+            try:
+                group.found = await self.run(_read_starts, self.log, group.session_ids)
+            except BaseException as exc:  # every session of the group must hear it
+                group.found = {sid: exc for sid in group.session_ids}
+                raise
+            finally:
+                for waiter in group.waiters:
+                    trio.lowlevel.reschedule(waiter)
+        found = group.found[session_id]
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
     # -- ownership (multi-node backends; trivial for LMDB) ----------------------------
 

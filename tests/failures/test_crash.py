@@ -55,7 +55,10 @@ def one_call(tool: str, **args: Any) -> list[dict[str, Any]]:
 
 
 def test_a_sigkill_during_a_retry_back_off_retries_at_the_recorded_time(make_plan: Any) -> None:
-    plan = make_plan(one_call("flaky_book", item="room"), extra_tools=EXTRA)
+    # The restart must come while the back-off still runs: 1.5 s down plus the new
+    # process's start, which on a loaded machine took more than the usual 3 s back-off.
+    back_off = 2 * BACK_OFF
+    plan = make_plan(one_call("flaky_book", item="room", back_off=back_off), extra_tools=EXTRA)
     # commit 4 is the ToolRetryPending of attempt 1, made before its back-off started.
     first = run_child(plan, fault="commit@4")
     assert first.killed, first.stderr
@@ -66,7 +69,7 @@ def test_a_sigkill_during_a_retry_back_off_retries_at_the_recorded_time(make_pla
     outcome = run_child(plan).outcome("s1")
     assert outcome["status"] == "completed"
     (pending,) = records(plan, ToolRetryPending)
-    assert pending.not_before - pending.at >= BACK_OFF, "the tool's retry_after was honoured"
+    assert pending.not_before - pending.at >= back_off, "the tool's retry_after was honoured"
     executing = records(plan, ToolExecuting)
     assert [e.attempt for e in executing] == [1, 2], "retried once, not from scratch"
     assert executing[0].idempotency_key == executing[1].idempotency_key

@@ -39,11 +39,12 @@ async def keyed_effect(ctx: ToolContext, tool: str, **extra: Any) -> bool:
 
 
 @perdure.tool(replay=ReplayPolicy.KEYED, retry=RetryPolicy(max_attempts=3, initial=0.05))
-async def flaky_book(ctx: ToolContext, item: str) -> str:
-    """Book an item; the service answers 503 (retry after 3 s) to the first attempt."""
+async def flaky_book(ctx: ToolContext, item: str, back_off: float = BACK_OFF) -> str:
+    """Book an item; the service answers 503 (retry after ``back_off`` seconds, 3 unless
+    told) to the first attempt."""
     await note(ctx, "flaky_book", "start")
     if ctx.attempt == 1:
-        raise RetryableError("503 Service Unavailable", retry_after=BACK_OFF)
+        raise RetryableError("503 Service Unavailable", retry_after=back_off)
     await keyed_effect(ctx, "flaky_book", item=item)
     return f"booked {item}"
 

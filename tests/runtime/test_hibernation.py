@@ -60,6 +60,15 @@ def count_reads(rt: perdure.Runtime) -> list[str]:
         return await real(session_id, *args, **kwargs)
 
     rt._journal.read_session = reading  # type: ignore[method-assign]
+    real_start = rt._journal.session_with_records  # an actor's start reads in one call
+
+    async def reading_at_start(session_id: str) -> Any:
+        info, records = await real_start(session_id)
+        if info is not None:
+            reads.append(session_id)
+        return info, records
+
+    rt._journal.session_with_records = reading_at_start  # type: ignore[method-assign]
     return reads
 
 

@@ -29,12 +29,14 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from perdure.storage import Guard, StaleGoal
 from perdure.storage import journal as journal_module
+from perdure.storage.errors import LogError
 from perdure.storage.journal import Journal, open_journal
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import (
@@ -383,6 +385,72 @@ async def test_slow_commits_go_back_to_the_writer_thread(log: LmdbLog) -> None:
     finally:
         with trio.CancelScope(shield=True):
             await journal._stop()
+
+
+# -- the reads of starting actors ------------------------------------------------------
+
+
+async def test_sessions_starting_in_one_round_are_read_in_one_thread_call(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``session_with_records`` from many tasks at once: one worker-thread call reads
+    them all, each caller gets its own session's summary and records; an unknown
+    session reads as nothing, a session whose records cannot be read gets its summary
+    and None (its actor reads them itself), and an error reading a summary reaches that
+    session's caller alone."""
+    sids = [f"s{i}" for i in range(30)]
+    async with open_journal(log) as journal:
+        for sid in sids:
+            await journal.append(
+                [SessionCreated(session_id=sid, at=1.0), tool_result(sid, "c", f"out {sid}")]
+            )
+        expected = {sid: await journal.read_session(sid) for sid in sids}
+        calls: list[tuple[str, ...]] = []
+        real_run = journal.run
+
+        async def counted_run(fn: Any, *args: Any) -> Any:
+            if fn is journal_module._read_starts:
+                calls.append(tuple(args[1]))
+            return await real_run(fn, *args)
+
+        real_info, real_read = log.session_info, log.read_session
+
+        def session_info(sid: str) -> Any:
+            if sid == "s7":
+                raise LogError("the summary of s7 cannot be read")
+            return real_info(sid)
+
+        def read_session(sid: str, *args: Any, **kwargs: Any) -> Any:
+            if sid == "s8":
+                raise LogError("the records of s8 cannot be read")
+            return real_read(sid, *args, **kwargs)
+
+        monkeypatch.setattr(journal, "run", counted_run)
+        monkeypatch.setattr(log, "session_info", session_info)
+        monkeypatch.setattr(log, "read_session", read_session)
+        got: dict[str, Any] = {}
+
+        async def start(sid: str) -> None:
+            try:
+                got[sid] = await journal.session_with_records(sid)
+            except LogError as exc:
+                got[sid] = exc
+
+        async with trio.open_nursery() as nursery:
+            for sid in [*sids, "unknown"]:
+                nursery.start_soon(start, sid)
+
+    assert len(calls) == 1 and sorted(calls[0]) == sorted([*sids, "unknown"])
+    assert got["unknown"] == (None, None)
+    assert isinstance(got["s7"], LogError) and "s7" in str(got["s7"])
+    info, records = got["s8"]
+    assert info is not None and info.last_seq == expected["s8"][-1].seq and records is None
+    for sid in sids:
+        if sid in ("s7", "s8"):
+            continue
+        info, records = got[sid]
+        assert records == expected[sid]
+        assert info is not None and info.last_seq == expected[sid][-1].seq
 
 
 async def test_appends_of_one_round_share_one_transaction(log: LmdbLog) -> None:

@@ -136,7 +136,12 @@ class Supervisor(Ownership):
             asleep = self.dormant.pop(session_id, None)
             woken: SessionState | None = None
             if not records:
-                info = await self.journal.session_info(session_id)
+                if asleep is None and not self.journal.log.multi_node:
+                    # One read for both (the actor folds these records). A log other
+                    # processes write is read by the actor once it holds the lease.
+                    info, records = await self.journal.session_with_records(session_id)
+                else:
+                    info = await self.journal.session_info(session_id)
                 if info is None:
                     raise UnknownSession(session_id)
                 # A hibernated state is taken only if the log has nothing newer for the
