@@ -27,9 +27,9 @@ call's result.
 What the actor leans on, each a module with one job: its ``mailbox`` (everything it is
 told, and the one-shot replies it owes), ``effects`` (starting each effect as a child
 task or a timer), ``inflight`` (the cancel scopes of what runs or waits on this node,
-and the ``View`` the core is shown of it) and ``heartbeats``.
-What is left here is the actor's own: the loop, commit-then-act, eviction when idle,
-and the safe point of a hand-over.
+and the ``View`` the core is shown of it) and ``heartbeats`` (the throttle above). What
+is left here is the actor's own: the loop, commit-then-act, eviction when idle, and the
+safe point of a hand-over.
 """
 
 from __future__ import annotations

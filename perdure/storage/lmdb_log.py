@@ -267,11 +267,11 @@ class LmdbLog(SingleOwner):
                 raise FileNotFoundError(
                     f"the perdure log at {self.path} is not initialised yet"
                 ) from None
-            # None: a read-only open of a log no owner of this build has opened yet (its
-            # listings by creation then sort the summaries instead).
-            self._created: Any = self._open_created(txn)
             if txn is not None:
                 txn.commit()
+            # None: a read-only open of a log no owner of this build has opened yet (its
+            # listings by creation then sort the summaries instead).
+            self._created: Any = self._open_created()
             if readonly:
                 with self.env.begin() as read:
                     layout = read.get(b"format", db=self._meta)
@@ -307,10 +307,12 @@ class LmdbLog(SingleOwner):
             {"pid": os.getpid(), "host": socket.gethostname(), "epoch": self.epoch}
         )
 
-    def _open_created(self, txn: lmdb.Transaction | None) -> Any:
+    def _open_created(self) -> Any:
         """The ``created`` index; the owner builds it if it does not hold every session
-        (a log written before it existed, or by a build that did not keep it)."""
-        if txn is None:  # read-only
+        (a log written before it existed, or by a build that did not keep it), in its
+        own transaction, growing the map as a commit does (such a log's map may be
+        nearly full)."""
+        if self.readonly:
             try:
                 created = self.env.open_db(b"created", create=False)
             except lmdb.NotFoundError:
@@ -318,14 +320,19 @@ class LmdbLog(SingleOwner):
             with self.env.begin() as read:
                 whole = read.stat(created)["entries"] == read.stat(self._sessions)["entries"]
             return created if whole else None
-        created = self.env.open_db(b"created", txn=txn, create=True)
-        if txn.stat(created)["entries"] != txn.stat(self._sessions)["entries"]:
-            txn.drop(created, delete=False)
-            with txn.cursor(db=self._sessions) as cur:
-                for key, raw in cur.iternext():
-                    first = int(json.loads(bytes(raw))["first_seq"])
-                    txn.put(_seq_key(first), bytes(key), db=created)
-        return created
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    created = self.env.open_db(b"created", txn=txn, create=True)
+                    if txn.stat(created)["entries"] != txn.stat(self._sessions)["entries"]:
+                        txn.drop(created, delete=False)
+                        with txn.cursor(db=self._sessions) as cur:
+                            for key, raw in cur.iternext():
+                                first = int(json.loads(bytes(raw))["first_seq"])
+                                txn.put(_seq_key(first), bytes(key), db=created)
+                return created
+            except lmdb.MapFullError:
+                self._grow()
 
     def _open_env(self, map_size: int, *, lock: bool) -> lmdb.Environment:
         try:

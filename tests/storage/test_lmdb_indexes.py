@@ -117,6 +117,39 @@ def test_an_index_missing_a_session_is_rebuilt_by_the_next_owner(tmp_path: Path)
         owner.close()
 
 
+def test_the_index_is_built_on_a_log_whose_map_is_full(tmp_path: Path) -> None:
+    """A log written before the index, its map full: the owner grows the map to build
+    the index, as a commit would (found on a benchmark's log of 100,000 sessions)."""
+    path = tmp_path / "log"
+    log = LmdbLog(path, map_size=1 << 20)
+    for i in range(300):
+        write(log, [accepted(f"s{i:03d}", "u")])
+    size = log.env.info()["map_size"]
+    log.close()
+    _without_created(path)
+    env = lmdb.open(str(path), max_dbs=8, subdir=True, map_size=size)
+    try:  # fill what is left of the map, to the last page
+        junk, n = env.open_db(b"junk"), 0
+        for batch, value in ((64, 2000), (1, 2000), (1, 100)):
+            while True:
+                try:
+                    with env.begin(write=True) as txn:
+                        for _ in range(batch):
+                            txn.put(n.to_bytes(8, "big"), b"x" * value, db=junk)
+                            n += 1
+                except lmdb.MapFullError:
+                    break
+        assert env.info()["map_size"] == size
+    finally:
+        env.close()
+    owner = LmdbLog(path, map_size=size)
+    try:
+        assert owner.env.info()["map_size"] > size
+        assert newest(owner)[:2] == ["s299", "s298"] and len(newest(owner)) == 300
+    finally:
+        owner.close()
+
+
 def test_start_up_reads_the_first_session_alone_then_ten_then_full_batches() -> None:
     assert boot_batches(0) == []
     assert boot_batches(1) == [(0, 1)]
