@@ -185,8 +185,9 @@ class SessionActor:
         return not (self._calls or self._beats or self._pending)
 
     def calling_model(self) -> bool:
-        """A model call is in flight (its reply, then its tool calls, are still to come)."""
-        return bool(self._calls.models)
+        """A model call is in flight (its reply, then its tool calls, are still to come).
+        One still waiting out its back-off is not: a hand-over stops that wait at once."""
+        return bool(self._calls.models.keys() - self._calls.waiting_models)
 
     def _hand_off(self) -> bool:
         """At a safe point of a hand-over, stop: close the mailbox and answer it.
