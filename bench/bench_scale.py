@@ -23,7 +23,8 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
    per turn (which also holds the submission, a session's first read from the log
    and the wait for the run's end).
 3. ``lists``: a real ``perdure serve`` on the log: ``GET /v1/sessions`` (every
-   session, and the first page of 100), the daemon's RSS; then ``perdure sessions``.
+   session, the first page of 100 by id, and the newest 100, the web page's request),
+   the daemon's RSS; then ``perdure sessions``.
 4. ``interrupt``: ``open_runtime`` on the log, a new submission to INTERRUPTED of the
    finished sessions with a model that never answers; once every one of those
    model calls has started, the parent SIGKILLs the process.
@@ -219,7 +220,13 @@ def lists(workdir: Path, log_dir: str) -> dict[str, Any]:
     try:
         headers = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, headers=headers, timeout=300) as client:
-            for name, params in (("all", {}), ("page_100", {"limit": "100"})):
+            pages: tuple[tuple[str, dict[str, str]], ...] = (
+                ("all", {}),
+                ("page_100", {"limit": "100"}),
+                # What the web page asks for every 3 s: the newest 100.
+                ("newest_100", {"order": "newest", "limit": "100"}),
+            )
+            for name, params in pages:
                 times, count = [], 0
                 for _ in range(3):
                     t0 = time.perf_counter()

@@ -115,6 +115,8 @@ TARGETS = {
     "growth": 1.2,  # last 10 turns <= 1.2 x the first 10 (K large)
     "concurrency": 40.0,  # 100 x 10: perdure turns/s >= 40 x the better peer's
     "cpu_per_turn": 0.30,  # 100 x 10: CPU ms per turn (all threads) <= 0.30
+    # 100 x 10 with tune_gc (as perdure serve runs): CPU per turn <= 2 x the skeleton's
+    "cpu_over_skeleton": 2.0,
     "gc_share": 0.10,  # 1,000 x 10: the cyclic collector's share of the CPU < 10 %
     "recovery": 1.2,  # with 10,000 finished sessions <= 1.2 x with none
     "recovery_large_ms": 2000.0,  # 1,000 interrupted sessions recovered in <= 2 s
@@ -997,6 +999,16 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
                     f"{skel - bare:.2f}; perdure's logic (perdure minus skeleton) "
                     f"{mine_cpu - skel:.2f} of perdure's {mine_cpu:.2f}",
                 )
+            tuned = conc.get(f"perdure-gc-tuned_{key}", {}).get("cpu_ms_per_turn")
+            if skel and tuned is not None:
+                row(
+                    f"perdure CPU per turn (with tune_gc) / the actor skeleton's ({key})",
+                    tuned / skel,
+                    f"<= {TARGETS['cpu_over_skeleton']}",
+                    tuned / skel <= TARGETS["cpu_over_skeleton"],
+                    "single runs of each in the same run: what perdure's logic costs beyond "
+                    "its shape",
+                )
     largest = "{}x{}".format(*cfg["concurrency"][-1])
     for variant, what in _GC_VARIANTS:
         share = conc.get(f"{variant}_{largest}", {}).get("gc_cpu_share")
@@ -1637,7 +1649,8 @@ def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
         lists["list_all_ms"],
         "(info)",
         None,
-        f"a page of 100: {lists['list_page_100_ms']:.1f} ms; perdure sessions "
+        f"a page of 100: {lists['list_page_100_ms']:.1f} ms; the web page's newest 100: "
+        f"{lists.get('list_newest_100_ms', float('nan')):.1f} ms; perdure sessions "
         f"{lists['cli_sessions_s']:.2f} s",
     )
     build = scale.get("build")

@@ -402,6 +402,21 @@ class Runtime:
             raise ValueError(f"limit must be 0 or more, not {limit!r}")
         return await self._journal.sessions(after=after, limit=limit, active=active)
 
+    async def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The log's summaries of its sessions, newest first (by creation, each one's
+        ``first_seq``): a page of at most ``limit`` created before ``before`` (the
+        ``first_seq`` of the previous page's last; 0: from the newest), read from the
+        log's index by creation, so a page costs its own sessions, not the log's size;
+        ``active``: only the sessions with unfinished work (from the log's index of
+        them). ``GET /v1/sessions?order=newest``."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be 0 or more, not {limit!r}")
+        if before < 0:
+            raise ValueError(f"before must be 0 or more, not {before!r}")
+        return await self._journal.newest_sessions(before=before, limit=limit, active=active)
+
     async def session_info(self, session_id: str) -> SessionInfo | None:
         """The log's summary of one session, or None if there is no such session."""
         return await self._journal.session_info(session_id)

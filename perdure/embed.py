@@ -467,6 +467,13 @@ class AsyncioRuntime:
             partial(self.trio_runtime.sessions, after=after, limit=limit, active=active)
         )
 
+    async def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The newest sessions' summaries, a page (``Runtime.newest_sessions``)."""
+        page = partial(self.trio_runtime.newest_sessions, before=before, limit=limit, active=active)
+        return await self.run(page)
+
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.trio_runtime.session_info, session_id)
 

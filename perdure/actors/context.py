@@ -59,6 +59,13 @@ class ActorContext:
     # such a commit goes to the writer thread so that its fsync overlaps them.
     overlap: Overlap = field(factory=Overlap)
     overlap_on_writer: bool = True
+    # The names of the tools with secret parameters, whose live argument text a model
+    # call does not publish: made once here, not at every call (an MCP server brings
+    # dozens of tools, and a walk over them cost ~26 us per model call for 50).
+    secret_tools: frozenset[str] = field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.secret_tools = frozenset(n for n, t in self.tools.items() if t.secret_params)
 
     def env(self, tools: Mapping[str, Tool]) -> Env:
         """What a decision may know of the world now, with the tools it may use."""

@@ -50,7 +50,7 @@ async def call_model(
 
         # The live argument text of a call to a tool with secret parameters is not
         # published: it would show the secret before the commit masks it.
-        secret_tools = {name for name, tool in ctx.tools.items() if tool.secret_params}
+        secret_tools = ctx.secret_tools
         hidden: set[Any] = set()  # the content-block indexes of such calls
         # Deltas streamed before the commit that started this call is durable.
         early: list[Event] = []

@@ -329,6 +329,10 @@ class SessionState:
         record = c.record
         if isinstance(record, InputAccepted):
             self.submissions[record.submission_id].seq = c.seq
+        elif isinstance(record, RunStarted) and record.traceparent:
+            # An observer stamps the run's trace context on the record after the fold
+            # took the unstamped one: the live state must read as the log does.
+            self.runs[record.run_id].traceparent = record.traceparent
         request_id = getattr(record, "request_id", None)
         if request_id and request_id in self.requests and not self.requests[request_id].seq:
             self.requests[request_id].seq = c.seq

@@ -304,6 +304,19 @@ def sessions(
     )
 
 
+def newest_sessions(
+    before: int = 0, limit: int | None = None, active: bool = False
+) -> Call[list[SessionInfo]]:
+    query = {"order": "newest"}
+    if before:
+        query["before"] = str(before)
+    if limit is not None:
+        query["limit"] = str(limit)
+    if active:
+        query["active"] = "1"
+    return Call("GET", "/v1/sessions?" + urlencode(query), sessions().read)
+
+
 def create_session(
     session_id: str | None,
     system: str | None,

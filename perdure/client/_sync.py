@@ -91,6 +91,15 @@ class PerdureClient:
         10,000) or ``active`` a page in session-id order (``GET /v1/sessions``)."""
         return self._send(m.sessions(after, limit, active))
 
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[m.SessionInfo]:
+        """A page of the sessions newest first, by creation: at most ``limit`` (10,000
+        when left out) created before ``before`` (the ``first_seq`` of the previous
+        page's last; 0: from the newest); ``active``: only sessions with unfinished
+        work (``GET /v1/sessions?order=newest``)."""
+        return self._send(m.newest_sessions(before, limit, active))
+
     def state(self, session_id: str) -> m.SessionState:
         return self._send(m.state(session_id))
 

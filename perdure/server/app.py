@@ -395,15 +395,22 @@ class Api:
         if page is None:
             infos = sorted(await self.rt.sessions(), key=lambda i: i.first_seq)
             return JSONResponse(session_list(infos, await self.rt.stuck_runs()))
-        after, limit, active = page
         # One more than asked: whether a next page exists, without a second read.
-        infos = await self.rt.sessions(after=after, limit=limit + 1, active=active)
+        limit = page.limit
+        if page.newest:
+            infos = await self.rt.newest_sessions(
+                before=page.before, limit=limit + 1, active=page.active
+            )
+        else:
+            infos = await self.rt.sessions(after=page.after, limit=limit + 1, active=page.active)
         more = len(infos) > limit
         infos = infos[:limit]
         stuck = await self.rt.stuck_runs(among=infos)
-        return JSONResponse(
-            session_list(infos, stuck, next_after=infos[-1].session_id if more else None)
-        )
+        next_after = None
+        if more:
+            last = infos[-1]
+            next_after = str(last.first_seq) if page.newest else last.session_id
+        return JSONResponse(session_list(infos, stuck, next_after=next_after))
 
     @documented(
         Operation(

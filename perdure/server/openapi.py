@@ -557,13 +557,28 @@ SESSION_LIST_PARAMS: Final = (
         "limit",
         "query",
         {"type": "integer", "minimum": 1, "maximum": 10_000},
-        "a page of at most this many sessions, in session-id order",
+        "a page of at most this many sessions",
     ),
     Param(
         "after",
         "query",
         {"type": "string"},
-        "the page after this session id (the `next` of the page before)",
+        "`order=id`: the page after this session id (the `next` of the page before)",
+    ),
+    Param(
+        "before",
+        "query",
+        {"type": "integer", "minimum": 0},
+        "`order=newest`: the page of the sessions created before this position (the "
+        "`next` of the page before)",
+    ),
+    Param(
+        "order",
+        "query",
+        {"enum": ["id", "newest"]},
+        "`id` (the default): pages in session-id order, placed by `after`; `newest`: "
+        "newest first by creation (read from the log's index by creation), placed by "
+        "`before`",
     ),
     Param(
         "active",
@@ -574,20 +589,23 @@ SESSION_LIST_PARAMS: Final = (
 )
 
 SESSION_LIST_DOC: Final = """\
-Without `limit`, `after` or `active`: every session, in order of creation (each call
-reads every session's summary). With any of them: a page in session-id order, at most
-`limit` sessions (10,000 when left out) after the id `after` (with `active=1` only
-sessions with unfinished work), and `next`, the `after` of the next page (null after
-the last page); a page reads only its own sessions' summaries, and `stuck` only for
-its sessions with unfinished work."""
+Without `limit`, `after`, `before`, `active` or `order`: every session, in order of
+creation (each call reads every session's summary). With any of them: a page of at most
+`limit` sessions (10,000 when left out), with `active=1` only sessions with unfinished
+work, and `next`, where the next page starts (null after the last page). In session-id
+order (`order=id`, the default) a page holds the ids after `after`, and `next` is the
+next page's `after`; newest first by creation (`order=newest`, what the web page
+shows) it holds the sessions created before `before`, and `next` is the next page's
+`before`. A page reads only its own sessions' summaries (with `active=1`, the active
+sessions'), and `stuck` only for its sessions with unfinished work."""
 
 SESSION_LIST: Final = {
     "type": "object",
     "required": ["sessions"],
     "properties": {
         "next": {
-            "description": "a page's answer only: the `after` of the next page, or null "
-            "after the last",
+            "description": "a page's answer only: the `after` (`order=id`) or `before` "
+            "(`order=newest`) of the next page, or null after the last",
             "anyOf": [{"type": "null"}, {"type": "string"}],
         },
         "sessions": {

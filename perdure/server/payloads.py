@@ -483,18 +483,45 @@ def path_session(request: Request) -> str:
 MAX_PAGE: Final = 10_000  # sessions in one page of ``GET /v1/sessions``
 
 
-def session_page(request: Request) -> tuple[str, int, bool] | None:
-    """``GET /v1/sessions``'s page, ``(after, limit, active)``, or None for the whole
-    list (none of ``limit``, ``after``, ``active`` given; a page is ``MAX_PAGE`` long
-    unless ``limit`` says less)."""
-    raw_limit = request.query_params.get("limit")
-    after = request.query_params.get("after")
-    raw_active = request.query_params.get("active")
-    if raw_limit is None and after is None and raw_active is None:
+@frozen
+class SessionPage:
+    """What ``GET /v1/sessions`` asked for: a page of at most ``limit`` sessions, in
+    session-id order after the id ``after`` (``newest`` False), or newest first by
+    creation, created before the first seq ``before`` (``newest``; 0: from the newest);
+    ``active``: only sessions with unfinished work."""
+
+    after: str
+    before: int
+    limit: int
+    active: bool
+    newest: bool
+
+
+def session_page(request: Request) -> SessionPage | None:
+    """``GET /v1/sessions``'s page, or None for the whole list (none of ``limit``,
+    ``after``, ``before``, ``active``, ``order`` given; a page is ``MAX_PAGE`` long
+    unless ``limit`` says less). Each order reads its own cursor (``after`` or
+    ``before``) and ignores the other's."""
+    query = request.query_params
+    raw_limit, after, raw_before = query.get("limit"), query.get("after"), query.get("before")
+    raw_active, order = query.get("active"), query.get("order")
+    if all(v is None for v in (raw_limit, after, raw_before, raw_active, order)):
         return None
     if raw_active not in (None, "0", "1", "true", "false"):
         raise ApiError(400, "invalid_field", "active must be 1, 0, true or false", "active")
     active = raw_active in ("1", "true")
+    if order not in (None, "id", "newest"):
+        raise ApiError(400, "invalid_field", "order must be id or newest", "order")
+    before = 0
+    if raw_before is not None:
+        try:
+            before = int(raw_before)
+        except ValueError:
+            raise ApiError(
+                400, "invalid_field", "before must be a whole number (a page's next)", "before"
+            ) from None
+        if before < 0:
+            raise ApiError(400, "invalid_field", "before must not be negative", "before")
     limit = MAX_PAGE
     if raw_limit is not None:
         try:
@@ -503,7 +530,7 @@ def session_page(request: Request) -> tuple[str, int, bool] | None:
             raise ApiError(400, "invalid_field", "limit must be a whole number", "limit") from None
         if not 1 <= limit <= MAX_PAGE:
             raise ApiError(400, "invalid_field", f"limit must be between 1 and {MAX_PAGE}", "limit")
-    return after or "", limit, active
+    return SessionPage(after or "", before, limit, active, order == "newest")
 
 
 def stream_start(request: Request) -> int:

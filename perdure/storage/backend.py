@@ -211,6 +211,17 @@ class LogBackend(Protocol):
         ``active`` only the sessions with unfinished work (read from the active index,
         not from every session)."""
 
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        """The sessions' summaries newest first, by creation (each one's ``first_seq``):
+        only those created before ``before`` (a page's last ``first_seq``; 0 from the
+        newest), at most ``limit`` of them, read from an index by creation, so a page
+        costs its own sessions, not every session's; with ``active`` only the sessions
+        with unfinished work (read from the active index, sorted: a page costs the
+        active sessions)."""
+        ...
+
     def session_info(self, session_id: str) -> SessionInfo | None: ...
 
     def close(self) -> None: ...

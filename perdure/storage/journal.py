@@ -496,6 +496,13 @@ class Journal:
             functools.partial(self.log.sessions, after=after, limit=limit, active=active)
         )
 
+    async def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        return await self.run(
+            functools.partial(self.log.newest_sessions, before=before, limit=limit, active=active)
+        )
+
     async def session_info(self, session_id: str) -> SessionInfo | None:
         return await self.run(self.log.session_info, session_id)
 

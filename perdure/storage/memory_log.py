@@ -288,6 +288,19 @@ class MemoryLog(SingleOwner):
             infos = [i for i in infos if i.open_submissions]
         return infos if limit is None else infos[: max(0, limit)]
 
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        with self._store.lock:
+            every = self._store.summaries.values()
+            infos = [
+                i
+                for i in every
+                if (not before or i.first_seq < before) and (i.open_submissions or not active)
+            ]
+        infos.sort(key=lambda i: i.first_seq, reverse=True)
+        return infos if limit is None else infos[: max(0, limit)]
+
     def session_info(self, session_id: str) -> SessionInfo | None:
         with self._store.lock:
             return self._store.summaries.get(session_id)

@@ -96,7 +96,7 @@ from perdure.storage.errors import (
 )
 from perdure.storage.records import Committed, LogOpened, Record, SessionDeleted
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 CHANNEL: Final = "perdure_records"
 DEFAULT_LEASE_TTL: Final = 10.0
 _ADVISORY_KEY: Final = 0x70657264_75726501  # "perdure" + 1: the schema lock
@@ -142,6 +142,8 @@ MIGRATIONS: Final[list[list[str]]] = [
             expires_at timestamptz NOT NULL
         )""",
     ],
+    # 2: the sessions by creation (``newest_sessions``: a page without a sort of all).
+    ["CREATE INDEX perdure_sessions_created ON perdure_sessions (first_seq)"],
 ]
 
 # Take the lease if it is free, expired, already ours, or (takeover) held by a node
@@ -818,6 +820,22 @@ class PgLog:
             rows = conn.execute(
                 query, {"after": after, "limit": None if limit is None else max(0, limit)}
             ).fetchall()
+        return [SessionInfo(*row) for row in rows]
+
+    def newest_sessions(
+        self, *, before: int = 0, limit: int | None = None, active: bool = False
+    ) -> list[SessionInfo]:
+        # The index on first_seq (schema version 2) serves the page, newest first.
+        query = self._INFO + " WHERE (%(before)s = 0 OR first_seq < %(before)s)"
+        if active:
+            query += " AND open_submissions > 0"
+        query += " ORDER BY first_seq DESC LIMIT %(limit)s"
+        params = {
+            "before": min(before, (1 << 63) - 1),  # bigint's largest: below it is everything
+            "limit": None if limit is None else max(0, limit),
+        }
+        with self._reader() as conn:
+            rows = conn.execute(query, params).fetchall()
         return [SessionInfo(*row) for row in rows]
 
     def session_info(self, session_id: str) -> SessionInfo | None:

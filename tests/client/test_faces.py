@@ -236,6 +236,7 @@ SAMPLES: dict[str, Any] = {
     "after": "sess-0",
     "limit": 5,
     "active": True,
+    "before": 9,
 }
 # Sent in a header, not in the body.
 HEADERS = {"traceparent": "traceparent"}

@@ -9,14 +9,15 @@ commands. Mutation testing (docs/RELIABILITY.md) found these unguarded.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.entities import Note
 from perdure.actors.state import SessionState
-from perdure.storage.records import RetryPending, SessionParked
-from tests.core.sim import COURSE_TOOLS, Session, decide_committed
+from perdure.storage.records import RetryPending, RunStarted, SessionParked
+from tests.core.sim import COURSE_TOOLS, Session, decide_committed, only
 
 
 def refold(s: Session) -> SessionState:
@@ -227,3 +228,21 @@ def test_a_restart_of_a_paused_session_still_asks_the_reconcile_of_a_call_in_dou
     s.reply("x", ("c1", "send_checked", {"text": "hi"}))
     s.command(protocol.Pause("p1"))
     assert reconciles(s.restart()) == ["c1"], "asking is no side effect: paused or not"
+
+
+def test_a_run_stamped_by_an_observer_reads_as_the_log_holds_it() -> None:
+    """An observer stamps a run's trace context on its RunStarted after the fold took the
+    unstamped record; the commit's bookkeeping must give the live state the stamped one,
+    or the read model disagrees with a fold of the log."""
+    s = Session()
+    s.command(protocol.Submit("r1", "go"))
+    (started,) = only(s.log, RunStarted)
+    run = s.state.runs[started.run_id]
+    assert run.traceparent == ""
+    stamped = attrs.evolve(started, traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    s.state.note_committed(decide_committed(99, stamped))
+    assert s.state.runs[started.run_id].traceparent == stamped.traceparent
+    assert s.state.run_views()[0].traceparent == stamped.traceparent
+    unstamped = attrs.evolve(started, traceparent="")
+    s.state.note_committed(decide_committed(100, unstamped))  # never erases a stamp
+    assert s.state.runs[started.run_id].traceparent == stamped.traceparent

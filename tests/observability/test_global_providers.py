@@ -75,8 +75,11 @@ async def main():
         await rt.wait_idle(second)
         stamps = {}
         for sid in (first, second):
-            state = await rt._fold(sid)  # what the log holds (tests/support/fold.py)
-            stamps[sid] = [bool(run.traceparent) for run in state.runs.values()]
+            # The live read model and the log agree on each run's trace context.
+            live = await rt.state(sid, lambda s: [r.traceparent for r in s.run_views()])
+            logged = [run.traceparent for run in (await rt._fold(sid)).runs.values()]
+            assert live == logged, (live, logged)
+            stamps[sid] = [bool(t) for t in live]
     out["spans"] = sorted(
         (s.name, s.attributes.get("gen_ai.conversation.id", "")) for s in spans.get_finished_spans()
     )

@@ -1,12 +1,12 @@
 """One way to wait: every retry's back-off is waited out on the session actor's timer.
 
-A tool call's retry (``BackOff``) and a model call's (``CallModel`` with a later
-``not_before``) are both held by the session's timer (``Performer._wake_at``); the
-generation actor and the tool actor are started only when the wait is over. The tests
-watch which tasks trio spawns and when (a trio instrument), on a ``MemoryLog`` under an
-autojumping ``MockClock``: virtual time alone decides, so the times are exact. A cancel
-or a revision during a model call's back-off stops its timer: the waiting call never
-starts.
+A tool call's retry (``BackOff``), a model call's and a context summary's (``CallModel``,
+``Summarize`` with a later ``not_before``) are all held by the session's timer
+(``Performer._wake_at``); the generation actor and the tool actor are started only when
+the wait is over. The tests watch which tasks trio spawns and when (a trio instrument),
+on a ``MemoryLog`` under an autojumping ``MockClock``: virtual time alone decides, so
+the times are exact. A cancel or a revision during a model call's back-off stops its
+timer: the waiting call never starts.
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ from perdure.providers.base import Emit, ModelReply, ModelRequest, ProviderError
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.storage.records import (
     Committed,
+    CompactionRetryPending,
+    ContextCompacted,
     RetryPending,
     RunFinished,
     ToolExecuting,
     ToolRetryPending,
+    Usage,
 )
 from tests.support.deterministic import Where
 
@@ -201,3 +204,68 @@ async def test_a_cancel_or_a_revision_during_a_model_back_off_starts_no_model_ca
         assert outcome.status == "completed"
         assert [attempt for _, attempt in provider.asked] == [1, 1]
         assert provider.asked[1][0] != pending.generation_id
+
+
+async def test_a_summary_retry_waits_on_the_same_timer(where: Where, clock: MockClock) -> None:
+    provider = ScriptedProvider(
+        [
+            Reply(text="Paris.", usage=Usage(input_tokens=900)),
+            Reply(text="About 2.1 million."),
+        ]
+    )
+    summarizer = FirstCallOverloaded([Reply(text="Asked: the capital of France.")])
+    policy = perdure.CompactionPolicy(window=1000, keep_recent=2)
+    with watching_spawns() as spawns:
+        async with perdure.open_runtime(
+            where.open(),
+            provider=provider,
+            compaction=policy,
+            compaction_provider=summarizer,
+            tools=[],
+            **where.options(),
+        ) as rt:
+            await rt.create_session(SESSION)
+            await rt.submit(SESSION, "What is the capital of France?", request_id="r1")
+            with trio.fail_after(3600):
+                await rt.wait_idle(SESSION)
+            await rt.submit(SESSION, "How many live there?", request_id="r2")
+            with trio.fail_after(3600):
+                outcome = await rt.wait_idle(SESSION)
+            log = list(await rt._journal.read_session(SESSION))
+
+    def trio_time(wall: float) -> float:
+        return wall - (where.wall() - trio.current_time())
+
+    assert outcome is not None and outcome.final_text == "About 2.1 million."
+    (retry,) = of(CompactionRetryPending, log)
+    (compacted,) = of(ContextCompacted, log)
+    assert [attempt for _, attempt in summarizer.asked] == [1, 2]
+    assert spawns.times("_wake_at") == [trio_time(retry.at)]
+    # Four generation actors: the first turn, the failed summary, the summary's retry
+    # (spawned when its back-off was over), then the turn after it.
+    calls = spawns.times("call_model")
+    assert len(calls) == 4
+    assert calls[2] == trio_time(retry.not_before)
+    assert compacted.at >= retry.not_before
+
+
+async def test_a_call_waiting_out_its_back_off_is_not_a_model_call_in_flight(
+    where: Where, clock: MockClock
+) -> None:
+    provider = FirstCallOverloaded([Reply(text="answered", delay=5.0)])
+    async with perdure.open_runtime(
+        where.open(), provider=provider, tools=[], **where.options()
+    ) as rt:
+        await rt.create_session(SESSION)
+        await rt.submit(SESSION, "go", request_id="r1")
+        pending = await wait_for_record(rt, RetryPending)
+        actor = rt._sup.actors[SESSION]
+        # Rebalancing moves it as one at rest but for a timer (a hand-over stops that).
+        assert not actor.calling_model() and not actor.at_rest()
+        offset = where.wall() - trio.current_time()
+        await trio.sleep_until(pending.not_before - offset + 1.0)  # the retry takes 5 s
+        assert actor.calling_model(), "the retry is a model call in flight"
+        with trio.fail_after(60):
+            outcome = await rt.wait_idle(SESSION)
+    assert outcome is not None and outcome.final_text == "answered"
+    assert [attempt for _, attempt in provider.asked] == [1, 2]

@@ -165,6 +165,36 @@ def test_the_session_list_pages_by_id(api_daemon: Daemon) -> None:
         assert_error(c.delete("/v1/sessions"), 405, "method_not_allowed")
 
 
+def test_the_session_list_pages_newest_first(api_daemon: Daemon) -> None:
+    """``order=newest``: the page the web page asks for, newest first by creation,
+    ``next`` the ``before`` of the next page (``after`` is the other order's cursor)."""
+    with api_daemon.client() as c:
+        for sid in ("new-c", "new-a", "new-b"):
+            assert c.post("/v1/sessions", json={"session_id": sid}).status_code in (200, 201)
+        everything = [s["session_id"] for s in c.get("/v1/sessions").json()["sessions"]]
+        walked, before, pages = [], "0", 0
+        while before is not None:
+            params = {"order": "newest", "limit": 2, "before": before, "after": "zzz"}
+            page = c.get("/v1/sessions", params=params).json()
+            assert len(page["sessions"]) <= 2
+            walked += [s["session_id"] for s in page["sessions"]]
+            before, pages = page["next"], pages + 1
+        assert walked == everything[::-1]  # every session once, newest first
+        assert walked[:3] == ["new-b", "new-a", "new-c"]
+        assert pages == -(-len(everything) // 2)
+        first = c.get("/v1/sessions", params={"order": "newest", "limit": 1}).json()
+        assert [s["session_id"] for s in first["sessions"]] == ["new-b"]
+        assert first["next"] is not None and first["sessions"][0]["stuck"] is None
+        idle = c.get("/v1/sessions", params={"order": "newest", "active": "1"}).json()
+        assert idle == {"next": None, "sessions": []}  # none has unfinished work
+        for params, field in (
+            ({"order": "oldest"}, "order"),
+            ({"order": "newest", "before": "new-a"}, "before"),
+            ({"order": "newest", "before": "-3"}, "before"),
+        ):
+            assert_error(c.get("/v1/sessions", params=params), 400, "invalid_field", field)
+
+
 def test_malformed_bodies_are_400_and_huge_ones_413(api_daemon: Daemon) -> None:
     with api_daemon.client() as c:
         sid = new_session(c)

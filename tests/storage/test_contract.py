@@ -11,7 +11,8 @@ Each test runs once per backend, through the interface only:
   backend's own rule;
 * ``commit`` is refused off the bound writer thread and writes nothing;
 * ``claim`` gives the active sessions in recovery order (last record oldest first);
-* session summaries page by id (``after``, ``limit``) and filter the active ones;
+* session summaries page by id (``after``, ``limit``) and filter the active ones, and
+  page newest first by creation (``newest_sessions``), deletions included;
 * reads page correctly (``after``, ``limit``), ``scan_frames`` holds exactly the
   frames of ``read_global``, every open is a ``LogOpened`` system record;
 * through the Journal, concurrent appenders each get their own increasing seqs,
@@ -50,6 +51,7 @@ from perdure.storage.records import (
     LogOpened,
     Record,
     RunFinished,
+    SessionDeleted,
     SessionParked,
     ToolCompleted,
 )
@@ -316,6 +318,40 @@ def test_session_summaries_page_by_id_and_filter_the_active(log: LogBackend) -> 
     (d,) = log.sessions(after="c", limit=1)
     assert d == log.session_info("d")  # a page holds the same summary as a lookup
     assert [i.open_submissions for i in log.sessions(limit=2)] == [1, 1]
+
+
+def test_the_newest_sessions_page_by_creation_and_follow_deletions(log: LogBackend) -> None:
+    """Newest first by each session's first record, not by id nor by its latest record;
+    a page starts below the previous page's last ``first_seq``; a deleted session leaves
+    the order, and one created again under its id comes back as the newest."""
+    for sid in ("b", "a", "d", "c"):
+        write(log, [accepted(sid, "u")])
+    write(log, [tool_result("b", "later")])  # b's latest record is the newest: no matter
+    write(log, [finished("d", "u")])
+
+    def ids(**page: Any) -> list[str]:
+        return [i.session_id for i in log.newest_sessions(**page)]
+
+    assert ids() == ["c", "d", "a", "b"]
+    assert ids(limit=2) == ["c", "d"]
+    (_, last) = log.newest_sessions(limit=2)
+    assert ids(before=last.first_seq) == ["a", "b"]
+    assert ids(before=last.first_seq, limit=1) == ["a"]
+    assert ids(before=log.session_info("b").first_seq) == []  # type: ignore[union-attr]
+    assert ids(before=1 << 70) == ["c", "d", "a", "b"]  # past every seq: from the newest
+    assert ids(limit=0) == []
+    (c,) = log.newest_sessions(limit=1)
+    assert c == log.session_info("c")  # a page holds the same summary as a lookup
+
+    assert ids(active=True) == ["c", "a", "b"]  # d's run finished
+    assert ids(active=True, before=log.session_info("a").first_seq) == ["b"]  # type: ignore[union-attr]
+    assert ids(active=True, limit=1) == ["c"]
+
+    (deleted,) = log.commit([([SessionDeleted(deleted="d", at=2.0)], None)])
+    assert isinstance(deleted, list)
+    assert ids() == ["c", "a", "b"]
+    write(log, [accepted("d", "again")])
+    assert ids() == ["d", "c", "a", "b"]
 
 
 def test_reads_page_by_after_and_limit(log: LogBackend) -> None:

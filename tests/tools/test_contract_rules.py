@@ -8,14 +8,26 @@ the declaration too (a module-level ``@tool`` runs at import, before it can).
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import json
 import math
-from typing import Any
+import types
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
 
 import attrs
+import pydantic
 import pytest
 
 from perdure import ReplayPolicy, RetryableError, RetryPolicy, ToolContext, tool
-from perdure.tools.contract import Tool, render_result
+from perdure.tools.contract import (
+    NeedsHuman,
+    Tool,
+    ToolDefinitionError,
+    registry,
+    render_result,
+)
 
 # -- back-off and what is retried ----------------------------------------------------------
 
@@ -336,3 +348,299 @@ def test_the_failures_a_tool_raises_keep_their_words() -> None:
     for bad in (-1, math.inf, math.nan, "2", True):
         with pytest.raises(ValueError, match="retry_after must be a number of seconds >= 0"):
             RetryableError("x", retry_after=bad)
+
+
+def test_a_call_that_needs_a_person_says_why() -> None:
+    needs = NeedsHuman("the card was declined")
+    assert needs.reason == str(needs) == "the card was declined"
+
+
+# -- what a declaration checks, and in which order ---------------------------------------------
+
+
+def test_only_a_function_can_be_declared_a_tool() -> None:
+    declared = tool(_noop)
+    for bad in (42, declared):
+        with pytest.raises(TypeError) as refused:
+            tool(bad)  # type: ignore[call-overload]
+        assert str(refused.value) == f"@tool needs a function, not {bad!r}"
+
+
+def test_a_generator_cannot_be_a_tool() -> None:
+    def rows(ctx: ToolContext) -> Iterator[int]:
+        yield 1
+
+    async def stream(ctx: ToolContext) -> AsyncIterator[int]:
+        yield 1
+
+    for generator in (rows, stream):
+        with pytest.raises(ToolDefinitionError) as refused:
+            tool(generator)
+        assert str(refused.value) == (
+            f"tool {generator.__name__!r}: a generator cannot be a tool; return the whole result"
+        )
+
+
+def test_a_bad_version_is_refused_naming_the_tool() -> None:
+    with pytest.raises(ToolDefinitionError) as refused:
+        tool(name="fetch", version=" ")(_noop)
+    assert str(refused.value) == (
+        "tool 'fetch': version must be a non-empty string or an integer, not ' '"
+    )
+
+
+def test_the_options_are_checked_before_the_signature() -> None:
+    """A declaration wrong in both is told about its options: they are checked first,
+    so the refusal does not depend on what else is wrong with the function."""
+
+    async def untyped(ctx: ToolContext, x) -> str:  # type: ignore[no-untyped-def]
+        return "ok"
+
+    with pytest.raises(ValueError, match=r"^tool untyped: retry= needs replay=SAFE or KEYED"):
+        tool(retry=RetryPolicy())(untyped)
+    with pytest.raises(ValueError, match=r"^tool untyped: depends_on_goal=True needs replay=SAFE"):
+        tool(depends_on_goal=True)(untyped)
+    with pytest.raises(ToolDefinitionError, match="tool 'untyped', parameter 'x': needs a type"):
+        tool(untyped)
+
+
+def test_a_retry_on_a_never_tool_is_refused_with_the_whole_explanation() -> None:
+    with pytest.raises(ValueError, match="retry=") as refused:
+        tool(retry=RetryPolicy())(_noop)
+    assert str(refused.value) == (
+        "tool _noop: retry= needs replay=SAFE or KEYED. A NEVER tool is never run again "
+        "automatically: a failed attempt may still have had its effect. Make the tool "
+        "idempotent through ctx.idempotency_key and declare replay=KEYED, or keep NEVER and "
+        "raise perdure.NeedsHuman so that a person decides whether to retry (a reconcile= "
+        "answering not_applied also lets recovery run it once more)."
+    )
+
+
+def test_a_heartbeat_timeout_under_a_second_is_allowed() -> None:
+    assert tool(replay=ReplayPolicy.SAFE, heartbeat_timeout=0.5)(_noop).heartbeat_timeout == 0.5
+
+
+def test_depends_on_goal_is_for_safe_tools_only_and_is_said_by_name() -> None:
+    safe = tool(replay=ReplayPolicy.SAFE, depends_on_goal=True)(_noop)
+    assert safe.depends_on_goal is True
+    assert tool(replay=ReplayPolicy.SAFE)(_noop).depends_on_goal is False
+    with pytest.raises(ValueError, match="depends_on_goal") as refused:
+        tool(replay=ReplayPolicy.KEYED, depends_on_goal=True)(_noop)
+    assert str(refused.value) == (
+        "tool _noop: depends_on_goal=True needs replay=SAFE: the call is run again under a "
+        "revised request, which only a call without side effects may be"
+    )
+    with pytest.raises(TypeError) as kind:
+        tool(replay=ReplayPolicy.SAFE, depends_on_goal="yes")(_noop)  # type: ignore[call-overload]
+    assert str(kind.value) == "tool _noop: depends_on_goal must be True or False"
+
+
+def test_an_evolved_tool_is_held_to_every_rule_of_a_declaration() -> None:
+    """``attrs.evolve`` builds a Tool without ``@tool``: the Tool checks its options
+    itself, naming the tool, so an evolved copy cannot carry what a declaration could not."""
+    never = tool(replay=ReplayPolicy.NEVER)(_noop)
+    with pytest.raises(ValueError, match=r"^tool _noop: retry= needs replay=SAFE or KEYED"):
+        attrs.evolve(never, retry=RetryPolicy())
+    with pytest.raises(ValueError, match="heartbeat_timeout") as beat:
+        attrs.evolve(never, heartbeat_timeout=-1.0)
+    assert str(beat.value) == (
+        "tool _noop: heartbeat_timeout must be a number of seconds > 0, not -1.0"
+    )
+    with pytest.raises(ValueError, match=r"^tool _noop: depends_on_goal=True needs replay=SAFE"):
+        attrs.evolve(never, depends_on_goal=True)
+    safe = tool(replay=ReplayPolicy.SAFE)(_noop)
+    assert attrs.evolve(safe, depends_on_goal=True).depends_on_goal is True
+
+
+# -- what a declaration records -----------------------------------------------------------------
+
+
+def test_each_option_of_a_declaration_is_kept_on_the_tool() -> None:
+    async def undo(ctx: ToolContext, result: str, **args: Any) -> None:
+        """Put it back."""
+
+    declared = tool(
+        replay=ReplayPolicy.SAFE,
+        compensate=undo,
+        compensate_automatically=True,
+        changes_workspace=True,
+        unknown_outcome="ask_person",
+        runs_on="asyncio",
+    )(_noop)
+    assert declared.compensate_automatically is True
+    assert (declared.changes_workspace, declared.workspace_only) == (True, False)
+    assert declared.unknown_outcome == "ask_person"
+    assert declared.runs_on == "asyncio"
+    # Files that are a tool's only effect are files it changes.
+    only_files = tool(workspace_only=True)(_noop)
+    assert (only_files.changes_workspace, only_files.workspace_only) == (True, True)
+    plain = tool(_noop)
+    assert plain.compensate_automatically is False
+    assert (plain.changes_workspace, plain.workspace_only) == (False, False)
+    assert plain.unknown_outcome == "tell_model"
+
+
+def test_a_plain_def_runs_in_a_thread_whatever_loop_is_named() -> None:
+    def count(n: int) -> int:
+        return n
+
+    assert tool(count).runs_on == "trio"
+    assert tool(runs_on="asyncio")(count).runs_on == "trio"
+
+
+def _coroutine_function_in(namespace: dict[str, Any]) -> Any:
+    """An ``async def`` whose module's globals are ``namespace`` (and the builtins)."""
+    module: dict[str, Any] = {"__name__": "app.tools", **namespace}
+    exec("async def work() -> str:\n    return 'done'\n", module)
+    return module["work"]
+
+
+def test_the_loop_of_a_coroutine_comes_from_what_its_module_imports() -> None:
+    """trio code is a module that imports trio (``import trio``, ``import trio.lowlevel``)
+    or something of trio's (``from trio import sleep``); any other is asyncio code."""
+    import trio
+    import trio.lowlevel
+
+    trio_code = [
+        {"trio": trio},
+        {"lowlevel": trio.lowlevel},
+        {"sleep": trio.sleep},
+        {"current_trio_token": trio.lowlevel.current_trio_token},
+    ]
+    for namespace in trio_code:
+        assert tool(_coroutine_function_in(namespace)).runs_on == "trio", namespace
+    assert tool(_coroutine_function_in({"asyncio": asyncio, "json": json})).runs_on == "asyncio"
+    assert tool(_coroutine_function_in({})).runs_on == "asyncio"
+    # A function that is itself named trio is not trio's; a module counts by its name
+    # only, not by what it holds; a module without a name is not trio.
+    named_trio = _coroutine_function_in({})
+    exec("def trio():\n    return None\n", named_trio.__globals__)
+    assert tool(named_trio).runs_on == "asyncio"
+    holder = types.ModuleType("app.helpers")
+    holder.__module__ = "trio"
+    nameless = types.ModuleType("app.nameless")
+    del nameless.__name__
+    assert tool(_coroutine_function_in({"h": holder, "n": nameless})).runs_on == "asyncio"
+
+
+def test_a_declared_loop_wins_and_only_trio_and_asyncio_are_loops() -> None:
+    import trio
+
+    trio_code = _coroutine_function_in({"trio": trio})
+    asyncio_code = _coroutine_function_in({"asyncio": asyncio})
+    assert tool(runs_on="asyncio")(trio_code).runs_on == "asyncio"
+    assert tool(runs_on="trio")(asyncio_code).runs_on == "trio"
+    with pytest.raises(ValueError, match="runs_on") as refused:
+        tool(runs_on="curio")(asyncio_code)  # type: ignore[call-overload]
+    assert str(refused.value) == "runs_on must be 'trio' or 'asyncio', not 'curio'"
+
+
+_POSITIVE = pydantic.Field(gt=0)
+
+
+def test_param_types_take_off_an_outer_annotated_and_keep_the_rest_as_declared() -> None:
+    async def pick(
+        ctx: ToolContext,
+        ids: list[Annotated[int, _POSITIVE]],
+        code: Annotated[str, pydantic.Field(description="the code")],
+    ) -> str:
+        return code
+
+    assert tool(pick).param_types == {"ids": list[Annotated[int, _POSITIVE]], "code": str}
+
+
+def test_effective_args_add_only_defaults_that_are_json() -> None:
+    """A default the model could not have written (a date) is left to the function."""
+    epoch = datetime.date(1970, 1, 1)
+
+    async def stamp(
+        ctx: ToolContext, note: str | None = None, since: datetime.date = epoch, n: int = 1
+    ) -> str:
+        return str(since)
+
+    assert tool(stamp).effective_args({}) == {"note": None, "n": 1}
+
+
+def test_definition_hashes_do_not_change_between_releases() -> None:
+    """A call's log record holds its tool's definition hash, and recovery after a
+    restart compares it with the tool registered then: the same declaration must hash
+    the same after an upgrade, or its interrupted calls would be taken for calls of a
+    changed tool. (A deliberate change of these values is a change of the log's
+    meaning, for the CHANGELOG.)"""
+
+    async def lookup(ctx: ToolContext, query: str, limit: int = 3) -> str:
+        """Look something up."""
+        return query
+
+    async def book(ctx: ToolContext, when: datetime.date) -> str:
+        return "booked"
+
+    async def undo(ctx: ToolContext, result: str) -> None: ...
+
+    assert tool(lookup).definition_hash == "02769e53e62e75e2"
+    assert tool(requires_approval=lambda args: True)(lookup).definition_hash == "560afddda2808f2d"
+    safe_v2 = tool(requires_approval=True, replay=ReplayPolicy.SAFE, version=2)(lookup)
+    assert safe_v2.definition_hash == "7ed07397e45a8f7c"
+    compensation = tool(compensate=undo)(book).compensation
+    assert compensation is not None and compensation.definition_hash == "165afcf0eefb0ed2"
+
+
+def test_a_plain_compensation_takes_any_arguments_and_says_what_it_undoes() -> None:
+    async def undo(ctx: ToolContext, result: str, **args: Any) -> None: ...
+
+    async def book(ctx: ToolContext, room: str) -> str:
+        return room
+
+    compensation = tool(compensate=undo)(book).compensation
+    assert compensation is not None
+    assert compensation.input_schema == {"type": "object"}
+    assert compensation.description == "undo book"  # no docstring: what it undoes
+
+
+# -- several versions side by side --------------------------------------------------------------
+
+
+def test_registering_a_registrys_output_again_keeps_each_version_once() -> None:
+    async def fetch(ctx: ToolContext) -> str:
+        return "ok"
+
+    v1, v2, v3 = (tool(version=v)(fetch) for v in ("1", "2", "3"))
+    newest = registry([*registry([v1, v2]).values(), v3])["fetch"]
+    assert newest.versions == ("1", "2", "3")
+    assert [t.earlier for t in newest.earlier] == [(), ()]  # no version nested in another
+
+
+def test_the_newest_version_finds_each_registered_version() -> None:
+    async def fetch(ctx: ToolContext) -> str:
+        return "ok"
+
+    newest = registry([tool(version=v)(fetch) for v in ("2", "10", "1")])["fetch"]
+    assert newest.version == "10"  # compared as numbers
+    assert newest.at_version("10") is newest
+    assert [newest.at_version(v).version for v in ("1", "2")] == ["1", "2"]  # type: ignore[union-attr]
+    assert newest.at_version("3") is None
+
+
+def test_versions_side_by_side_must_be_distinct_numbers() -> None:
+    async def fetch(ctx: ToolContext) -> str:
+        return "ok"
+
+    with pytest.raises(ValueError, match="two tools") as twice:
+        registry([tool(version="1")(fetch), tool(version="1")(fetch)])
+    assert str(twice.value) == (
+        "two tools are named 'fetch' with version '1': versions of one tool registered "
+        "side by side need distinct version="
+    )
+    with pytest.raises(ToolDefinitionError) as word:
+        registry([tool(version="1")(fetch), tool(version="beta")(fetch)])
+    assert str(word.value) == (
+        "tool 'fetch' is registered in several versions, and 'beta' is not a version "
+        "number: versions registered side by side must be numbers such as 2 or 2.1, so "
+        "that the newest is clear"
+    )
+
+
+def test_a_persons_answer_pydantic_cannot_serialize_keeps_its_letters() -> None:
+    assert render_result({"name": "Zoë", "at": math}) == (
+        '{"name": "Zoë", "at": "' + str(math) + '"}'
+    )

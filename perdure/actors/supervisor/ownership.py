@@ -62,14 +62,18 @@ from perdure.storage.records import Committed
 log = logging.getLogger("perdure.supervisor")
 
 BOOT_READ_BATCH = 100  # sessions whose records one worker-thread call reads at start-up
-BOOT_FIRST_BATCH = 10  # the first such call: the first resumed sessions start sooner
+# The first such calls, smaller: the longest-waiting session starts as soon as its own
+# log is read, the next few as soon as theirs are, however many others wait.
+BOOT_FIRST_BATCHES = (1, 10)
 BOOT_READ_PARALLEL = 8  # such calls at once, for a multi-node (database) log
 
 
 def boot_batches(count: int) -> list[tuple[int, int]]:
-    """The ``[lo, hi)`` ranges of the batches start-up reads ``count`` sessions in: a
-    first one of ``BOOT_FIRST_BATCH``, then ``BOOT_READ_BATCH`` each."""
-    bounds = [0, min(count, BOOT_FIRST_BATCH)]
+    """The ``[lo, hi)`` ranges of the batches start-up reads ``count`` sessions in:
+    first ``BOOT_FIRST_BATCHES``, then ``BOOT_READ_BATCH`` each."""
+    bounds = [0]
+    for size in BOOT_FIRST_BATCHES:
+        bounds.append(min(count, bounds[-1] + size))
     while bounds[-1] < count:
         bounds.append(min(count, bounds[-1] + BOOT_READ_BATCH))
     return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
@@ -114,8 +118,9 @@ class Ownership(Memory):
         can write these sessions meanwhile): their records are read in batches, one
         worker-thread call per batch instead of two thread round trips per session, and
         each batch's actors start as soon as it is read, in the order of ``sessions``
-        (the log's recovery order). The first batch is small, so that the first resumed
-        sessions' work starts within milliseconds however many others wait; the reads
+        (the log's recovery order). The first batches are small (the first holds one
+        session), so that the first resumed sessions' work starts within milliseconds
+        however many others wait; the reads
         of the later batches go on meanwhile. A session whose log cannot be reached now
         is retried in the background, as when its actor cannot start; one whose read
         failed otherwise (a damaged record) is left to its actor, which reads it and

@@ -85,30 +85,74 @@ function setConn(state, text) {
 }
 
 // -- the session list ----------------------------------------------------------------
+//
+// Newest first, one page at a time (GET /v1/sessions?order=newest: the daemon reads
+// only that page's sessions from the log's index by creation, however many the log
+// holds). "More" follows the page's `next`; the refresh every few seconds asks for as
+// many as are shown, from the newest, in one request.
+
+const LIST_PAGE = 100;
+const MAX_LIST = 10000; // the daemon's largest page
+const sessionList = { shown: LIST_PAGE, next: null, loading: false };
 
 async function loadSessions() {
   if (who.scope !== "admin") return; // a scoped token sees its own session only
+  if (sessionList.loading) return; // a page is on its way: it shows the list as it is
+  sessionList.loading = true;
   try {
-    const data = await api("GET", "/v1/sessions");
-    const list = $("#sessions");
-    list.replaceChildren();
-    for (const s of data.sessions.slice().reverse()) {
-      const li = el("li");
-      li.dataset.sid = s.session_id;
-      li.append(el("span", "", s.session_id));
-      if (s.stuck) {
-        // Unfinished work and nothing committed for the daemon's --stuck-after seconds.
-        const mark = el("span", "stuck", `stuck: ${s.stuck.describe}`);
-        mark.title = `no progress for ${Math.round(s.stuck.idle_for)} s`;
-        li.append(mark);
-      } else if (s.active) li.append(el("span", "active", "active"));
-      if (s.session_id === view.sid) li.classList.add("selected");
-      li.addEventListener("click", () => openSession(s.session_id));
-      list.append(li);
-    }
+    const limit = Math.min(sessionList.shown, MAX_LIST);
+    const data = await api("GET", `/v1/sessions?order=newest&limit=${limit}`);
+    $("#sessions").replaceChildren();
+    showSessions(data);
     if (!view.source) setConn("live", "connected");
   } catch (e) {
     if (!view.source) setConn("reconnecting", "daemon unreachable, retrying…");
+  } finally {
+    sessionList.loading = false;
+  }
+}
+
+async function moreSessions() {
+  if (sessionList.next === null || sessionList.loading) return;
+  sessionList.loading = true;
+  const before = encodeURIComponent(sessionList.next);
+  try {
+    const data = await api("GET", `/v1/sessions?order=newest&limit=${LIST_PAGE}&before=${before}`);
+    sessionList.shown = Math.min(sessionList.shown + LIST_PAGE, MAX_LIST);
+    showSessions(data);
+  } catch (e) {
+    if (!view.source) setConn("reconnecting", "daemon unreachable, retrying…");
+  } finally {
+    sessionList.loading = false;
+  }
+}
+
+function showSessions(data) {
+  const list = $("#sessions");
+  const more = list.querySelector("li.more");
+  if (more) more.remove();
+  for (const s of data.sessions) {
+    const li = el("li");
+    li.dataset.sid = s.session_id;
+    li.append(el("span", "", s.session_id));
+    if (s.stuck) {
+      // Unfinished work and nothing committed for the daemon's --stuck-after seconds.
+      const mark = el("span", "stuck", `stuck: ${s.stuck.describe}`);
+      mark.title = `no progress for ${Math.round(s.stuck.idle_for)} s`;
+      li.append(mark);
+    } else if (s.active) li.append(el("span", "active", "active"));
+    if (s.session_id === view.sid) li.classList.add("selected");
+    li.addEventListener("click", () => openSession(s.session_id));
+    list.append(li);
+  }
+  sessionList.next = data.next;
+  if (data.next !== null && list.children.length < MAX_LIST) {
+    const li = el("li", "more");
+    const button = el("button", "", "More");
+    button.type = "button";
+    button.addEventListener("click", moreSessions);
+    li.append(button);
+    list.append(li);
   }
 }
 
