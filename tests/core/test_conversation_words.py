@@ -16,15 +16,18 @@ import pytest
 from perdure.actors import protocol
 from perdure.actors.conversation import (
     MessageCache,
+    messages,
     pinned_calls,
     request,
     revision_text,
     summary_request,
+    summary_text,
     tool_definitions,
     transcript_text,
 )
+from perdure.actors.decide import compacting
 from perdure.actors.entities import Revision
-from perdure.providers.base import FailedAttempt, Message
+from perdure.providers.base import FailedAttempt, Message, TextBlock
 from perdure.storage.records import CompactionAbandoned, CompactionPolicy
 from tests.core.sim import TOOLS, Session, only
 from tests.core.test_compaction import answer, session, summarised, summary_failed, two_runs
@@ -184,3 +187,52 @@ def test_a_call_named_with_an_empty_id_is_no_other_calls_rerun() -> None:
     assert "run again" not in text
     assert "\n- lookup (c2): still executing\n" in text
     assert text.endswith("\n- lookup (): revision 0]")
+
+
+def test_after_a_summary_the_model_reads_it_as_a_user_message_and_the_log_keeps_all() -> None:
+    """The summary is the first message, a user's, in the words ``summary_text`` gives
+    (the summary, then every pinned call under its heading); ``history`` renders every
+    item as if no summary were made, and never fills a cache it is handed."""
+    s = session(keep_recent=2)
+    s.command(protocol.Submit("r1", "open a ticket"))
+    answer(s, "opening", 100, ("c1", "create_ticket", {"title": "risk"}))
+    s.finish_tool("c1", output="T-7")
+    answer(s, "opened T-7", 100)
+    s.command(protocol.Submit("r2", "thanks"))
+    answer(s, "welcome", 100)
+    s.command(protocol.Compensate("c1", "undo-1"))
+    whole = messages(s.state)
+    s.command(protocol.CompactContext("k1"))
+    summarised(s, "S")
+    head = summary_text(s.state)
+    assert head == (
+        "[perdure compacted the earlier conversation (3 items) into this summary; the full "
+        "history is kept in the session's log.]\n\nS\n\n"
+        "[Calls from the summarised part whose effect may have happened, stated verbatim "
+        "whatever their age:]\n\n" + pinned_calls(s.state)[0]
+    )
+    sent = messages(s.state)
+    assert sent[0] == Message("user", (TextBlock(head), TextBlock("thanks")))
+    cache = MessageCache()
+    assert messages(s.state, history=True, cache=cache) == whole
+    assert cache.state is None, "the history is never cached"
+    assert messages(s.state, history=True)[0] == Message("user", (TextBlock("open a ticket"),))
+
+
+def test_a_revision_is_summarised_only_once_nothing_can_change_its_words() -> None:
+    """A revision made while paused, after its turn's calls finished, still waits for the
+    re-run of its goal-dependent call: until a turn of the revision starts, it is not
+    settled, so no summary covers it; once its own turn runs, it is."""
+    s = Session(TOOLS_WITH_SEARCH, compaction=CompactionPolicy(window=1000, keep_recent=0))
+    s.command(protocol.Submit("r1", "fly to Oslo"))
+    s.reply("looking", ("c1", "search", {"route": "LHR-OSL"}))
+    s.command(protocol.Pause("p1"))
+    s.finish_tool("c1", output="3 flights to Oslo")
+    s.command(protocol.Revise("v1", "Bergen"))
+    assert s.state.tasks["c1"].reruns == {}, "nothing is run again while paused"
+    assert compacting.compaction_range(s.state, 0) == (0, 2), "the revision is not settled"
+    s.command(protocol.Resume("p2"))
+    s.finish_tool("c1@rev1", output="2 flights to Bergen")
+    gen = s.state.current_generation()
+    assert gen is not None and gen.goal_rev == 1 and gen.reply is None
+    assert compacting.compaction_range(s.state, 0) == (0, 3), "its own turn runs: settled"
