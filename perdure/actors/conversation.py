@@ -318,9 +318,11 @@ def revision_text(s: SessionState, rev: Revision) -> str:
 
 def _rerun_words(s: SessionState, task: Task, goal_rev: int) -> str:
     """What became of ``task``'s re-run under ``goal_rev``, if its tool asked for one."""
-    rerun = s.tasks.get(task.reruns.get(goal_rev, ""))
-    if rerun is None:
+    rerun_id = task.reruns.get(goal_rev)
+    if rerun_id is None:
         return ""
+    # By its id, never by a default: a provider may name a call "" (the core keeps it).
+    rerun = s.tasks[rerun_id]
     said = f"; its result depends on the request, so it was run again under revision {goal_rev}"
     result = rerun.result
     if result is None:

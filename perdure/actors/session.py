@@ -27,9 +27,9 @@ call's result.
 What the actor leans on, each a module with one job: its ``mailbox`` (everything it is
 told, and the one-shot replies it owes), ``effects`` (starting each effect as a child
 task or a timer), ``inflight`` (the cancel scopes of what runs or waits on this node,
-and the ``View`` the core is shown of it) and ``heartbeats``.
-What is left here is the actor's own: the loop, commit-then-act, eviction when idle,
-and the safe point of a hand-over.
+and the ``View`` the core is shown of it) and ``heartbeats`` (the throttle above). What
+is left here is the actor's own: the loop, commit-then-act, eviction when idle, and the
+safe point of a hand-over.
 """
 
 from __future__ import annotations
@@ -185,8 +185,9 @@ class SessionActor:
         return not (self._calls or self._beats or self._pending)
 
     def calling_model(self) -> bool:
-        """A model call is in flight (its reply, then its tool calls, are still to come)."""
-        return bool(self._calls.models)
+        """A model call is in flight (its reply, then its tool calls, are still to come).
+        One still waiting out its back-off is not: a hand-over stops that wait at once."""
+        return bool(self._calls.models.keys() - self._calls.waiting_models)
 
     def _hand_off(self) -> bool:
         """At a safe point of a hand-over, stop: close the mailbox and answer it.

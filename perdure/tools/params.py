@@ -177,7 +177,7 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[field_name] = (typing.Annotated[hint, info], default)
     model = _model(tool_name, fields, hints, names)
-    schema = _schema(tool_name, model, names)
+    schema = _schema(tool_name, model, hints, names)
     return summary, Parameters(model=model, schema=schema, names=names, secret=frozenset(secret))
 
 
@@ -251,7 +251,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _schema(
-    tool_name: str, model: type[pydantic.BaseModel], names: Mapping[str, str]
+    tool_name: str,
+    model: type[pydantic.BaseModel],
+    hints: Mapping[str, Any],
+    names: Mapping[str, str],
 ) -> JsonSchema:
     from pydantic.json_schema import PydanticJsonSchemaWarning
 
@@ -260,9 +263,14 @@ def _schema(
             # A default pydantic cannot put in JSON is left out of the schema; that
             # is fine (the function keeps it), so no warning at every definition.
             warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
-            schema = model.model_json_schema(by_alias=True)
+            # No ``by_alias``: pydantic then names each field as its own model validates
+            # it (a parameter by its name, the alias we gave it; a field of a model that
+            # validates by name only, by that name), so the schema asks for what passes.
+            schema = model.model_json_schema()
     except Exception as exc:
-        culprit = _first_undescribable(tool_name, typing.get_type_hints(model), {})
+        # Name the parameter whose type has no schema (a Callable, say); failing that
+        # (each type has one, the whole has not: a default pydantic trips over), the tool.
+        culprit = _first_undescribable(tool_name, hints, names)
         raise culprit or ToolDefinitionError(
             f"tool {tool_name!r}: no JSON schema for its parameters: {_first_line(exc)}"
         ) from None
@@ -311,7 +319,7 @@ def _docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     for style in ("google", "numpy", "sphinx"):
         # griffe reports what it could not parse through its logger: a docstring in
         # another style than the one tried is expected here, not a problem to show.
-        with _quiet_griffe():
+        with griffe.logger.disable():
             parsed = docstring.parse(style)
         if any(s.kind is not griffe.DocstringSectionKind.text for s in parsed):
             sections = parsed
@@ -328,18 +336,6 @@ def _docstring(doc: str | None) -> tuple[str, dict[str, str]]:
                 if param.description:
                     params[param.name] = " ".join(str(param.description).split())
     return summary, params
-
-
-class _quiet_griffe:
-    def __enter__(self) -> None:
-        import logging
-
-        self._logger = logging.getLogger("griffe")
-        self._level = self._logger.level
-        self._logger.setLevel(logging.CRITICAL)
-
-    def __exit__(self, *exc: object) -> None:
-        self._logger.setLevel(self._level)
 
 
 def render(tool_name: str, value: Any) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from perdure import errors
 from perdure.actors import protocol
-from perdure.budget import Price, over_budget, price_of, spent_cost
+from perdure.budget import Price, over_budget, price_of, spent_cost, tokens
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Budget, RunFinished, ToolCall, Usage
 from tests.core.sim import Session, kinds, only
@@ -173,3 +173,58 @@ def test_budget_limits_must_be_non_negative_numbers() -> None:
         Budget(session_cost=float("inf"))
     assert Budget(run_cost=1).run_cost == 1.0 and isinstance(Budget(run_cost=1).run_cost, float)
     assert over_budget(Budget(), {}, {}, PRICES) is None
+
+
+def test_a_cost_budget_names_the_budget_it_stops_on() -> None:
+    """The reason says which budget is spent, run or session, with the spend; a spend
+    equal to the limit is spent (no further call may start), as for tokens."""
+    two_turns = {"model-a": Usage(input_tokens=20, output_tokens=10)}  # exactly $0.04
+    assert over_budget(Budget(run_cost=0.04), two_turns, two_turns, PRICES) == (
+        "the run's cost budget is spent: $0.0400 of $0.0400 used"
+    )
+    assert over_budget(Budget(run_cost=0.05), two_turns, two_turns, PRICES) is None
+    # a session budget alone is checked as well (no run budget before it)
+    assert over_budget(Budget(session_cost=0.03), {}, two_turns, PRICES) == (
+        "the session's cost budget is spent: $0.0400 of $0.0300 used"
+    )
+
+
+def test_a_cost_budget_names_every_model_without_a_price() -> None:
+    """Each model that spent tokens without a price is named, the unknown one too."""
+    spend = {
+        "": Usage(output_tokens=1),
+        "mystery-1": Usage(input_tokens=3),
+        "model-a": Usage(input_tokens=1),
+    }
+    assert over_budget(Budget(session_cost=1.0), {}, spend, PRICES) == (
+        "the session's cost budget cannot be kept: no price for (unknown model), mystery-1 "
+        "(add it to the price table: open_runtime(prices=...))"
+    )
+
+
+def test_the_cost_adds_up_every_priced_model_past_an_unpriced_one() -> None:
+    """An unpriced model is listed, not counted, and the models after it are still
+    priced and added up."""
+    table = {"b-model": Price(input=1.0, output=2.0), "c-model": Price(input=10.0, output=0.0)}
+    spend = {
+        "a-unpriced": Usage(input_tokens=5),
+        "b-model": Usage(input_tokens=1_000_000, output_tokens=1_000_000),  # $3
+        "c-model": Usage(input_tokens=1_000_000),  # $10
+        "d-unpriced": Usage(input_tokens=5),
+        "e-silent": Usage(),  # no tokens: nothing to price
+    }
+    assert spent_cost(spend, table) == (13.0, ["a-unpriced", "d-unpriced"])
+
+
+def test_cache_writes_and_reads_are_billed_tokens_at_their_own_price() -> None:
+    """Tokens count input, output, cache writes and cache reads; the cost prices each
+    kind by its own rate."""
+    usage = Usage(
+        input_tokens=1_000_000,
+        output_tokens=1_000_000,
+        cache_creation_input_tokens=1_000_000,
+        cache_read_input_tokens=1_000_000,
+    )
+    assert tokens(usage) == 4_000_000
+    assert Price(3.0, 15.0, 3.75, 0.30).cost(usage) == pytest.approx(22.05)
+    assert over_budget(Budget(run_tokens=4_000_001), {"m": usage}, {}, {}) is None

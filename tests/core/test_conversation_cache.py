@@ -116,6 +116,7 @@ def test_a_long_session_renders_only_its_new_turns() -> None:
         _check(s, cache)
     # Everything but the pending model turn is settled and cached.
     assert cache.items == len(s.state.conversation)
+    assert cache.messages == messages(s.state), "and kept: the next call renders only new turns"
     gen = s.state.current_generation()
     assert gen is not None
     s.result(protocol.ModelReplied(gen.generation_id, gen.attempt, ModelReply(text="done")))

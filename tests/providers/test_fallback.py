@@ -9,6 +9,7 @@ itself is a pure function of recorded facts; the first tests check it alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from perdure.providers.base import (
     ModelRequest,
     ProviderError,
     TextBlock,
+    Usage,
 )
 from perdure.providers.openai import OpenAIProvider
 from perdure.storage.records import GenerationCompleted, RetryPending, RunFinished
@@ -118,12 +120,111 @@ async def test_exhausted_moves_on_at_once_and_fatal_does_not_move() -> None:
 
 
 def test_providers_must_be_told_apart() -> None:
-    with pytest.raises(ValueError, match="distinct names"):
+    same = (
+        "two providers are named 'openai': the log could not tell them apart; "
+        "give them distinct names (e.g. OpenAIProvider(name=...))"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(same)}$"):
         FallbackProvider([Named("openai"), Named("openai")])
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match=r"^every provider of a FallbackProvider needs a name$"):
+        FallbackProvider([Named("a"), Named("")])
+    with pytest.raises(ValueError, match=r"^FallbackProvider needs at least one provider$"):
         FallbackProvider([])
     with pytest.raises(ValueError, match="after"):
         FallbackProvider([Named("a")], after=0)
+
+
+def test_the_last_provider_keeps_the_turn_whatever_the_log_says() -> None:
+    """A log written by a longer chain (a provider removed before a restart) may say that
+    the last provider of this chain moved the turn on; there is nowhere to go, so the
+    last provider keeps it rather than the choice pointing past the end."""
+    chain = FallbackProvider([Named("a"), Named("b")])
+    assert chain.choose(request(("a", True), ("b", True))) == 1
+    assert chain.choose(request(("b", True))) == 1
+
+
+async def test_the_default_chain_moves_on_after_two_failures_of_one_provider() -> None:
+    """``after`` defaults to two retryable failures of one provider; ``after=3`` counts
+    each recorded failure of that provider once."""
+    busy = ProviderError("busy", retryable=True, status=529)
+    default = FallbackProvider([Named("a", busy), Named("b")])
+    with pytest.raises(ProviderError) as once:
+        await default.complete(request(), lambda k, d: None)
+    assert not once.value.fallback
+    with pytest.raises(ProviderError) as twice:
+        await default.complete(request(("a", False)), lambda k, d: None)
+    assert twice.value.fallback
+    patient = FallbackProvider([Named("a", busy), Named("b")], after=3)
+    with pytest.raises(ProviderError) as second:
+        await patient.complete(request(("a", False)), lambda k, d: None)
+    assert not second.value.fallback, "two failures of three allowed"
+    with pytest.raises(ProviderError) as third:
+        await patient.complete(request(("a", False), ("a", False)), lambda k, d: None)
+    assert third.value.fallback
+    assert "a failed 3 time(s): the next attempt goes to b" in third.value.message
+
+
+async def test_a_failure_keeps_what_the_provider_reported() -> None:
+    """Whether the turn stays or moves on, the reported error keeps the failed call's
+    status, usage (it is billed) and model, and whether the provider is exhausted."""
+    usage = Usage(input_tokens=120, output_tokens=7)
+    busy = ProviderError("busy", retryable=True, status=529, usage=usage, model="big")
+    quota = ProviderError(
+        "quota", retryable=False, status=429, usage=usage, model="big", exhausted=True
+    )
+    for error, failed, fallback, exhausted in [
+        (busy, (), False, False),  # stays on a
+        (busy, (("a", False),), True, False),  # moves on after two failures
+        (quota, (), True, True),  # moves on at once
+    ]:
+        chain = FallbackProvider([Named("a", error), Named("b")])
+        with pytest.raises(ProviderError) as raised:
+            await chain.complete(request(*failed), lambda k, d: None)
+        got = raised.value
+        assert (got.status, got.usage, got.model) == (529 if error is busy else 429, usage, "big")
+        assert (got.fallback, got.exhausted) == (fallback, exhausted)
+    last = FallbackProvider([Named("a"), Named("b", quota)])
+    with pytest.raises(ProviderError) as stuck:
+        await last.complete(request(("a", True)), lambda k, d: None)
+    assert (stuck.value.status, stuck.value.usage, stuck.value.model) == (429, usage, "big")
+
+
+async def test_a_move_names_the_provider_that_comes_next() -> None:
+    """The recorded reason names the provider after the one that failed, in a chain of
+    three as well."""
+    busy = ProviderError("busy", retryable=True)
+    chain = FallbackProvider([Named("a"), Named("b", busy), Named("c")], after=1)
+    with pytest.raises(ProviderError) as moved:
+        await chain.complete(request(("a", True)), lambda k, d: None)
+    assert moved.value.message == "busy [b failed 1 time(s): the next attempt goes to c]"
+
+
+class Closable(Named):
+    """A provider with a client to close (most SDK providers have one)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+async def test_closing_the_chain_closes_every_provider_that_can_be_closed() -> None:
+    """``aclose`` (and leaving ``async with``) closes each member once; a member without
+    ``aclose`` is skipped rather than failing the close of the others."""
+    first, last = Closable("a"), Closable("c")
+    chain = FallbackProvider([first, Named("b"), last])
+    await chain.aclose()
+    assert (first.closed, last.closed) == (1, 1)
+    async with chain as entered:
+        assert entered is chain
+    assert (first.closed, last.closed) == (2, 2)
+
+
+def test_the_chain_shows_its_providers_and_options() -> None:
+    chain = FallbackProvider([Named("anthropic"), Named("openai")], after=3, sticky=False)
+    assert repr(chain) == "FallbackProvider([anthropic, openai], after=3, sticky=False)"
 
 
 # -- inside the runtime, over both SDKs -----------------------------------------------------

@@ -154,6 +154,9 @@ async def test_a_model_back_off_stops_at_once_and_the_next_actor_waits_out_the_r
         await rt.create_session(SID)
         await rt.submit(SID, "go", request_id="r1")
         await wait_for(rt, RetryPending)
+        actor = rt._sup.actors[SID]
+        assert not actor.calling_model(), "a call waiting out its back-off moves at once"
+        assert not actor.at_rest()
         asked_at = trio.current_time()
         message = await hand_over(rt, deadline=60)
         with trio.fail_after(wait / 2):

@@ -247,3 +247,25 @@ async def test_a_summary_retry_waits_on_the_same_timer(where: Where, clock: Mock
     assert len(calls) == 4
     assert calls[2] == trio_time(retry.not_before)
     assert compacted.at >= retry.not_before
+
+
+async def test_a_call_waiting_out_its_back_off_is_not_a_model_call_in_flight(
+    where: Where, clock: MockClock
+) -> None:
+    provider = FirstCallOverloaded([Reply(text="answered", delay=5.0)])
+    async with perdure.open_runtime(
+        where.open(), provider=provider, tools=[], **where.options()
+    ) as rt:
+        await rt.create_session(SESSION)
+        await rt.submit(SESSION, "go", request_id="r1")
+        pending = await wait_for_record(rt, RetryPending)
+        actor = rt._sup.actors[SESSION]
+        # Rebalancing moves it as one at rest but for a timer (a hand-over stops that).
+        assert not actor.calling_model() and not actor.at_rest()
+        offset = where.wall() - trio.current_time()
+        await trio.sleep_until(pending.not_before - offset + 1.0)  # the retry takes 5 s
+        assert actor.calling_model(), "the retry is a model call in flight"
+        with trio.fail_after(60):
+            outcome = await rt.wait_idle(SESSION)
+    assert outcome is not None and outcome.final_text == "answered"
+    assert [attempt for _, attempt in provider.asked] == [1, 2]

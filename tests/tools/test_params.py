@@ -12,8 +12,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import logging
 import math
 import uuid
+import warnings
+from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,9 +26,9 @@ import pydantic
 import pytest
 from typing_extensions import TypedDict
 
-from perdure import ReplayPolicy, ToolContext, tool
+from perdure import ReplayPolicy, Secret, ToolContext, tool
 from perdure.tools.contract import Tool, ToolDefinitionError, registry, render_result
-from perdure.tools.params import ResultNotSerializable, render, strict_compatible
+from perdure.tools.params import ResultNotSerializable, describe, render, strict_compatible
 
 
 class Color(enum.Enum):
@@ -517,3 +521,318 @@ def test_a_type_pydantic_cannot_describe_is_named_with_pydantic_s_reason() -> No
     )
     with pytest.raises(ToolDefinitionError, match=r"cannot describe .*Point \| None \("):
         tool(not_a_class)
+
+
+# -- promises the mutation campaign found unguarded (docs/RELIABILITY.md) ----------------------
+# Every tool is declared inside its test, so that a mutant switched on by the campaign
+# is in force while the tool is described.
+
+
+def test_secret_parameters_are_the_ones_marked_secret_and_only_those() -> None:
+    """``Annotated[..., Secret]`` (the class or an instance) marks a parameter secret; a
+    plain parameter, or one annotated with anything else, is not."""
+
+    async def login(
+        user: str,
+        token: Annotated[str, Secret],
+        pin: Annotated[int, "four digits", Secret()],
+        note: Annotated[str, "shown as it is"],
+    ) -> None: ...
+
+    assert tool(login).secret_params == frozenset({"token", "pin"})
+
+
+def test_several_annotated_notes_are_one_description_in_order() -> None:
+    async def f(x: Annotated[str, "the city,", "as the post writes it"]) -> None: ...
+
+    assert tool(f).input_schema["properties"]["x"]["description"] == (
+        "the city, as the post writes it"
+    )
+
+
+def test_the_description_is_only_the_text_before_the_first_section() -> None:
+    """A docstring that is only a section describes the parameters and gives no description
+    (not the section's text); text after a section is not the description either."""
+
+    async def only_params(to: str) -> None: ...
+
+    async def text_after(to: str) -> None: ...
+
+    only_params.__doc__ = """Parameters
+        ----------
+        to : str
+            who receives it.
+        """
+    text_after.__doc__ = """Send a message.
+
+        Args:
+            to: who receives it.
+
+        Sent at once.
+        """
+    summary, parameters = describe("only_params", only_params, skip_first=False)
+    assert summary == ""
+    assert parameters.schema["properties"]["to"]["description"] == "who receives it."
+    assert tool(only_params).description == "only_params"  # no description: the name
+    assert tool(text_after).description == "Send a message."
+
+
+def test_reading_a_docstring_logs_nothing_whatever_level_griffe_s_logger_has(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """griffe logs what it cannot read in the styles tried (a Google docstring has no types,
+    say); defining a tool keeps that quiet, even where the application shows griffe's
+    warnings, and leaves griffe's logger as it found it."""
+    caplog.set_level(logging.DEBUG, logger="griffe")
+
+    async def send(to: str) -> None:
+        """Send a message.
+
+        Args:
+            to: who receives it.
+        """
+
+    assert tool(send).input_schema["properties"]["to"]["description"] == "who receives it."
+    assert [r for r in caplog.records if r.name.startswith("griffe")] == []
+    assert logging.getLogger("griffe").level == logging.DEBUG
+
+
+class Person(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(validate_by_alias=False, validate_by_name=True)
+    full_name: str = pydantic.Field(alias="fullName")
+
+
+def test_a_nested_model_that_validates_by_name_is_described_by_name() -> None:
+    """The schema names each field as validation accepts it: a model configured to
+    validate by name only is shown its field names, not its aliases."""
+
+    async def greet(person: Person) -> str:
+        return person.full_name
+
+    t = tool(greet)
+    assert t.input_schema["properties"]["person"] == {"$ref": "#/$defs/Person"}
+    assert t.input_schema["$defs"]["Person"]["required"] == ["full_name"]
+    assert t.validate({"person": {"full_name": "Ann"}}) == []
+
+
+def test_problems_show_the_value_sent_up_to_sixty_characters_and_name_the_parameters() -> None:
+    """The model sees the value it sent, whole up to 60 characters of its repr, else its
+    first 57 and "..."; a field a tool without parameters does not take says so."""
+
+    async def echo(text: int) -> None: ...
+
+    async def ping() -> None: ...
+
+    sixty, sixty_one = "x" * 58, "x" * 59  # their reprs: 60 and 61 characters
+    prefix = "text: Input should be a valid integer, unable to parse string as an integer, got "
+    assert tool(echo).validate({"text": sixty}) == [prefix + repr(sixty)]
+    assert tool(echo).validate({"text": sixty_one}) == [prefix + repr(sixty_one)[:57] + "..."]
+    assert tool(ping).validate({"host": "a"}) == [
+        "host: unexpected field (the tool's parameters: none)"
+    ]
+
+
+# -- definition errors, each with the words that say what to change ---------------------------
+
+
+def test_each_definition_error_says_what_is_wrong_and_where() -> None:
+    async def positional(x: int, /) -> None: ...
+
+    async def unresolved(x: Nowhere) -> None: ...  # type: ignore[name-defined]  # noqa: F821
+
+    async def annotated_context(x: int, ctx: Annotated[ToolContext, "the call"]) -> None: ...
+
+    async def annotated_point(p: Annotated[Point, "a point"]) -> None: ...
+
+    async def both_defaults(
+        tags: Annotated[list[str], pydantic.Field(default_factory=list)] = [],  # noqa: B006
+    ) -> None: ...
+
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(positional)
+    assert str(error.value) == (
+        "tool 'positional', parameter 'x': a positional-only parameter cannot be named"
+    )
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(unresolved)
+    assert str(error.value).startswith(
+        "tool 'unresolved': cannot resolve the type hints of "
+        "test_each_definition_error_says_what_is_wrong_and_where.<locals>.unresolved: "
+    )
+    assert str(error.value).endswith("name 'Nowhere' is not defined")
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(annotated_context)
+    assert str(error.value) == (
+        "tool 'annotated_context', parameter 'ctx': a ToolContext must be the first "
+        "parameter of the tool"
+    )
+    with pytest.raises(
+        ToolDefinitionError, match=r"parameter 'p': pydantic cannot describe Point \("
+    ):
+        tool(annotated_point)
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(both_defaults)
+    assert (
+        str(error.value) == "tool 'both_defaults': cannot specify both default and default_factory"
+    )
+
+
+def test_a_refused_name_is_told_the_rule() -> None:
+    async def f() -> None: ...
+
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(name="my tool")(f)
+    assert str(error.value) == (
+        "tool name 'my tool' is not accepted by the model vendors: use 1 to 64 letters, "
+        "digits, '_' or '-'"
+    )
+
+
+class Opaque:
+    """A type pydantic validates (by its own hook) but has no JSON schema for: the hook
+    for the schema raises without a message."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.is_instance_schema(cls)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> Any:
+        raise NotImplementedError
+
+
+def test_a_parameter_pydantic_validates_but_cannot_describe_is_named() -> None:
+    """The parameter with no JSON schema is named with its type and pydantic's reason
+    (the exception's class when it has no message), whichever parameter it is."""
+
+    async def with_callback(when: datetime.datetime, then: Callable[[], int]) -> None: ...
+
+    async def with_opaque(x: int, thing: Opaque) -> None: ...
+
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(with_callback)
+    assert str(error.value).startswith(
+        "tool 'with_callback', parameter 'then': pydantic cannot describe "
+        "collections.abc.Callable[[], int] (Cannot generate a JsonSchema for "
+        "core_schema.CallableSchema)"
+    )
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(with_opaque)
+    assert str(error.value).startswith(
+        "tool 'with_opaque', parameter 'thing': pydantic cannot describe Opaque "
+        "(NotImplementedError); use a type"
+    )
+
+
+def test_a_type_pydantic_cannot_build_from_json_is_refused_even_with_a_schema() -> None:
+    """A schema written for a type pydantic knows nothing of does not make it a parameter:
+    no JSON the model sends could become one (pydantic would only check the instance)."""
+
+    async def hold(h: Annotated[Handle, pydantic.WithJsonSchema({"type": "string"})]) -> None: ...
+
+    with pytest.raises(ToolDefinitionError, match="tool 'hold', parameter 'h': pydantic cannot"):
+        tool(hold)
+
+
+def test_a_default_pydantic_trips_over_while_describing_names_the_tool() -> None:
+    """Each type has a schema but the whole has none: sorting this default for the
+    schema fails (a NaN does not compare), so the error names the tool and the reason."""
+
+    async def pick(
+        x: int, among: frozenset[Decimal] = frozenset({Decimal("NaN"), Decimal(1)})
+    ) -> None: ...
+
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(pick)
+    assert str(error.value) == (
+        "tool 'pick': no JSON schema for its parameters: [<class 'decimal.InvalidOperation'>]"
+    )
+
+
+class Noted(pydantic.BaseModel):
+    """A model whose schema hook warns (as a deprecated type of a library might)."""
+
+    x: int
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> Any:
+        warnings.warn("Noted is going away", DeprecationWarning, stacklevel=2)
+        return handler(schema)
+
+
+def test_a_default_pydantic_cannot_write_in_json_is_left_out_quietly() -> None:
+    """The schema leaves such a default out, with no warning at each definition, and
+    the function keeps it; any other warning raised while describing still shows."""
+
+    handle = Handle()
+
+    async def use(h: object = handle) -> None: ...
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = tool(use)
+    assert t.input_schema["properties"] == {"h": {}}
+    assert t.structure_args({}) == {}  # left out: the function's own default applies
+
+    async def noted(n: Noted) -> None: ...
+
+    with pytest.warns(DeprecationWarning, match="Noted is going away"):
+        tool(noted)
+
+
+def test_an_unserializable_result_is_told_what_to_return_instead() -> None:
+    with pytest.raises(ResultNotSerializable) as error:
+        render("t", Handle())
+    assert str(error.value).endswith(
+        "; return a str, a pydantic model, a dataclass, or dicts and lists of JSON values"
+    )
+
+
+# -- OpenAI's strict mode, keyword by keyword ------------------------------------------------
+
+
+def test_strict_mode_judges_each_keyword_of_a_schema_it_is_given() -> None:
+    """A schema from elsewhere (an MCP server's) is judged as it is: every object closed
+    with all its properties required, every sub-schema (items, anyOf, $defs) too, and
+    only strict mode's keywords."""
+    closed = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    closed["additionalProperties"] = False
+    assert strict_compatible(closed) is True
+    assert strict_compatible({"type": "object", "additionalProperties": False}) is True
+    assert strict_compatible({"type": "object"}) is False  # open
+    assert strict_compatible({"properties": {"a": {"type": "string"}}}) is False  # open
+    assert strict_compatible({"type": "string", "minLength": 1}) is False
+    assert strict_compatible({"type": "string", "additionalProperties": False}) is False
+    assert strict_compatible({"type": "array", "items": {"type": "string"}}) is True
+    assert strict_compatible({"type": "array", "items": {"type": "string", "minLength": 1}}) is (
+        False
+    )
+    assert strict_compatible({"type": "array", "items": True}) is False
+    assert strict_compatible({"anyOf": [{"type": "string"}, {"type": "null"}]}) is True
+    assert strict_compatible({"anyOf": [{"type": "string", "minLength": 1}]}) is False
+    every_keyword = {
+        "type": "object",
+        "properties": {},
+        "required": [],
+        "additionalProperties": False,
+        "items": {"type": "string"},
+        "enum": [{}],
+        "const": {},
+        "anyOf": [{"type": "object", "additionalProperties": False}],
+        "$ref": "#/$defs/Empty",
+        "$defs": {"Empty": {"type": "object", "additionalProperties": False}},
+        "description": "d",
+        "title": "t",
+        "pattern": ".",
+        "format": "date",
+        "minimum": 0,
+        "maximum": 1,
+        "exclusiveMinimum": -1,
+        "exclusiveMaximum": 2,
+        "multipleOf": 1,
+        "minItems": 0,
+        "maxItems": 1,
+    }
+    assert strict_compatible(every_keyword) is True  # all of the subset at once is still in it
