@@ -16,7 +16,9 @@ from perdure.actors.protocol import Env
 from perdure.errors import Refused, UnknownSession
 from perdure.storage.backend import SessionInfo
 from perdure.storage.records import (
+    Budget,
     Committed,
+    CompactionPolicy,
     InputAccepted,
     SessionCreated,
     SessionDeleted,
@@ -48,6 +50,52 @@ def test_creating_an_existing_session_records_nothing_unless_the_prompt_differs(
     with pytest.raises(Refused, match="different system prompt") as refused:
         sessions.create(NewSession(session_id="s1", system="be long"), first, env, 2.0)
     assert refused.value.code == "conflict"
+
+
+def test_a_session_is_created_with_every_setting_it_was_asked_for() -> None:
+    """The ``SessionCreated`` holds the session's own budget, busy rule, grant of tools
+    and compaction policy (each read back after a restart), and the task accepted with
+    it belongs to that session."""
+    new = NewSession(
+        session_id="p.agent-1",
+        system="child",
+        budget=Budget(run_tokens=500),
+        if_busy="reject",
+        parent="p/c1",
+        tools=["lookup"],
+        task=protocol.Submit("agent:k:1", "find it"),
+        compaction=CompactionPolicy(keep_recent=2),
+    )
+    created, accepted, *_ = sessions.create(new, None, Env(tools=TOOLS, now=5.0), 5.0)
+    assert created == SessionCreated(
+        session_id="p.agent-1",
+        system="child",
+        budget=Budget(run_tokens=500),
+        if_busy="reject",
+        parent="p/c1",
+        tools=["lookup"],
+        compaction=CompactionPolicy(keep_recent=2),
+        at=5.0,
+    )
+    assert isinstance(accepted, InputAccepted) and accepted.session_id == "p.agent-1"
+
+
+def test_creating_a_session_again_with_another_grant_of_tools_is_a_conflict() -> None:
+    """The same grant (in any order) records nothing; another grant, or a grant for a
+    session created with every tool, is refused; a sub-agent found again by a re-run of
+    its parent call keeps the grant it was created with."""
+    env = Env(tools=TOOLS, now=2.0)
+    granted = committed([SessionCreated(session_id="s1", tools=["a", "b"], at=1.0)])
+    every = committed([SessionCreated(session_id="s1", at=1.0)])
+    assert sessions.create(NewSession(session_id="s1", tools=["b", "a"]), granted, env, 2.0) == ()
+    for existing, asked in ((granted, ["a"]), (every, ["a", "b"])):
+        with pytest.raises(Refused) as refused:
+            sessions.create(NewSession(session_id="s1", tools=asked), existing, env, 2.0)
+        assert refused.value.code == "conflict"
+        assert str(refused.value) == "session 's1' already exists with a different grant of tools"
+    child = NewSession(session_id="s1", tools=["a"], parent="p/c1")
+    assert sessions.create(child, granted, env, 2.0) == ()
+    assert sessions.create(child, every, env, 2.0) == ()
 
 
 def _finished_session() -> list[Committed]:
