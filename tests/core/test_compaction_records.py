@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from perdure.actors import protocol
 from perdure.actors.conversation import summary_text, transcript_text
+from perdure.actors.decide import compacting
+from perdure.budget import Price
 from perdure.providers.base import ModelReply
 from perdure.storage.records import (
     Budget,
@@ -128,3 +130,46 @@ def test_a_summary_made_on_its_second_attempt_says_so() -> None:
     s.now += 10.0
     step = summarised(s, "short summary")
     assert only(step.records, ContextCompacted)[0].attempt == 2
+
+
+def test_the_summary_is_held_to_the_sessions_own_budget_and_the_runs_spend() -> None:
+    """Before its call the summary is checked against the session's own budget (else the
+    runtime's), the spend of the run it serves, and, between runs, the session's cost at
+    the runtime's prices: a spent budget abandons it, saying which."""
+    own = session()
+    own.state.budget = Budget(session_tokens=905)  # the runtime has no budget
+    own.command(protocol.Submit("r1", "q"))
+    answer(own, "a", 900)
+    step, _ = own.command(protocol.Submit("r2", "q2"))
+    assert only(step.records, CompactionAbandoned)[0].reason == (
+        "no summary was made: the session's token budget is spent: 905 of 905 tokens used"
+    )
+
+    run = session(keep_recent=0, budget=Budget(run_tokens=905))
+    run.command(protocol.Submit("r1", "q"))
+    answer(run, "a", 900, ("c1", "lookup", {"query": "x"}))
+    step = run.finish_tool("c1", output="found")  # the next turn of the same run
+    assert only(step.records, CompactionAbandoned)[0].reason == (
+        "no summary was made: the run's token budget is spent: 905 of 905 tokens used"
+    )
+
+    idle = session(keep_recent=0, budget=Budget(session_cost=0.0009), prices={"m": Price(1.0, 1.0)})
+    idle.command(protocol.Submit("r1", "q"))
+    answer(idle, "a", 900)
+    assert idle.state.run is None
+    step, _ = idle.command(protocol.CompactContext("k1"))
+    assert only(step.records, CompactionAbandoned)[0].reason == (
+        "no summary was made: the session's cost budget is spent: $0.0009 of $0.0009 used"
+    )
+
+
+def test_before_any_reply_the_window_is_unknown_even_with_a_catch_all_entry() -> None:
+    """The window is the one of the model that answered last: before any reply there is
+    none, so a compaction asked for then records 0, even when the runtime's table has an
+    entry "" that every model name starts with."""
+    s = Session(tools={}, compaction=CompactionPolicy(keep_recent=0), context_windows={"": 800})
+    s.command(protocol.Submit("r1", "q"))
+    assert s.state.last_model == ""
+    assert compacting.window(s.state, s.env()) is None
+    step, _ = s.command(protocol.CompactContext("rc"))
+    assert only(step.records, CompactionStarted)[0].window == 0
