@@ -21,6 +21,7 @@ from perdure.storage.records import (
     CompactionStarted,
     ContextCompacted,
     Record,
+    Usage,
 )
 from tests.core.sim import Session, only
 from tests.core.test_compaction import answer, session, summarised, summary_failed, two_runs
@@ -108,3 +109,26 @@ def test_each_summary_started_is_counted() -> None:
 def _first_start() -> list[Record]:
     _, step = two_runs(tokens=900)
     return list(step.records)
+
+
+def test_a_summary_attempt_is_spent_under_the_model_that_made_it() -> None:
+    """In a run, a failed or abandoned summary's cost counts for the run and the session
+    under the summary's model; asked for while idle, it counts for the session alone."""
+    s, _ = _pending()
+    run_id = s.state.compacting.started.run_id  # type: ignore[union-attr]
+    summary_failed(s, jitter=1.0)
+    assert s.state.spend["small"] == s.state.runs[run_id].spend["small"] == Usage(input_tokens=3)
+    summary_failed(s, retryable=False)
+    assert s.state.spend["small"] == Usage(input_tokens=6)
+
+    s = session(keep_recent=0)
+    s.command(protocol.Submit("r1", "q"))
+    answer(s, "a", 900)
+    before, by_model = s.state.usage, dict(s.state.spend)
+    s.command(protocol.CompactContext("k1"))
+    assert s.state.compacting is not None and s.state.compacting.started.run_id == ""
+    summary_failed(s, jitter=1.0)
+    assert s.state.usage == before + Usage(input_tokens=3)
+    assert s.state.spend == {**by_model, "small": Usage(input_tokens=3)}
+    summary_failed(s, retryable=False)
+    assert s.state.spend["small"] == Usage(input_tokens=6), "added to what it spent before"
