@@ -402,6 +402,7 @@ def test_a_crash_before_the_summary_commits_makes_the_call_again_once() -> None:
     step = s.restart()
     decision = only(step.records, RecoveryDecision)[0]
     assert decision.subject == started.compaction_id and decision.action.startswith("make")
+    assert decision.found == "summary call in flight"
     assert not only(step.records, CompactionStarted), "never two summaries of one range"
     assert summaries(step) == [protocol.Summarize(started.compaction_id, 1, None)]
     assert not model_calls(step)

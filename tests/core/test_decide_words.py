@@ -311,3 +311,13 @@ def test_an_unknown_compensation_waits_for_a_person_though_the_request_changed()
     step = s.finish_tool("comp-c1", output="no answer", outcome="timeout")
     assert not only(step.records, ToolOutcomeUnknown)
     assert [w.call_id for w in only(step.records, ToolAwaitingHuman)] == ["comp-c1"]
+
+
+def test_a_restart_names_every_call_waiting_for_a_person_to_say_what_happened() -> None:
+    s = Session(tools=WORDS_TOOLS)
+    s.command(protocol.Submit("r1", "pay"))
+    s.reply("paying", ("c1", "wire", {"amount": 5}), ("c2", "wire", {"amount": 7}))
+    s.finish_tool("c1", output="no answer", outcome="timeout")
+    s.finish_tool("c2", output="no answer", outcome="timeout")
+    (d,) = only(s.restart().records, RecoveryDecision)
+    assert d.found == "awaiting a person to say whether c1, c2 took effect"
