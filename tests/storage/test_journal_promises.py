@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -465,3 +466,14 @@ async def test_the_session_list_pages_and_filters_as_asked(kind: str, tmp_path: 
     assert page == ["b"]
     assert rest == ["b", "c"]
     assert active == ["b"]
+
+
+async def test_the_writer_is_a_named_daemon_thread(tmp_path: Path) -> None:
+    """The writer thread is named ``perdure-journal`` (what a stack dump, py-spy or a
+    log's ``threadName`` shows) and is a daemon: a process that exits without closing
+    its runtime is not kept alive by it."""
+    async with journal_on("lmdb", tmp_path) as (journal, _log):
+        await journal.append([result("s", "a")])
+        writers = [t for t in threading.enumerate() if t.name == "perdure-journal"]
+        assert len(writers) == 1
+        assert writers[0].daemon is True
