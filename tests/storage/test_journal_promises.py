@@ -477,3 +477,14 @@ async def test_the_writer_is_a_named_daemon_thread(tmp_path: Path) -> None:
         writers = [t for t in threading.enumerate() if t.name == "perdure-journal"]
         assert len(writers) == 1
         assert writers[0].daemon is True
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_closed_journal_leaves_no_instrument_on_the_loop(kind: str, tmp_path: Path) -> None:
+    """The hook that ends each round of the trio loop (commit or hand over) is removed
+    when the Journal closes: a closed Journal costs the loop nothing afterwards."""
+    async with journal_on(kind, tmp_path) as (journal, _log):
+        await journal.append([result("s", "a")])
+        round_end = journal._round_end
+    with pytest.raises(KeyError):  # trio's answer for an instrument it does not hold
+        trio.lowlevel.remove_instrument(round_end)
