@@ -288,6 +288,21 @@ class LmdbLog(SingleOwner):
 
     def _claim(self) -> None:
         assert self._lock is not None
+        while True:
+            try:
+                self._write_open_record()
+                break
+            except lmdb.MapFullError:
+                # Reopened, the map is as large as the data when that is more than the
+                # map size asked for: with no free page left, even this record needs
+                # more (seen on a 900 MB log whose created index was just built).
+                self._grow()
+        self._lock.write_owner(
+            {"pid": os.getpid(), "host": socket.gethostname(), "epoch": self.epoch}
+        )
+
+    def _write_open_record(self) -> None:
+        """Bump the epoch and append the ``LogOpened`` record, in one transaction."""
         with self.env.begin(write=True) as txn:
             layout = txn.get(b"format", db=self._meta)
             if layout is not None and layout != LAYOUT_VERSION:
@@ -303,9 +318,6 @@ class LmdbLog(SingleOwner):
             txn.put(_seq_key(seq), encode(opened, seq), db=self._records)
             txn.put(_session_key(SYSTEM, seq), b"", db=self._by_session)
         self._next_seq = seq + 1
-        self._lock.write_owner(
-            {"pid": os.getpid(), "host": socket.gethostname(), "epoch": self.epoch}
-        )
 
     def _open_created(self) -> Any:
         """The ``created`` index; the owner builds it if it does not hold every session

@@ -16,7 +16,7 @@ from perdure.actors.state import SessionState
 from perdure.providers.base import ModelReply
 from perdure.settings import Limits
 from perdure.storage import codec
-from perdure.storage.records import Committed, Record, SessionCreated, ToolCall
+from perdure.storage.records import Committed, Record, SessionCreated, ToolCall, ToolCompleted
 
 
 @perdure.tool(replay=perdure.ReplayPolicy.SAFE)
@@ -72,6 +72,11 @@ class Session:
             # so the strict codec returns the very record (a None id would not decode).
             seq = len(self.log) + 1
             assert codec.decode(seq, codec.encode(record, seq)) == record, record
+            # Every result records the goal revision its call answered, whichever row
+            # decided it (a run, a retry given up, a reconcile, a person's answer).
+            if isinstance(record, ToolCompleted) and record.call_id in self.state.tasks:
+                answered = self.state.tasks[record.call_id].goal_rev
+                assert record.goal_rev == answered, (record, answered)
             self.log.append(record)
         for effect in step.effects:  # the shell marks what it started
             if isinstance(effect, protocol.CallModel):

@@ -9,7 +9,7 @@ import pytest
 
 from perdure import errors
 from perdure.actors import protocol
-from perdure.budget import Price, over_budget, price_of, spent_cost, tokens
+from perdure.budget import Price, cost_summary, over_budget, price_of, spent_cost, tokens
 from perdure.providers.base import ModelReply
 from perdure.storage.records import Budget, RunFinished, ToolCall, Usage
 from tests.core.sim import Session, kinds, only
@@ -228,3 +228,11 @@ def test_cache_writes_and_reads_are_billed_tokens_at_their_own_price() -> None:
     assert tokens(usage) == 4_000_000
     assert Price(3.0, 15.0, 3.75, 0.30).cost(usage) == pytest.approx(22.05)
     assert over_budget(Budget(run_tokens=4_000_001), {"m": usage}, {}, {}) is None
+
+
+def test_a_cost_summary_gives_dollars_to_a_millionth_and_the_unpriced_models() -> None:
+    """What a session's summary and the daemon's snapshot show: the cost rounded to a
+    millionth of a dollar, and the models it could not price."""
+    table = {"model-a": Price(input=1.23456789, output=0.0)}
+    spend = {"model-a": Usage(input_tokens=1_000_000), "mystery-1": Usage(output_tokens=2)}
+    assert cost_summary(spend, table) == {"usd": 1.234568, "unpriced_models": ["mystery-1"]}

@@ -125,6 +125,16 @@ def test_at_the_threshold_the_summary_comes_before_the_next_turn() -> None:
     assert not only(step.records, GenerationStarted)
 
 
+def test_at_the_threshold_within_a_run_the_summary_comes_before_its_next_turn() -> None:
+    s = session(keep_recent=0)
+    s.command(protocol.Submit("r1", "question"))
+    answer(s, "looking", 800, ("c1", "lookup", {"query": "q"}))
+    step = s.finish_tool("c1", output="found")
+    assert kinds(step) == ["ToolCompleted", "CompactionStarted"]
+    assert only(step.records, CompactionStarted)[0].reason == "auto"
+    assert summaries(step) and not model_calls(step), "the next turn waits for the summary"
+
+
 def test_cache_reads_and_writes_count_as_input() -> None:
     s = session()
     s.command(protocol.Submit("r1", "q"))
@@ -392,6 +402,7 @@ def test_a_crash_before_the_summary_commits_makes_the_call_again_once() -> None:
     step = s.restart()
     decision = only(step.records, RecoveryDecision)[0]
     assert decision.subject == started.compaction_id and decision.action.startswith("make")
+    assert decision.found == "summary call in flight"
     assert not only(step.records, CompactionStarted), "never two summaries of one range"
     assert summaries(step) == [protocol.Summarize(started.compaction_id, 1, None)]
     assert not model_calls(step)

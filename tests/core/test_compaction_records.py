@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from perdure.actors import protocol
 from perdure.actors.conversation import summary_text, transcript_text
+from perdure.actors.decide import compacting
 from perdure.budget import Price
 from perdure.providers.base import ModelReply
 from perdure.storage.records import (
@@ -160,3 +161,15 @@ def test_the_summary_is_held_to_the_sessions_own_budget_and_the_runs_spend() -> 
     assert only(step.records, CompactionAbandoned)[0].reason == (
         "no summary was made: the session's cost budget is spent: $0.0009 of $0.0009 used"
     )
+
+
+def test_before_any_reply_the_window_is_unknown_even_with_a_catch_all_entry() -> None:
+    """The window is the one of the model that answered last: before any reply there is
+    none, so a compaction asked for then records 0, even when the runtime's table has an
+    entry "" that every model name starts with."""
+    s = Session(tools={}, compaction=CompactionPolicy(keep_recent=0), context_windows={"": 800})
+    s.command(protocol.Submit("r1", "q"))
+    assert s.state.last_model == ""
+    assert compacting.window(s.state, s.env()) is None
+    step, _ = s.command(protocol.CompactContext("rc"))
+    assert only(step.records, CompactionStarted)[0].window == 0

@@ -139,6 +139,19 @@ def test_a_call_outside_the_sessions_grant_is_refused_at_dispatch_and_named() ->
     assert [e.call_id for e in only(step.records, ToolExecuting)] == ["c2"], "granted runs"
 
 
+def test_a_refusal_outside_the_grant_lists_every_granted_tool_or_none() -> None:
+    for granted, said in ((("lookup", "send"), "lookup, send"), ((), "none")):
+        s = Session(tools={name: TOOLS[name] for name in granted})  # narrowed to the grant
+        s.state.allowed_tools = frozenset(granted)
+        s.command(protocol.Submit("r1", "go"))
+        step = s.reply("x", ("c1", "deploy", {"target": "prod"}))
+        (refused,) = only(step.records, ToolCompleted)
+        assert refused.output == (
+            f"perdure: tool 'deploy' is not granted to this session (granted: {said}). "
+            "Nothing was run."
+        )
+
+
 def test_approval_gate_then_approve_or_deny() -> None:
     s = Session()
     s.command(protocol.Submit("r1", "go"))

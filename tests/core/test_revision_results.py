@@ -9,6 +9,8 @@ own, ``rerun_of``) before the model continues, and the model reads the new resul
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import perdure
 from perdure.actors import protocol
 from perdure.actors.conversation import messages, revision_text
@@ -185,3 +187,29 @@ def test_a_failed_goal_dependent_call_is_run_again_too_a_denied_one_is_not() -> 
     assert s.state.tasks["c2"].executing is None, "invalid arguments: it never ran"
     step, _ = s.command(protocol.Revise("v1", "fly elsewhere"))
     assert [c.call_id for c in only(step.records, ToolTaskCreated)] == ["c1@rev1"]
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE, depends_on_goal=True)
+async def quote(route: str, api_key: Annotated[str, perdure.Secret]) -> str:
+    """Quote a fare for what was asked (with a secret key)."""
+    return route
+
+
+def test_a_call_stopped_by_the_revision_does_not_keep_a_later_result_from_its_rerun() -> None:
+    """Every completed goal-dependent result of the request is run again, wherever it
+    stands among calls that ended otherwise; a re-run masks the secrets its call did."""
+    s = Session({**TOOLS_WITH_SEARCH, quote.name: quote})
+    s.command(protocol.Submit("r1", "fly to Oslo"))
+    s.reply(
+        "looking",
+        ("c1", "lookup", {"query": "q"}),
+        ("c2", "search", {"route": "LHR-OSL"}),
+        ("c3", "quote", {"route": "LHR-OSL", "api_key": "k"}),
+    )
+    s.finish_tool("c2", output="3 flights to Oslo")
+    s.finish_tool("c3", output="120 EUR")
+    s.command(protocol.Revise("v1", "fly to Bergen instead"))  # c1 is still running: stopped
+    step = s.finish_tool("c1", output="stopped", outcome="cancelled")
+    assert s.state.tasks["c1"].phase == "cancelled"
+    created = only(step.records, ToolTaskCreated)
+    assert [(c.call_id, c.secret) for c in created] == [("c2@rev1", []), ("c3@rev1", ["api_key"])]

@@ -7,6 +7,8 @@ directly, on records made by the same core (``tests.core.sim``).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from perdure.actors import protocol
@@ -221,3 +223,32 @@ def test_a_deletion_refused_names_the_session_and_says_busy() -> None:
     with pytest.raises(Refused) as kept:
         sessions.deletion("s1", info, "its parent call s1/c1 still waits for it", "", 7.0)
     assert kept.value.code == "busy"
+
+
+def test_a_grant_of_tools_is_recorded_in_order_once_each_or_refused_by_name() -> None:
+    """``check_grant``: None grants every tool; a grant keeps its order with each name
+    once; a string, a name that is not a string or a tool not registered is refused
+    with an error that names it (and the tools that are registered)."""
+    assert sessions.check_grant(None, TOOLS) is None
+    assert sessions.check_grant(iter(["send", "lookup", "send"]), TOOLS) == ["send", "lookup"]
+    with pytest.raises(
+        ValueError, match=r"^tools must be a list of tool names, not the string 'lookup'$"
+    ):
+        sessions.check_grant("lookup", TOOLS)
+    with pytest.raises(ValueError, match=r"^tools must be tool names \(strings\), not \[3\]$"):
+        sessions.check_grant(["lookup", 3], TOOLS)  # type: ignore[list-item]
+    named = (
+        "tools: no tool named 'fly', 'swim' is registered "
+        "(registered: deploy, lookup, send, send_checked)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(named)}$"):
+        sessions.check_grant(["lookup", "fly", "swim"], TOOLS)
+    with pytest.raises(ValueError, match=r"\(registered: none\)$"):
+        sessions.check_grant(["lookup"], {})
+
+
+def test_a_session_sees_only_the_tools_it_is_granted() -> None:
+    """``allowed_tools`` narrows the registered tools to a session's grant (None: all)."""
+    assert sessions.allowed_tools(TOOLS, None) is TOOLS
+    assert sessions.allowed_tools(TOOLS, iter(["send", "fly"])) == {"send": TOOLS["send"]}
+    assert sessions.allowed_tools(TOOLS, []) == {}

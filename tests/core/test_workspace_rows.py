@@ -138,6 +138,7 @@ def test_a_rewind_is_refused_while_a_run_is_active_and_recorded_when_idle() -> N
     # the same request again answers as before, recording nothing
     step, answer = s.command(protocol.Rewind("rw1", 5, "t1"))
     assert not step.records and answer.duplicate
+    assert answer.ref == "t1", "the repeat names the tree the rewind restored"  # type: ignore[union-attr]
 
 
 # -- which tree a rewind (or a fork with its files) restores ------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,7 +40,7 @@ from perdure.storage.errors import LogError, LogFenced, SessionFenced
 from perdure.storage.journal import Journal, open_journal
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.memory_log import MemoryLog
-from perdure.storage.records import Committed, GoalRevised, ToolCompleted
+from perdure.storage.records import Committed, GoalRevised, InputAccepted, ToolCompleted
 from tests.storage.test_journal import _Watched, append_all
 
 KINDS = ["lmdb", "memory"]
@@ -445,3 +446,34 @@ async def test_following_a_session_on_a_single_node_log_is_harmless(
         assert journal._followers == {}
         sub.close()
         assert [(e.kind, e.seq) async for e in sub] == [("ToolCompleted", done[0].seq)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_session_list_pages_and_filters_as_asked(kind: str, tmp_path: Path) -> None:
+    """``Journal.sessions`` passes its page (after, limit) and its active filter to the log:
+    every session in id order by default, a page after a given id, at most ``limit``, and
+    only the sessions with an unfinished input when ``active``."""
+    waiting = InputAccepted(
+        session_id="b", submission_id="in1", request_id="r1", text="q", body_hash="h", at=1.0
+    )
+    async with journal_on(kind, tmp_path) as (journal, _log):
+        await journal.append([result("0", "c1"), result("a", "c1"), waiting, result("c", "c1")])
+        every = [i.session_id for i in await journal.sessions()]
+        page = [i.session_id for i in await journal.sessions(after="a", limit=1)]
+        rest = [i.session_id for i in await journal.sessions(after="a")]
+        active = [i.session_id for i in await journal.sessions(active=True)]
+    assert every == ["0", "a", "b", "c"]  # "0" sorts before any letter
+    assert page == ["b"]
+    assert rest == ["b", "c"]
+    assert active == ["b"]
+
+
+async def test_the_writer_is_a_named_daemon_thread(tmp_path: Path) -> None:
+    """The writer thread is named ``perdure-journal`` (what a stack dump, py-spy or a
+    log's ``threadName`` shows) and is a daemon: a process that exits without closing
+    its runtime is not kept alive by it."""
+    async with journal_on("lmdb", tmp_path) as (journal, _log):
+        await journal.append([result("s", "a")])
+        writers = [t for t in threading.enumerate() if t.name == "perdure-journal"]
+        assert len(writers) == 1
+        assert writers[0].daemon is True

@@ -6,6 +6,8 @@
 * the ``created`` index: a log written before it existed (or by a build that did not
   keep it) is read by creation all the same, by a read-only reader (from the
   summaries) and by an owner, which builds the index once at open;
+* an owner builds the index on a log whose map is full (it grows the map, as a
+  commit does);
 * start-up reads the interrupted sessions in batches of 1, then 10, then 100.
 """
 
@@ -127,8 +129,19 @@ def test_the_index_is_built_on_a_log_whose_map_is_full(tmp_path: Path) -> None:
     size = log.env.info()["map_size"]
     log.close()
     _without_created(path)
+    _fill_the_map(path, size)
+    owner = LmdbLog(path, map_size=size)
+    try:
+        assert owner.env.info()["map_size"] > size
+        assert newest(owner)[:2] == ["s299", "s298"] and len(newest(owner)) == 300
+    finally:
+        owner.close()
+
+
+def _fill_the_map(path: Path, size: int) -> None:
+    """Fill what is left of the log's map, to the last page, with another table."""
     env = lmdb.open(str(path), max_dbs=8, subdir=True, map_size=size)
-    try:  # fill what is left of the map, to the last page
+    try:
         junk, n = env.open_db(b"junk"), 0
         for batch, value in ((64, 2000), (1, 2000), (1, 100)):
             while True:
@@ -142,12 +155,6 @@ def test_the_index_is_built_on_a_log_whose_map_is_full(tmp_path: Path) -> None:
         assert env.info()["map_size"] == size
     finally:
         env.close()
-    owner = LmdbLog(path, map_size=size)
-    try:
-        assert owner.env.info()["map_size"] > size
-        assert newest(owner)[:2] == ["s299", "s298"] and len(newest(owner)) == 300
-    finally:
-        owner.close()
 
 
 def test_start_up_reads_the_first_session_alone_then_ten_then_full_batches() -> None:

@@ -429,11 +429,11 @@ def _reconciled_by_tool(s: SessionState, env: Env, task: Task, msg: ReconcileFin
         why = "the effect had not happened; the session is paused"
         return Step((decision("run it once the session is resumed", why),))
     if msg.status == "not_applied" and tool is not None:
+        # The decision says how it is known when that was said (e.g. no file of the
+        # workspace changed, or the attempt never reached its tool).
+        why = "the effect had not happened" + (f": {msg.reason}" if msg.reason else "")
         step = _execute(s, env, task, tool, attempt=task.attempt + 1, run_id=_run_id(s))
-        return (
-            Step((decision("run it once, with the same key", "the effect had not happened"),))
-            + step
-        )
+        return Step((decision("run it once, with the same key", why),)) + step
     if msg.status == "not_applied":
         why = "the effect had not happened, but its tool is no longer registered"
     else:
