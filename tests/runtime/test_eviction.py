@@ -153,8 +153,11 @@ async def test_messages_racing_the_eviction_are_never_lost(
                     await trio.sleep(rng.choice([0, 0.0005, 0.001, 0.002]))
                     runs = await rt.state(SID, lambda s: len(s.run_views()))
                     assert runs == i + 1
+        # The race needs stops, not a share of them: how many happen depends on how
+        # often the mock clock may jump while LMDB's thread works, which a loaded
+        # machine changes (20 of 40 quiet, 4 to 8 at a load of 10).
         stops = rt.evictions if stop == "evicted" else rt.hibernations
-        assert stops >= n // 2, stops
+        assert stops >= 3, stops
         assert (rt.evictions if stop == "hibernated" else rt.hibernations) == 0
 
         async def submit(i: int) -> None:

@@ -33,7 +33,7 @@ from perdure import retention
 from perdure.actors.context import ActorContext
 from perdure.actors.decide import sessions
 from perdure.actors.decide.sessions import NewSession, allowed_tools
-from perdure.actors.mailbox import Drain, Mailbox, Query, Reply, WaitIdle
+from perdure.actors.mailbox import CommandMsg, Drain, HandOver, Mailbox, Query, Reply, WaitIdle
 from perdure.actors.protocol import Forked, Submit
 from perdure.actors.session import SessionActor
 from perdure.actors.state import SessionState
@@ -418,8 +418,11 @@ class Supervisor(Ownership):
                 raise outage
             del self.unreachable[session_id]  # restarted: the log answers again
         message = make()
+        reply = message.reply
+        # Every Asking is one of the mailbox's messages; the check lets the type say so.
+        assert isinstance(message, CommandMsg | WaitIdle | Query | Drain | HandOver), message
         try:
-            await box.send.send(message)  # type: ignore[arg-type]  # every Asking is a mailbox.Message
+            await box.send.send(message)
         except trio.BrokenResourceError:
             if box.evicted:
                 return await self.ask(session_id, make)  # evicted meanwhile: start it again
@@ -428,7 +431,7 @@ class Supervisor(Ownership):
             raise NotOwnerRefused(
                 f"session {session_id} is no longer run by this node: {reason}"
             ) from None
-        return await message.reply.wait()
+        return await reply.wait()
 
     async def wait_idle(self, session_id: str) -> RunFinished | None:
         """Wait until no run is in progress and no input is queued; the last outcome."""
