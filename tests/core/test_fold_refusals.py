@@ -14,7 +14,15 @@ import pytest
 
 from perdure.actors import protocol
 from perdure.actors.lifecycle import ImpossibleTransition
-from perdure.storage.records import GenerationCompleted, ToolCompleted, ToolTaskCreated
+from perdure.actors.state import SessionState
+from perdure.storage.records import (
+    CompactionPolicy,
+    GenerationCompleted,
+    GenerationStarted,
+    SessionCreated,
+    ToolCompleted,
+    ToolTaskCreated,
+)
 from tests.core.sim import COURSE_TOOLS, Session, only
 
 
@@ -71,3 +79,24 @@ def test_a_calls_secret_parameters_are_kept_by_the_fold() -> None:
     s.state.apply(attrs.evolve(created, call_id="c2", secret=["q"]))
     assert s.state.tasks["c2"].secret == ["q"], "what every view masks"
     assert s.state.tasks["c1"].secret == []
+
+
+def test_a_turn_started_twice_is_refused_naming_it_and_its_phase() -> None:
+    s = Session(tools=COURSE_TOOLS)
+    step, _ = s.command(protocol.Submit("r1", "go"))
+    started = only(step.records, GenerationStarted)[0]
+    err = _refusal(s, started)
+    assert (err.session_id, err.subject, err.phase, err.event) == (
+        s.state.session_id,
+        f"model turn {started.generation_id}",
+        s.state.generations[started.generation_id].phase,
+        "GenerationStarted",
+    )
+    assert err.phase is not None
+
+
+def test_a_sessions_compaction_policy_is_kept_by_the_fold() -> None:
+    policy = CompactionPolicy(window=1000, keep_recent=3, threshold=0.5)
+    state = SessionState("s9")
+    state.apply(SessionCreated(session_id="s9", compaction=policy, at=1.0))
+    assert state.compaction == policy, "the session's own policy, not the runtime's"
