@@ -213,3 +213,19 @@ def test_a_call_stopped_by_the_revision_does_not_keep_a_later_result_from_its_re
     assert s.state.tasks["c1"].phase == "cancelled"
     created = only(step.records, ToolTaskCreated)
     assert [(c.call_id, c.secret) for c in created] == [("c2@rev1", []), ("c3@rev1", ["api_key"])]
+
+
+def test_a_rerun_stopped_by_a_second_revision_is_run_again_under_it() -> None:
+    """A re-run that a newer revision stopped produced nothing: the call it stood for is
+    run once more under the newest revision, so the model never continues on the result
+    of the first goal alone."""
+    s = searched_then()
+    s.command(protocol.Revise("v1", "Bergen"))  # c1@rev1 starts
+    s.command(protocol.Revise("v2", "Tromsø"))  # ... and is stopped before it finishes
+    step = s.finish_tool("c1@rev1", output="stopped", outcome="cancelled")
+    assert s.state.tasks["c1@rev1"].phase == "cancelled"
+    tasks = [*only(s.log, ToolTaskCreated)]
+    assert [(c.call_id, c.rerun_of, c.goal_rev) for c in tasks[-1:]] == [("c1@rev2", "c1", 2)]
+    s.finish_tool("c1@rev2", output="Tromsø flights")
+    assert "Tromsø flights" in str(messages(s.state))
+    assert step is not None

@@ -272,13 +272,15 @@ def _rerun_for_revision(s: SessionState, env: Env, view: View, gen: Generation) 
 def _goal_dependent_results(s: SessionState, env: Env) -> list[Task]:
     """The request's completed calls, made under an older revision, that ran a
     goal-dependent SAFE tool and were not run again since (the latest re-run stands
-    for its call)."""
+    for its call, unless a newer revision stopped it before it had a result)."""
     assert s.run is not None
     found: list[Task] = []
     for generation_id in s.submissions[s.run.submission_id].generations:
         for call_id in s.generations[generation_id].call_ids:
             task = s.tasks[call_id]
-            if task.phase != "completed" or task.executing is None or task.reruns:
+            if task.phase != "completed" or task.executing is None:
+                continue
+            if task.reruns and not _rerun_stopped(s, task):
                 continue
             if task.goal_rev >= s.goal_rev:
                 continue
@@ -287,6 +289,13 @@ def _goal_dependent_results(s: SessionState, env: Env) -> list[Task]:
             if tool is not None and tool.depends_on_goal and recorded_safe:
                 found.append(task)
     return found
+
+
+def _rerun_stopped(s: SessionState, task: Task) -> bool:
+    """The latest re-run of ``task`` was cancelled under an older revision than the one
+    in force: it stands for nothing, so ``task`` is the result to run again."""
+    latest = s.tasks[task.reruns[max(task.reruns)]]
+    return latest.phase == "cancelled" and latest.goal_rev < s.goal_rev
 
 
 def _wind_down(s: SessionState, env: Env, view: View, reason: str) -> Step:
