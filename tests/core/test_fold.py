@@ -16,7 +16,7 @@ from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.entities import Note
 from perdure.actors.state import SessionState
-from perdure.storage.records import RetryPending, RunStarted, SessionParked
+from perdure.storage.records import CompensationFinished, RetryPending, RunStarted, SessionParked
 from tests.core.sim import COURSE_TOOLS, Session, decide_committed, only
 
 
@@ -246,3 +246,24 @@ def test_a_run_stamped_by_an_observer_reads_as_the_log_holds_it() -> None:
     unstamped = attrs.evolve(started, traceparent="")
     s.state.note_committed(decide_committed(100, unstamped))  # never erases a stamp
     assert s.state.runs[started.run_id].traceparent == stamped.traceparent
+
+
+def test_compensations_finished_together_close_in_the_order_they_were_asked() -> None:
+    """Two compensations whose results are durable and whose ends are not (a crash
+    between) are both closed by one recovery, in the order they were requested: the
+    log's order of CompensationFinished is decided, not left to the passes of settle."""
+    s = Session(tools=COURSE_TOOLS)
+    s.command(protocol.Submit("r1", "go"))
+    s.reply("x", ("c1", "hold_seat", {"seat": "1A"}), ("c2", "hold_seat", {"seat": "2B"}))
+    s.finish_tool("c1", output="held 1A")
+    s.finish_tool("c2", output="held 2B")
+    s.reply("done")
+    s.command(protocol.Compensate("c1", "k1"))
+    s.command(protocol.Compensate("c2", "k2"))
+    s.finish_tool("comp-c1", output="released 1A")
+    s.finish_tool("comp-c2", output="released 2B")
+    s.log = [r for r in s.log if not isinstance(r, CompensationFinished)]  # the crash
+    step = s.restart()
+    finished = [r.compensation_id for r in step.records if isinstance(r, CompensationFinished)]
+    assert finished == ["comp-c1", "comp-c2"]
+    assert not s.state.compensations
