@@ -85,6 +85,27 @@ def _code(exc: BaseException) -> int | None:
     return None
 
 
+def _short_write_cause(log: str | None) -> int | None:
+    """LMDB reports a write cut short as EIO: a write that starts below the file size
+    limit, or below the disk's last free block, and runs past it. Told apart by what
+    the log's data file meets now: the size limit (EFBIG) or a full disk (ENOSPC)."""
+    import os
+    import resource
+
+    if log is None:
+        return None
+    data = Path(log) / "data.mdb"
+    try:
+        size = data.stat().st_size
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY and size >= soft:
+            return errno.EFBIG
+        disk = os.statvfs(data)
+    except OSError:
+        return None
+    return errno.ENOSPC if disk.f_bavail == 0 else None
+
+
 def _path(exc: BaseException, log: str | None) -> str:
     filename = getattr(exc, "filename", None)
     if filename:
@@ -120,6 +141,8 @@ def _explain_one(exc: BaseException, log: str | None) -> Problem | None:
             NO_SPACE,
         )
     code = _code(exc)
+    if code is None and str(exc).endswith("Input/output error"):
+        code = _short_write_cause(log)
     path = _path(exc, log)
     if code in _PERMISSION or code == errno.EROFS:
         readonly = code == errno.EROFS
