@@ -112,7 +112,7 @@ async def test_a_failed_commit_calls_off_the_model_call_it_overlapped(tmp_path: 
             records = [r for records, _ in batches for r in records]
             if not failed and any(isinstance(r, ToolCompleted) for r in records):
                 failed.append(True)
-                time.sleep(0.1)  # the writer thread: the early model call answers meanwhile
+                time.sleep(0.1)  # the early model call has answered: it waits for this commit
                 raise LogUnavailable("the disk went away for a moment")
             return real_commit(batches)
 
