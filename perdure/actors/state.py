@@ -4,12 +4,14 @@ Nothing here performs I/O, reads a clock or knows about trio or LMDB. The same
 fold runs when a session actor starts after a crash and after every commit while
 it runs, so the state a restarted process rebuilds is exactly the state the dead
 one had when its last record became durable.
+
+The state is the core's own, shaped for its decisions; nothing outside the runtime is
+handed it. What the edges read is built from it by ``perdure.actors.readmodel``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import MappingProxyType
 from typing import Any
 
 from attrs import define, field
@@ -91,14 +93,6 @@ from perdure.storage.records import (
     WorkspaceCheckpointed,
     WorkspaceRestored,
     WorkspaceRestoreStarted,
-)
-from perdure.storage.redact import masked
-from perdure.view import (
-    GenerationView,
-    RunView,
-    SessionView,
-    SubmissionView,
-    TaskView,
 )
 
 
@@ -208,95 +202,6 @@ class SessionState:
         """Tasks of the current run that are not terminal yet."""
         gen = self.current_generation()
         return [] if gen is None else [t for t in self.tasks_of(gen) if not t.terminal]
-
-    # -- the read model (perdure.view): frozen answers for the edges, made when asked --
-
-    def submission_view(self, submission_id: str) -> SubmissionView | None:
-        sub = self.submissions.get(submission_id)
-        if sub is None:
-            return None
-        return SubmissionView(
-            submission_id=sub.submission_id,
-            request_id=sub.request_id,
-            text=sub.text,
-            at=sub.at,
-            seq=sub.seq,
-            runs=tuple(sub.runs),
-            generations=tuple(sub.generations),
-            outcome=sub.outcome,
-            traceparent=sub.traceparent,
-        )
-
-    def run_view(self, run_id: str) -> RunView | None:
-        run = self.runs.get(run_id)
-        return _run_view(run) if run is not None else None
-
-    def run_views(self) -> tuple[RunView, ...]:
-        return tuple(_run_view(run) for run in self.runs.values())
-
-    def generation_view(self, generation_id: str) -> GenerationView | None:
-        gen = self.generations.get(generation_id)
-        if gen is None:
-            return None
-        return GenerationView(
-            generation_id=gen.generation_id,
-            run_id=gen.run_id,
-            submission_id=gen.submission_id,
-            phase=gen.phase,
-            attempt=gen.attempt,
-            model=gen.model,
-            usage=gen.usage,
-            failures=gen.failures,
-            reply=gen.reply,
-            call_ids=gen.call_ids,
-        )
-
-    def task_view(self, call_id: str) -> TaskView | None:
-        task = self.tasks.get(call_id)
-        return _task_view(task) if task is not None else None
-
-    def task_views(self) -> tuple[TaskView, ...]:
-        return tuple(_task_view(task) for task in self.tasks.values())
-
-    def recovery_decisions(self) -> tuple[RecoveryDecision, ...]:
-        return tuple(self.decisions)
-
-    def tool_attempt(self, call_id: str) -> ToolExecuting | None:
-        task = self.tasks.get(call_id)
-        return task.executing if task is not None else None
-
-    def model_failures(self, generation_id: str) -> tuple[RetryPending, ...]:
-        gen = self.generations.get(generation_id)
-        return gen.failures if gen is not None else ()
-
-    def open_submission(self) -> SubmissionView | None:
-        """The earliest unanswered input (the one that runs, or runs next)."""
-        open_subs = [s for s in self.submissions.values() if s.outcome is None]
-        if not open_subs:
-            return None
-        return self.submission_view(min(open_subs, key=lambda s: s.seq).submission_id)
-
-    def view(self) -> SessionView:
-        """A frozen snapshot of the session's headline facts (``Runtime.view``)."""
-        waiting = self.open_tasks()
-        return SessionView(
-            session_id=self.session_id,
-            created=self.created,
-            parent=self.parent,
-            forked_from=self.forked.source if self.forked is not None else None,
-            goal_rev=self.goal_rev,
-            paused=self.paused,
-            parked=self.parked,
-            idle=self.idle,
-            current_run=self.run.run_id if self.run is not None else None,
-            queued=tuple(self.queue),
-            awaiting_approval=tuple(t.call_id for t in waiting if t.phase == "awaiting_approval"),
-            awaiting_human=tuple(t.call_id for t in waiting if t.phase == "awaiting_human"),
-            usage=self.usage,
-            spend=tuple(self.spend.items()),
-            last_outcome=self.last_outcome,
-            last_seq=self.last_seq,
-        )
 
     # -- the fold ---------------------------------------------------------------------
 
@@ -747,38 +652,3 @@ _HANDLERS: dict[type, Any] = {
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }
-
-
-def _run_view(run: Run) -> RunView:
-    return RunView(
-        run_id=run.run_id,
-        submission_id=run.submission_id,
-        goal_rev=run.goal_rev,
-        resume_attempt=run.resume_attempt,
-        resumed_from=run.resumed_from,
-        started_at=run.started_at,
-        cancel_requested=run.cancel_requested,
-        finished=run.finished,
-        usage=run.usage,
-        traceparent=run.traceparent,
-    )
-
-
-def _task_view(task: Task) -> TaskView:
-    return TaskView(
-        call_id=task.call_id,
-        generation_id=task.generation_id,
-        tool_name=task.tool_name,
-        input=MappingProxyType(masked(task.input, task.secret)),
-        goal_rev=task.goal_rev,
-        phase=task.phase,
-        terminal=task.terminal,
-        attempt=task.attempt,
-        executing=task.executing,
-        result=task.result,
-        last_error=task.last_error,
-        not_before=task.not_before,
-        last_heartbeat=task.last_heartbeat,
-        compensates=task.compensates,
-        children=task.children,
-    )
