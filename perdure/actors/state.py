@@ -37,19 +37,7 @@ from perdure.actors.lifecycle import (
     generation_moves,
     task_moves,
 )
-from perdure.actors.protocol import (
-    Approve,
-    Cancel,
-    CompactContext,
-    Compensate,
-    Pause,
-    Resolve,
-    Resume,
-    Revise,
-    Rewind,
-    Submit,
-    with_budget_hash,
-)
+from perdure.actors.requests import answered
 from perdure.storage.records import (
     AgentStarted,
     ApprovalDecided,
@@ -171,17 +159,6 @@ class SessionState:
     def open_compensations(self) -> list[Task]:
         return [self.tasks[c.compensation_id] for c in self.compensations.values()]
 
-    def compensable(self, tasks: Iterable[Task], has_compensation: Any) -> list[str]:
-        """Completed calls among ``tasks`` that could be undone and were not yet."""
-        return [
-            t.call_id
-            for t in tasks
-            if t.phase == "completed"
-            and t.compensates is None
-            and t.compensated_by is None
-            and has_compensation(t)
-        ]
-
     def current_generation(self) -> Generation | None:
         if self.run is None:
             return None
@@ -242,6 +219,13 @@ class SessionState:
         if request_id and request_id in self.requests and not self.requests[request_id].seq:
             self.requests[request_id].seq = c.seq
 
+    def _answer(self, r: Any) -> None:
+        """Keep what the caller's command behind ``r`` did, under its request id, to answer
+        a retry of it (``perdure.actors.requests`` reads the record as its command)."""
+        seen = answered(r, self.run)
+        if seen is not None:
+            self.requests[r.request_id] = seen
+
     # -- transitions: every phase change is a row of perdure.actors.lifecycle ----------
 
     def _move_task(self, call_id: str, event: str) -> Task:
@@ -277,12 +261,9 @@ class SessionState:
             self.queue.append(r.submission_id)
         else:  # it interrupted the run: it runs next, ahead of the inputs waiting
             self.queue.insert(0, r.submission_id)
-        disposition = "queued" if r.interrupts is None else "interrupted"
-        self.requests[r.request_id] = RequestSeen(
-            Submit.kind, r.body_hash, r.submission_id, disposition=disposition
-        )
         if r.budget is not None:
             self.budget = r.budget
+        self._answer(r)
 
     def _run_started(self, r: RunStarted) -> None:
         run = Run(r.run_id, r.submission_id, r.goal_rev, r.resume_attempt, r.resumed_from, r.at)
@@ -403,8 +384,7 @@ class SessionState:
     def _approval_decided(self, r: ApprovalDecided) -> None:
         choice = "approved" if r.approved else "denied"
         self._move_task(r.call_id, f"ApprovalDecided({choice})")
-        body = Approve.hash_of(r.call_id, r.approved)
-        self.requests[r.request_id] = RequestSeen(Approve.kind, body, r.call_id)
+        self._answer(r)
 
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self._move_task(r.call_id, "ToolExecuting")
@@ -443,8 +423,7 @@ class SessionState:
         if r.action == "retry":  # skip and fail: the result record follows in the same commit
             task.not_before = r.at
             task.retry_by_human = True
-        body = Resolve.hash_of(r.call_id, r.action, r.result)
-        self.requests[r.request_id] = RequestSeen(Resolve.kind, body, r.call_id)
+        self._answer(r)
 
     def _tool_result(self, r: ToolResultRecord) -> None:
         task = self._move_task(r.call_id, type(r).__name__)
@@ -457,7 +436,7 @@ class SessionState:
         run = self.runs.get(r.run_id)
         if run is not None:
             run.cancel_requested = True
-        self.requests[r.request_id] = RequestSeen(Cancel.kind, Cancel.hash_of(), r.run_id)
+        self._answer(r)
 
     def _goal_revised(self, r: GoalRevised) -> None:
         open_calls = [t.call_id for t in self.open_tasks()]
@@ -467,12 +446,7 @@ class SessionState:
         self.conversation.append(Revision(r.goal_rev, r.text, open_calls, earlier))
         if r.budget is not None:
             self.budget = r.budget
-        body = with_budget_hash(r.text, r.budget)
-        if r.steered and self.run is not None:  # a submit steered into the running request
-            ref = self.run.submission_id
-            self.requests[r.request_id] = RequestSeen(Submit.kind, body, ref, disposition="steered")
-        else:
-            self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
+        self._answer(r)  # a submit steered into the running request, or a revision
 
     def _results_of_the_request(self) -> list[str]:
         """The calls of the running request that have their result, in call order."""
@@ -488,19 +462,18 @@ class SessionState:
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True
-        self.requests[r.request_id] = RequestSeen(Pause.kind, Pause.hash_of(), "")
+        self._answer(r)
 
     def _resumed(self, r: SessionResumed) -> None:
         self.paused = False
-        self.requests[r.request_id] = RequestSeen(Resume.kind, Resume.hash_of(), "")
+        self._answer(r)
 
     def _compensation_requested(self, r: CompensationRequested) -> None:
         self.compensations[r.compensation_id] = Compensation(
             r.call_id, r.compensation_id, r.automatic
         )
         self.tasks[r.call_id].compensated_by = r.compensation_id
-        body = Compensate.hash_of(r.call_id)
-        self.requests[r.request_id] = RequestSeen(Compensate.kind, body, r.compensation_id)
+        self._answer(r)
 
     def _compensation_finished(self, r: CompensationFinished) -> None:
         comp = self.compensations.pop(r.compensation_id)
@@ -534,9 +507,7 @@ class SessionState:
             )
         self.compacting = Compacting(r)
         self.compactions_started += 1
-        if r.request_id is not None:
-            body = CompactContext.hash_of()
-            self.requests[r.request_id] = RequestSeen(CompactContext.kind, body, r.compaction_id)
+        self._answer(r)  # an on-demand compaction's (one the core started answers none)
 
     def _pending_compaction(self, compaction_id: str, event: str) -> Compacting:
         pending = self.compacting
@@ -595,8 +566,7 @@ class SessionState:
 
     def _restore_started(self, r: WorkspaceRestoreStarted) -> None:
         self.restoring = r
-        body = Rewind.hash_of(r.position, r.tree)
-        self.requests[r.request_id] = RequestSeen(Rewind.kind, body, r.tree)
+        self._answer(r)
 
     def _restored(self, r: WorkspaceRestored) -> None:
         if self.restoring is not None and self.restoring.request_id == r.request_id:
