@@ -86,6 +86,9 @@ from perdure.storage.records import (
 
 @define
 class SessionState:
+    """One session as its records left it: what the decisions read (the edges read
+    ``perdure.actors.readmodel``'s answers instead)."""
+
     session_id: str
     created: bool = False
     system: str | None = None
