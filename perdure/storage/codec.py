@@ -147,7 +147,28 @@ def _make_converter() -> cattrs.Converter:  # pragma: no mutate block
     # once and would otherwise unstructure the blocks untagged.
     thinking_tags = {ThinkingBlock: "thinking", RedactedThinkingBlock: "redacted_thinking"}
     configure_tagged_union(Thinking, conv, tag_name="type", tag_generator=thinking_tags.__getitem__)
-    configure_tagged_union(Record, conv, tag_name="t")
+
+    # The ``Record`` union (the event stream's and retention's way in) is configured on
+    # its first use: cattrs builds every member's hooks when it is configured, a fifth
+    # of ``import perdure``'s CPU, while ``decode`` and ``encode`` take each record
+    # type's own hooks, built the first time that type is read or written.
+    configured: list[bool] = []
+
+    def configure_records() -> None:
+        if not configured:
+            configured.append(True)  # its hooks now replace these two
+            configure_tagged_union(Record, conv, tag_name="t")
+
+    def structure_record(value: Any, kind: Any) -> Any:
+        configure_records()
+        return conv.get_structure_hook(Record)(value, kind)
+
+    def unstructure_record(value: Any) -> Any:
+        configure_records()
+        return conv.get_unstructure_hook(Record)(value)
+
+    conv.register_structure_hook(Record, structure_record)
+    conv.register_unstructure_hook(Record, unstructure_record)
     return conv
 
 
@@ -198,17 +219,20 @@ def _seq_bytes(seq: int) -> bytes:
 
 # One encoder, built once (json.dumps with options builds one per call).
 _JSON_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-# Per record class: its own unstructure hook, its tag and its version. The same dict
-# the tagged union's hook makes ({fields..., "t": tag}), without its dispatch per call.
-_ENCODERS: Final = {
-    cls: (converter.get_unstructure_hook(cls), cls.__name__, RECORD_VERSIONS[cls.__name__])
-    for cls in RECORD_TYPES
-}
+# Per record class, filled the first time one is written: its own unstructure hook, its
+# tag and its version. The same dict the tagged union's hook makes ({fields..., "t":
+# tag}), without its dispatch per call.
+_ENCODERS: Final[dict[type, tuple[Callable[[Any], dict[str, Any]], str, int]]] = {}
 
 
 def encode(record: Record, seq: int) -> bytes:
     """Frame ``record`` for storage under sequence number ``seq``."""
-    unstructure, tag, version = _ENCODERS[type(record)]
+    cls = type(record)
+    found = _ENCODERS.get(cls)
+    if found is None:
+        hook = converter.get_unstructure_hook(cls)
+        found = _ENCODERS[cls] = (hook, cls.__name__, RECORD_VERSIONS[cls.__name__])
+    unstructure, tag, version = found
     data = unstructure(record)
     data["t"] = tag
     data["v"] = version

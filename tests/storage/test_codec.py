@@ -555,3 +555,32 @@ def test_a_record_type_decoded_for_the_first_time_gets_its_own_structure(
     beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
     assert decode(3, encode(beat, 3)) == beat
     assert decode(4, encode(beat, 4)) == beat, "and the cached one the second time"
+
+
+def test_the_record_union_is_configured_on_first_use_and_tags_every_record() -> None:
+    """``converter`` configures the ``Record`` union when it is first asked for (not at
+    import); a hook taken before that keeps working after it, and both tag the record."""
+    fresh = codec._make_converter()
+    early_out = fresh.get_unstructure_hook(Record)
+    early_in = fresh.get_structure_hook(Record)
+    finished = RunFinished(
+        session_id="s", run_id="r", submission_id="u", status="completed", at=1.0
+    )
+    data = early_out(finished)
+    assert data["t"] == "RunFinished"
+    assert early_in(dict(data), Record) == finished
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=2.0)
+    assert fresh.unstructure(beat, unstructure_as=Record)["t"] == "ToolHeartbeat"
+    assert fresh.structure(fresh.unstructure(beat, unstructure_as=Record), Record) == beat
+    assert early_out(beat)["t"] == "ToolHeartbeat", "the hook taken first, after configuration"
+    with pytest.raises(KeyError):  # no such tag
+        fresh.structure({**data, "t": "Nope"}, Record)
+
+
+def test_each_record_type_gets_its_encoder_on_first_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "_ENCODERS", {})
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
+    first = encode(beat, 3)
+    assert list(codec._ENCODERS) == [ToolHeartbeat]
+    assert encode(beat, 3) == first, "and the cached one the second time"
+    assert json.loads(first[codec._HEADER :])["t"] == "ToolHeartbeat"
