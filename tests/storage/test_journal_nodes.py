@@ -70,7 +70,8 @@ class _Node:
         self.lost = ["s-lost"]  # what ``renew`` answers
         self.wake: Wake | None = None  # the Journal's, once it listens
         self.listening = threading.Event()
-        self._notes: queue.SimpleQueue[frozenset[str] | None] = queue.SimpleQueue()
+        self.token: trio.lowlevel.TrioToken | None = None  # of the run the Journal is in
+        self._notes: queue.SimpleQueue[frozenset[str] | trio.Event | None] = queue.SimpleQueue()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.log, name)
@@ -122,11 +123,26 @@ class _Node:
                 note = self._notes.get(timeout=0.02)
             except queue.Empty:
                 continue
-            wake(note)
+            if isinstance(note, trio.Event):
+                assert self.token is not None
+                self.token.run_sync_soon(note.set)
+            else:
+                wake(note)
 
     def notify(self, sessions: frozenset[str] | None) -> None:
         """Another node committed records of ``sessions`` (None: some may be missed)."""
         self._notes.put(sessions)
+
+    async def settled(self) -> None:
+        """Every notification posted so far has been delivered on the trio thread.
+
+        A marker follows them through the listener thread into the trio token's
+        queue, whose callbacks from one thread run in the order they were queued.
+        """
+        marker = trio.Event()
+        self._notes.put(marker)
+        with trio.fail_after(10):
+            await marker.wait()
 
 
 @pytest.fixture
@@ -140,10 +156,10 @@ def lmdb(tmp_path: Path) -> Iterator[LmdbLog]:
 
 @asynccontextmanager
 async def journal_of(node: _Node) -> AsyncIterator[Journal]:
+    node.token = trio.lowlevel.current_trio_token()
     async with open_journal(node) as journal:  # type: ignore[arg-type]
         if node.multi_node:
-            with trio.fail_after(10):
-                await trio.to_thread.run_sync(node.listening.wait)
+            assert await trio.to_thread.run_sync(node.listening.wait, 10), "it never listened"
         yield journal
 
 
@@ -231,28 +247,25 @@ def following(journal: Journal, *sessions: str) -> Iterator[list[Subscription]]:
         yield subs
 
 
-async def next_event(sub: Subscription) -> Event:
-    with trio.fail_after(10):
-        return await sub.__anext__()
-
-
 async def test_another_nodes_commits_wake_the_streams_that_follow_those_sessions(
     lmdb: LmdbLog,
 ) -> None:
     node = _Node(lmdb)
+    a, b = Event("a", WAKE), Event("b", WAKE)
     async with journal_of(node) as journal:
-        with following(journal, "a", "a", "b") as (a1, a2, b):
+        with following(journal, "a", "a", "b") as subs:
+
+            async def delivered() -> list[list[Event]]:
+                await node.settled()
+                return [sub.drain() for sub in subs]
+
             node.notify(frozenset({"a", "z"}))  # z: a session nobody here follows
-            assert await next_event(a1) == Event("a", WAKE)
-            assert await next_event(a2) == Event("a", WAKE)
+            assert await delivered() == [[a], [a], []]
             node.notify(None)  # notifications may have been missed: wake every follower
-            assert await next_event(b) == Event("b", WAKE)  # and only now
-            assert await next_event(a1) == Event("a", WAKE)
-            assert await next_event(a2) == Event("a", WAKE)
+            assert await delivered() == [[a], [a], [b]]
             node.notify(frozenset({"b"}))
-            assert await next_event(b) == Event("b", WAKE)
-            # The notifications are delivered in order: nothing else was for these.
-            assert [a1.drain(), a2.drain(), b.drain()] == [[], [], []]
+            node.notify(frozenset({"z"}))
+            assert await delivered() == [[], [], [b]]
     assert journal._followers == {}
 
 
