@@ -163,6 +163,20 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
             raise ToolDefinitionError(
                 f"{where}: a ToolContext must be the first parameter of the tool"
             )
+        qualifier = _class_qualifier(hint)
+        if qualifier is not None:
+            # pydantic reads a ClassVar (and a Final with a default) as an attribute of
+            # the arguments' class, not a field: the parameter would leave the schema
+            # without a word, and the model could never send it.
+            raise ToolDefinitionError(
+                f"{where}: {qualifier}[...] qualifies a class attribute or a variable, "
+                "not a parameter the model sends: annotate it with its type alone"
+            )
+        if p.default is not inspect.Parameter.empty and _has_default_factory(hint):
+            raise ToolDefinitionError(
+                f"{where}: has both a default in the signature and a default_factory "
+                "in its Field(): keep one of them"
+            )
         field_name = f"p{index}"
         names[p.name] = field_name
         if _is_secret(hint):
@@ -185,6 +199,28 @@ def _is_context(hint: Any) -> bool:
     from perdure.tools.contract import ToolContext  # the contract imports this module
 
     return _strip_annotated(hint) is ToolContext
+
+
+def _class_qualifier(hint: Any) -> str | None:
+    """``"ClassVar"`` or ``"Final"`` if the hint (or the type inside its ``Annotated``)
+    is one of those qualifiers, bare or subscripted; else None."""
+    base = _strip_annotated(hint)
+    for qualifier, name in ((typing.ClassVar, "ClassVar"), (typing.Final, "Final")):
+        if base is qualifier or typing.get_origin(base) is qualifier:
+            return name
+    return None
+
+
+def _has_default_factory(hint: Any) -> bool:
+    """Whether a ``Field(default_factory=...)`` is in the hint's ``Annotated`` metadata."""
+    from pydantic.fields import FieldInfo
+
+    if typing.get_origin(hint) is not typing.Annotated:
+        return False
+    return any(
+        isinstance(a, FieldInfo) and a.default_factory is not None
+        for a in typing.get_args(hint)[1:]
+    )
 
 
 def _strip_annotated(hint: Any) -> Any:
