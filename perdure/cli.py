@@ -1419,20 +1419,16 @@ def _sessions_order(
     stuck: bool,
 ) -> str:
     """The order ``perdure sessions`` lists in, its options checked against it."""
-
-    def refuse(message: str) -> NoReturn:
-        raise click.UsageError(message)
-
     if order is None:
         order = "id" if after is not None else "newest"
     if after is not None and order != "id":
-        refuse("--after pages by session id: it goes with --order id")
+        raise click.UsageError("--after pages by session id: it goes with --order id")
     if before is not None and order != "newest":
-        refuse("--before pages newest first: it goes with --order newest")
+        raise click.UsageError("--before pages newest first: it goes with --order newest")
     if every and (limit is not None or after is not None or before is not None):
-        refuse("--all lists every session: leave out --limit, --after and --before")
+        raise click.UsageError("--all lists every session: leave out --limit, --after and --before")
     if stuck and (before is not None or every):
-        refuse("--stuck lists every stuck session by id (a page: --limit, --after)")
+        raise click.UsageError("--stuck lists every stuck session by id (a page: --limit, --after)")
     return order
 
 
