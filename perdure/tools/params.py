@@ -138,6 +138,12 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:  # a hint naming something the module cannot resolve
+        # Under ``from __future__ import annotations`` typing refuses a ClassVar or Final
+        # in a function's hints: say which parameter, as without that import.
+        qualified = _qualified_parameter(fn)
+        if qualified is not None:
+            where = f"tool {tool_name!r}, parameter {qualified[0]!r}"
+            raise _qualifier_error(where, qualified[1]) from None
         raise ToolDefinitionError(
             f"tool {tool_name!r}: cannot resolve the type hints of {fn.__qualname__}: {exc}"
         ) from None
@@ -168,10 +174,7 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
             # pydantic reads a ClassVar (and a Final with a default) as an attribute of
             # the arguments' class, not a field: the parameter would leave the schema
             # without a word, and the model could never send it.
-            raise ToolDefinitionError(
-                f"{where}: {qualifier}[...] qualifies a class attribute or a variable, "
-                "not a parameter the model sends: annotate it with its type alone"
-            )
+            raise _qualifier_error(where, qualifier)
         if p.default is not inspect.Parameter.empty and _has_default_factory(hint):
             raise ToolDefinitionError(
                 f"{where}: has both a default in the signature and a default_factory "
@@ -208,6 +211,28 @@ def _class_qualifier(hint: Any) -> str | None:
     for qualifier, name in ((typing.ClassVar, "ClassVar"), (typing.Final, "Final")):
         if base is qualifier or typing.get_origin(base) is qualifier:
             return name
+    return None
+
+
+def _qualifier_error(where: str, qualifier: str) -> ToolDefinitionError:
+    return ToolDefinitionError(
+        f"{where}: {qualifier}[...] qualifies a class attribute or a variable, not a "
+        "parameter the model sends: annotate it with its type alone"
+    )
+
+
+def _qualified_parameter(fn: Callable[..., Any]) -> tuple[str, str] | None:
+    """The first parameter of ``fn`` annotated ``ClassVar`` or ``Final`` and that
+    qualifier, from its annotations evaluated as plain expressions (which, unlike
+    ``typing.get_type_hints``, accept them); None if there is none or they cannot be."""
+    try:
+        annotations = inspect.get_annotations(fn, eval_str=True)
+    except Exception:
+        return None
+    for name, hint in annotations.items():
+        qualifier = _class_qualifier(hint) if name != "return" else None
+        if qualifier is not None:
+            return name, qualifier
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import inspect
 import logging
 import math
 import uuid
@@ -702,13 +703,19 @@ def test_a_class_variable_or_final_qualifier_is_refused_not_dropped_from_the_sch
         (annotated, "ClassVar"),
     ]
     for fn, qualifier in cases:
-        with pytest.raises(ToolDefinitionError) as error:
-            tool(fn)
-        assert str(error.value) == (
-            f"tool {fn.__name__!r}, parameter 'b': {qualifier}[...] qualifies a class "
-            "attribute or a variable, not a parameter the model sends: annotate it with "
-            "its type alone"
-        )
+        # As this module writes them (``from __future__ import annotations``: strings,
+        # which typing refuses to resolve), and as evaluated objects (a module without
+        # that import: typing resolves them, and pydantic dropped the parameter).
+        evaluated = inspect.get_annotations(fn, eval_str=True)
+        for hints in (fn.__annotations__, evaluated):
+            fn.__annotations__ = hints
+            with pytest.raises(ToolDefinitionError) as error:
+                tool(fn)
+            assert str(error.value) == (
+                f"tool {fn.__name__!r}, parameter 'b': {qualifier}[...] qualifies a class "
+                "attribute or a variable, not a parameter the model sends: annotate it "
+                "with its type alone"
+            )
 
     async def plain(a: int, b: int = 3) -> None: ...
 
