@@ -76,8 +76,8 @@ async def test_the_runtime_runs_on_the_settings_it_was_given(log_dir: Path) -> N
 async def test_a_summary_costs_at_the_runtimes_own_prices(log_dir: Path) -> None:
     """``Runtime.summary`` (the daemon's ``GET /v1/sessions/{id}``, ``perdure show``'s
     body) reckons cost at ``open_runtime(prices=)``, as budgets do: the scripted model
-    has no built-in price, so at the default table it would be unpriced and cost 0."""
-    assert "scripted" not in DEFAULT_PRICES
+    costs nothing at the built-in table."""
+    assert DEFAULT_PRICES["scripted"] == Price(input=0.0, output=0.0)
     mine = {"scripted": Price(input=1_000.0, output=10_000.0)}
     async with perdure.open_runtime(
         log_dir, provider=ScriptedProvider([Reply(text="hi")]), prices=mine
