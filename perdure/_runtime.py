@@ -46,6 +46,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.decide.forks import workspace_at
 from perdure.actors.decide.sessions import check_grant, fork_files_request
 from perdure.actors.mailbox import CommandMsg, Query
+from perdure.actors.readmodel import StateLookup, session_view
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.answers import CallDiff, Rewound
@@ -680,12 +681,12 @@ class Runtime:
         this node) is read from the log instead; the read then starts no actor, takes
         no lease and runs no recovery.
         """
-        return await self._read(session_id, fn, wake=wake)
+        return await self._read(session_id, lambda state: fn(StateLookup(state)), wake=wake)
 
     async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
         """A frozen snapshot of a session's headline facts (``perdure.SessionView``):
         safe to keep, never changed by later commits. ``wake`` as for ``state``."""
-        return await self._read(session_id, SessionState.view, wake=wake)
+        return await self._read(session_id, session_view, wake=wake)
 
     async def summary(self, session_id: str, *, wake: bool = True) -> dict[str, Any]:
         """What the session is doing, as JSON-ready data (``perdure.inspect.summarize``:

@@ -263,6 +263,7 @@ def test_the_ag_ui_snapshot_is_the_summary_s_headline_read_from_the_view() -> No
     answer); what it shows is what ``GET /v1/sessions/{id}`` says of the same session,
     cost included (a priced model, an unpriced one), pause and parking too."""
     from perdure.actors import protocol
+    from perdure.actors.readmodel import StateLookup
     from perdure.budget import Price
     from perdure.inspect import summarize
     from perdure.server.frontends import _snapshot
@@ -283,7 +284,7 @@ def test_the_ag_ui_snapshot_is_the_summary_s_headline_read_from_the_view() -> No
     # The runtime's own prices (open_runtime(prices=)), as the summary takes them.
     prices = {"claude-sonnet-4": Price(input=2.0, output=10.0)}
     summary = summarize(state, prices)
-    snapshot = _snapshot(state, prices)
+    snapshot = _snapshot(StateLookup(state), prices)
     keys = ("session_id", "paused", "parked", "usage", "cost")
     assert list(snapshot) == list(keys)
     assert snapshot == {key: summary[key] for key in keys}
