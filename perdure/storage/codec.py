@@ -135,8 +135,9 @@ def _strict_containers(conv: cattrs.Converter) -> None:  # pragma: no mutate blo
     conv.register_structure_hook_factory(origin_is(dict), dict_hook)
 
 
-# Built once at import, before a mutation test can switch a change of it on; its rules
-# are proven by tests/storage/test_codec.py, not counted by the campaign (RELIABILITY.md).
+# Built once at import, before a mutation test can switch a change of it on (the
+# ``Record`` union's hooks on first use, by cattrs); its rules are proven by
+# tests/storage/test_codec.py, not counted by the campaign (RELIABILITY.md).
 def _make_converter() -> cattrs.Converter:  # pragma: no mutate block
     conv = cattrs.Converter(forbid_extra_keys=True)
     for kind in (str, int, float, bool):
