@@ -33,6 +33,7 @@ from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import attrs
@@ -427,6 +428,12 @@ class Runtime:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self._ctx.settings.stuck_after
 
+    @property
+    def prices(self) -> Mapping[str, Price]:
+        """The price table costs are reckoned at (``open_runtime(prices=)``, else the
+        built-in one), by model: budgets, ``summary`` and the daemon's views."""
+        return MappingProxyType(self._ctx.settings.limits.prices)
+
     async def stuck_runs(
         self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None
     ) -> list[StuckRun]:
@@ -687,7 +694,9 @@ class Runtime:
         effects, every run and call, usage and cost): the body of the daemon's
         ``GET /v1/sessions/{id}`` and what ``perdure show`` prints. ``wake`` as for
         ``state``."""
-        return await self._read(session_id, summarize, wake=wake)
+        # Cost at the runtime's own price table (open_runtime(prices=)), as budgets are.
+        prices = self._ctx.settings.limits.prices
+        return await self._read(session_id, partial(summarize, prices=prices), wake=wake)
 
     async def _read(
         self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True
