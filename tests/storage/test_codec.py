@@ -584,3 +584,28 @@ def test_each_record_type_gets_its_encoder_on_first_write(monkeypatch: pytest.Mo
     assert list(codec._ENCODERS) == [ToolHeartbeat]
     assert encode(beat, 3) == first, "and the cached one the second time"
     assert json.loads(first[codec._HEADER :])["t"] == "ToolHeartbeat"
+
+
+def test_jiter_parses_what_encode_writes_and_nothing_padded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast parser is the one that reads a stored record (it is there for speed,
+    which no other test sees); a body padded with whitespace never reaches it."""
+    calls: list[bytes] = []
+    real = codec.jiter.from_json
+
+    class Spy:
+        @staticmethod
+        def from_json(body: bytes, **options: Any) -> Any:
+            calls.append(body)
+            return real(body, **options)
+
+    monkeypatch.setattr(codec, "jiter", Spy)
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
+    frame = encode(beat, 3)
+    assert decode(3, frame) == beat
+    assert calls == [frame[codec._HEADER :]]
+    calls.clear()
+    assert reason_of(frame_of(frame[codec._HEADER :] + b" ", 7)).startswith("payload is not JSON")
+    assert reason_of(frame_of(b" " + frame[codec._HEADER :], 7)).startswith("payload is not JSON")
+    assert calls == []
