@@ -120,7 +120,7 @@ async def test_nothing_is_appended_once_the_journal_closed(kind: str, tmp_path: 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(append_late)
                 await trio.testing.wait_all_tasks_blocked()
-        with pytest.raises(LogError, match="the journal is closed"):
+        with pytest.raises(LogError, match=r"^the journal is closed$"):
             await journal.append([result("s", "after")])
         assert [c.record for c in log.read_session("s")] == [result("s", "last-round")]
         assert answered[0][0].record == result("s", "last-round")
@@ -225,6 +225,29 @@ async def test_listeners_get_each_transactions_durable_records_and_its_time(
     assert len(heard) == 3  # the refused append committed nothing: no transaction heard
     failures = [r for r in caplog.records if r.message == "a commit listener failed"]
     assert len(failures) == 3  # one line per failed call, and the log went on
+
+
+async def test_listeners_hear_the_writer_threads_transactions_with_their_time(
+    tmp_path: Path,
+) -> None:
+    """A transaction committed by the writer thread (not on the loop) reaches the
+    listeners the same way, once delivered on the trio thread: its records and the
+    seconds its commit took."""
+    heard: list[tuple[list[Committed], float, int]] = []
+    log = LmdbLog(tmp_path / "log")
+    try:
+        async with open_journal(log, commit_on_loop=False) as journal:
+            journal.commit_listeners.append(
+                lambda done, took: heard.append((list(done), took, threading.get_ident()))
+            )
+            first = await journal.append([result("s", "a")])
+            second = await journal.append([result("t", "b"), result("t", "c")])
+            assert journal.stats.loop_transactions == 0  # both were the writer thread's
+    finally:
+        log.close()
+    assert [done for done, _, _ in heard] == [first, second]
+    assert all(isinstance(took, float) and took > 0 for _, took, _ in heard)
+    assert {thread for _, _, thread in heard} == {threading.get_ident()}
 
 
 @pytest.mark.parametrize("kind", KINDS)
