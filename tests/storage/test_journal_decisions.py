@@ -119,6 +119,22 @@ def test_a_busy_round_commits_on_the_loop_in_units_of_the_mean_commit_wait(
         assert all(r.result is None for r in requests)
 
 
+def test_before_any_commit_a_busy_rounds_lone_append_commits_at_once(clock: _Clock) -> None:
+    """No commit has ended yet, whatever the origin of ``perf_counter`` (Python leaves
+    it undefined: here it reads a quarter of a second): nothing to space a lone append
+    from, so a busy round commits it."""
+    clock.now = 0.25
+    journal = Journal(MemoryLog(), commit_on_loop=True)  # fresh: no commit measured yet
+    journal._held_since = clock.now
+    requests = [request("s")]
+    journal._held = list(requests)
+
+    journal._end_round(0.0)
+
+    assert journal._held == [] and requests[0].result is not None
+    assert journal.stats.loop_transactions == 1
+
+
 @pytest.mark.parametrize("timeout", [0.125, 0.5, 1.0, 2.0])
 def test_a_round_after_which_the_loop_would_sleep_commits_at_once_and_wakes_it(
     clock: _Clock, timeout: float
@@ -175,6 +191,34 @@ async def test_the_group_wait_counts_from_the_oldest_held_append(
                 assert journal.stats.loop_transactions == journal.stats.transactions == 1
     finally:
         log.close()
+
+
+def test_the_loop_commits_while_the_weighted_mean_of_recent_waits_is_within_budget(
+    clock: _Clock,
+) -> None:
+    """The budget is held against an exponentially weighted mean of the commits' waits
+    (each commit moves it a fifth of the way to its own wait): one slow commit among
+    quick ones leaves the loop committing, slow ones in a row send commits to the
+    writer thread."""
+    journal = Journal(MemoryLog(), commit_on_loop=True, loop_commit_budget=0.1)
+    token = journal._token = _Token()  # type: ignore[assignment]
+
+    journal._deliver([], [], 0.4, 0.4)  # a slow commit (the writer thread's)
+    assert journal._commit_seconds == pytest.approx(0.08)
+    quick = request("s")
+    journal._held = [quick]
+    journal._end_round(0.5)  # within the budget: the idle loop commits it itself
+    assert quick.result is not None and journal.stats.loop_transactions == 1
+    assert journal._commit_seconds == pytest.approx(0.064)  # its wait was none
+
+    journal._deliver([], [], 0.4, 0.4)
+    journal._deliver([], [], 0.4, 0.4)
+    assert journal._commit_seconds == pytest.approx(0.18496)
+    handed = request("s")
+    journal._held = [handed]
+    journal._end_round(0.5)  # over the budget: the writer thread's
+    assert journal._queue.get_nowait() is handed and journal._in_flight == 1
+    assert journal.stats.loop_transactions == 1 and token.soon == [journal_module._nothing]
 
 
 # -- letting worker threads in -------------------------------------------------------------
