@@ -453,6 +453,40 @@ async def test_sessions_starting_in_one_round_are_read_in_one_thread_call(
         assert info is not None and info.last_seq == expected[sid][-1].seq
 
 
+async def test_a_group_read_that_fails_whole_fails_every_session_of_its_group(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the one read of a round's starting sessions fails as a whole (not one
+    session's read), every caller of that round hears its error: none waits forever,
+    none is handed another session's answer. The next round reads again."""
+    async with open_journal(log) as journal:
+        await journal.append([SessionCreated(session_id="s0", at=1.0)])
+        real_read = journal_module._read_starts
+        broken = LogError("the log cannot be read")
+
+        def failing(log: Any, session_ids: Any) -> Any:
+            raise broken
+
+        monkeypatch.setattr(journal_module, "_read_starts", failing)
+        heard: dict[str, BaseException] = {}
+
+        async def start(sid: str) -> None:
+            try:
+                await journal.session_with_records(sid)
+            except LogError as exc:
+                heard[sid] = exc
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(5):
+                    nursery.start_soon(start, f"s{i}")
+        assert heard == {f"s{i}": broken for i in range(5)}
+        monkeypatch.setattr(journal_module, "_read_starts", real_read)
+        info, records = await journal.session_with_records("s0")
+        assert info is not None and records is not None
+        assert [c.record for c in records] == [SessionCreated(session_id="s0", at=1.0)]
+
+
 async def test_appends_of_one_round_share_one_transaction(log: LmdbLog) -> None:
     async with open_journal(log) as journal:
         before = journal.stats.transactions

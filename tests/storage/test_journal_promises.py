@@ -468,6 +468,38 @@ async def test_the_session_list_pages_and_filters_as_asked(kind: str, tmp_path: 
     assert active == ["b"]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_newest_sessions_page_back_by_creation_as_asked(
+    kind: str, tmp_path: Path
+) -> None:
+    """``Journal.newest_sessions`` passes its page (before, limit) and its active filter
+    to the log: every session newest first by default, only those created before a
+    given seq, at most ``limit``, and only the sessions with an unfinished input when
+    ``active``."""
+    waiting = InputAccepted(
+        session_id="mid", submission_id="in1", request_id="r1", text="q", body_hash="h", at=1.0
+    )
+    async with journal_on(kind, tmp_path) as (journal, _log):
+        await journal.append([result("old", "c1")])
+        (created,) = await journal.append([waiting])
+        await journal.append([result("new", "c1")])
+        await journal.append([result("old", "c2")])  # no newer for it: it was created first
+
+        async def newest(**page: Any) -> list[str]:
+            return [i.session_id for i in await journal.newest_sessions(**page)]
+
+        every = await newest()
+        first_two = await newest(limit=2)
+        before_new = await newest(before=created.seq + 1)
+        older = await newest(before=created.seq, limit=5)
+        active = await newest(active=True)
+    assert every == ["new", "mid", "old"]
+    assert first_two == ["new", "mid"]
+    assert before_new == ["mid", "old"]
+    assert older == ["old"]
+    assert active == ["mid"]
+
+
 async def test_the_writer_is_a_named_daemon_thread(tmp_path: Path) -> None:
     """The writer thread is named ``perdure-journal`` (what a stack dump, py-spy or a
     log's ``threadName`` shows) and is a daemon: a process that exits without closing
