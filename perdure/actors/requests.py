@@ -48,13 +48,13 @@ __all__ = ["ANSWERS", "answered"]
 
 
 def answered(record: Record, run: Run | None) -> RequestSeen | None:
-    """What the command behind ``record`` did, by its request id (None: no command's).
+    """What the command behind ``record``, a record of ``ANSWERS``, did (None: a
+    compaction the core started itself answers no caller).
 
     ``run`` is the session's current run: a revision steered into it answers the submit
     of its request.
     """
-    answer = ANSWERS.get(type(record))
-    return answer(record, run) if answer is not None else None
+    return ANSWERS[type(record)](record, run)
 
 
 def _submitted(r: InputAccepted, run: Run | None) -> RequestSeen:

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import trio
 
+from perdure import _faults
 from perdure.storage import Guard, StaleGoal
 from perdure.storage import journal as journal_module
 from perdure.storage.errors import LogError
@@ -357,7 +358,9 @@ async def test_a_failing_end_of_round_sends_commits_to_the_writer_thread(
             second = await journal.append([tool_result("s", "b")])
         assert [first[0].seq + 1] == [second[0].seq]
         assert journal.stats.loop_transactions == 0 and journal.commit_on_loop is False
-    assert "the journal's end of round failed" in caplog.text
+    assert {r.message for r in caplog.records} == {
+        "the journal's end of round failed; the writer thread commits"
+    }
 
 
 async def test_slow_commits_go_back_to_the_writer_thread(log: LmdbLog) -> None:
@@ -603,6 +606,36 @@ async def test_unencodable_append_does_not_fail_the_others(log: LmdbLog) -> None
 
 
 # -- the commit fault point --------------------------------------------------------------
+
+
+async def test_the_commit_fault_point_counts_each_transactions_durable_appends(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In this process, with a fault planned far ahead: the ``commit`` point counts each
+    transaction's durable appends, not its refused ones (the next test kills a child
+    process at the point)."""
+    hits: dict[tuple[str, str | None], int] = {}
+    monkeypatch.setattr(_faults, "ACTIVE", True)
+    monkeypatch.setattr(_faults, "_PLAN", {("commit", None): 1_000_000})
+    monkeypatch.setattr(_faults, "_HITS", hits)
+    revised = GoalRevised(session_id="s", goal_rev=1, text="g", request_id="r", at=1.0)
+    refused: list[Exception] = []
+    async with open_journal(log) as journal:
+        await journal.append([revised])
+        assert hits == {("commit", None): 1}
+
+        async def stale() -> None:
+            try:
+                await journal.append([tool_result("s", "stale")], guard=Guard("s", 0))
+            except StaleGoal as exc:
+                refused.append(exc)
+
+        async with trio.open_nursery() as nursery:  # one round: one transaction
+            nursery.start_soon(stale)
+            nursery.start_soon(journal.append, [tool_result("s", "a")])
+            nursery.start_soon(journal.append, [tool_result("t", "b"), tool_result("t", "c")])
+        assert journal.stats.transactions == 2 and len(refused) == 1
+    assert hits == {("commit", None): 3}  # the revision's, then 2 of the 3 appends
 
 
 def test_commit_fault_counts_durable_appends_only(tmp_path: Path) -> None:

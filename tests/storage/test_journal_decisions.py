@@ -27,9 +27,11 @@ import math
 import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from perdure import _threads
 from perdure.storage import journal as journal_module
@@ -41,9 +43,12 @@ from perdure.storage.journal import (
     RELEASE_QUIET,
     Journal,
     _Append,
+    open_journal,
 )
+from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.memory_log import MemoryLog
 from perdure.storage.records import ToolCompleted
+from tests.storage.test_journal import busy_loop
 
 NOW = 1024.0
 MEAN = 0.25  # seconds: the mean commit wait the Journal has measured
@@ -112,6 +117,108 @@ def test_a_busy_round_commits_on_the_loop_in_units_of_the_mean_commit_wait(
     else:  # kept for a later round
         assert journal._held == requests and journal.stats.transactions == 0
         assert all(r.result is None for r in requests)
+
+
+def test_before_any_commit_a_busy_rounds_lone_append_commits_at_once(clock: _Clock) -> None:
+    """No commit has ended yet, whatever the origin of ``perf_counter`` (Python leaves
+    it undefined: here it reads a quarter of a second): nothing to space a lone append
+    from, so a busy round commits it."""
+    clock.now = 0.25
+    journal = Journal(MemoryLog(), commit_on_loop=True)  # fresh: no commit measured yet
+    journal._held_since = clock.now
+    requests = [request("s")]
+    journal._held = list(requests)
+
+    journal._end_round(0.0)
+
+    assert journal._held == [] and requests[0].result is not None
+    assert journal.stats.loop_transactions == 1
+
+
+@pytest.mark.parametrize("timeout", [0.125, 0.5, 1.0, 2.0])
+def test_a_round_after_which_the_loop_would_sleep_commits_at_once_and_wakes_it(
+    clock: _Clock, timeout: float
+) -> None:
+    """An idle loop commits whatever it holds, however recent the last commit, and then
+    wakes itself: it already chose to sleep ``timeout`` seconds, and the callers it
+    just answered must not wait for that."""
+    journal = Journal(MemoryLog(), commit_on_loop=True, loop_commit_budget=math.inf)
+    token = journal._token = _Token()  # type: ignore[assignment]
+    journal._commit_seconds = MEAN
+    journal._last_commit_end = journal._held_since = NOW  # a commit just ended
+    requests = [request("s")]
+    journal._held = list(requests)
+
+    journal._end_round(timeout)
+
+    assert journal._held == [] and journal.stats.loop_transactions == 1
+    assert requests[0].result is not None
+    assert token.soon == [journal_module._nothing]  # the loop's wake-up
+    assert journal._queue.empty() and journal._in_flight == 0
+
+
+async def test_the_group_wait_counts_from_the_oldest_held_append(
+    clock: _Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy loop, several held appends commit once the OLDEST has waited
+    ``BUSY_GROUP_WAIT`` mean commit waits: an append joining the group later does
+    not restart the wait."""
+    monkeypatch.setattr(journal_module, "BUSY_COMMIT_SPACING", math.inf)  # a lone one waits
+    log = LmdbLog(tmp_path / "log")
+    try:
+        async with open_journal(log, loop_commit_budget=math.inf) as journal:
+            journal._commit_seconds = MEAN
+            answered: list[str] = []
+
+            async def append(sid: str) -> None:
+                await journal.append([request(sid).records[0]])
+                answered.append(sid)
+
+            async def rounds() -> None:
+                for _ in range(20):
+                    await trio.lowlevel.checkpoint()
+
+            async with trio.open_nursery() as nursery, busy_loop():
+                nursery.start_soon(append, "oldest")
+                await rounds()
+                clock.now = NOW + GROUP_WAIT - MEAN
+                nursery.start_soon(append, "later")
+                await rounds()
+                assert answered == [] and len(journal._held) == 2  # kept on the loop
+                clock.now = NOW + GROUP_WAIT  # the oldest has waited the group wait
+                await rounds()
+                assert sorted(answered) == ["later", "oldest"]  # while the loop is busy
+                assert journal.stats.loop_transactions == journal.stats.transactions == 1
+    finally:
+        log.close()
+
+
+def test_the_loop_commits_while_the_weighted_mean_of_recent_waits_is_within_budget(
+    clock: _Clock,
+) -> None:
+    """The budget is held against an exponentially weighted mean of the commits' waits
+    (each commit moves it a fifth of the way to its own wait): one slow commit among
+    quick ones leaves the loop committing, slow ones in a row send commits to the
+    writer thread."""
+    journal = Journal(MemoryLog(), commit_on_loop=True, loop_commit_budget=0.1)
+    token = journal._token = _Token()  # type: ignore[assignment]
+
+    journal._deliver([], [], 0.4, 0.4)  # a slow commit (the writer thread's)
+    assert journal._commit_seconds == pytest.approx(0.08)
+    quick = request("s")
+    journal._held = [quick]
+    journal._end_round(0.5)  # within the budget: the idle loop commits it itself
+    assert quick.result is not None and journal.stats.loop_transactions == 1
+    assert journal._commit_seconds == pytest.approx(0.064)  # its wait was none
+
+    journal._deliver([], [], 0.4, 0.4)
+    journal._deliver([], [], 0.4, 0.4)
+    assert journal._commit_seconds == pytest.approx(0.18496)
+    handed = request("s")
+    journal._held = [handed]
+    journal._end_round(0.5)  # over the budget: the writer thread's
+    assert journal._queue.get_nowait() is handed and journal._in_flight == 1
+    assert journal.stats.loop_transactions == 1 and token.soon == [journal_module._nothing]
 
 
 # -- letting worker threads in -------------------------------------------------------------
