@@ -437,7 +437,7 @@ class SessionActor:
                         records,
                         guard=guard,
                         meanwhile=lambda: self._perform_all(early, durable),
-                        overlap=self.ctx.overlap_on_writer,
+                        overlap=self.ctx.overlap_commit_after,
                     )
                 else:
                     committed = await self.ctx.journal.append(records, guard=guard)

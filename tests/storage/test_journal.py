@@ -698,35 +698,89 @@ async def test_reads_of_a_local_log_use_at_most_a_few_worker_threads(
 # -- work that overlaps a commit (``meanwhile``, ``overlap``) -------------------------------
 
 
-async def test_meanwhile_runs_before_the_commit_is_durable_and_overlap_goes_to_the_writer(
-    log: LmdbLog,
+async def test_meanwhile_runs_before_the_commit_is_durable_and_overlap_waits_for_it(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``meanwhile`` is called once, with the records in the Journal's hands and not yet
-    in the log; ``overlap`` gives that commit to the writer thread even where an idle loop
-    would commit it itself, and the caller still hears only once it is durable."""
-    watched = _Watched(log, delay=0.02)  # the writer's commit takes a while
+    in the log; with ``overlap`` the loop lets the work it started run first (busy rounds
+    keep the commit, even where a lone append would be committed at once) and commits it
+    once that work waits, on the loop, no thread involved; the caller still hears only
+    once it is durable."""
+    watched = _Watched(log)
     async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
         await journal.append([tool_result("s", "first")])
         assert journal.stats.loop_transactions == 1  # an idle loop commits a plain append
+        monkeypatch.setattr(journal_module, "BUSY_COMMIT_SPACING", 0.0)  # lone: at once
+        monkeypatch.setattr(journal_module, "BUSY_GROUP_WAIT", math.inf)
         seen: list[int] = []
+        work: list[int] = []  # rounds of the started work, and the log's size at each
+        go_on = trio.Event()
 
-        def meanwhile() -> None:
-            seen.append(len(log.read_session("s")))  # what is durable right now
+        async def started() -> None:  # what ``meanwhile`` starts: busy rounds, then a wait
+            for _ in range(50):
+                work.append(len(log.read_session("s")))
+                await trio.lowlevel.checkpoint()
+            await go_on.wait()
 
-        done = await journal.append([tool_result("s", "second")], meanwhile=meanwhile, overlap=True)
+        async with trio.open_nursery() as nursery:
+
+            def meanwhile() -> None:
+                seen.append(len(log.read_session("s")))  # what is durable right now
+                nursery.start_soon(started)
+
+            done = await journal.append(
+                [tool_result("s", "second")], meanwhile=meanwhile, overlap=True
+            )
+            go_on.set()
         assert seen == [1], "called once, before the second record was in the log"
+        assert work == [1] * 50, "the started work ran its busy rounds before the commit"
         assert [c.record.call_id for c in done] == ["second"]
         assert len(log.read_session("s")) == 2  # durable when the caller heard
-        assert journal.stats.loop_transactions == 1, "the overlapped commit was the writer's"
-        assert watched.threads[-1] == journal.writer_thread.ident  # type: ignore[union-attr]
-        # Without ``overlap`` the idle loop commits it itself again, ``meanwhile`` or not.
-        await journal.append([tool_result("s", "third")], meanwhile=lambda: None)
-        assert journal.stats.loop_transactions == 2
+        assert journal.stats.loop_transactions == journal.stats.transactions == 2
+        assert set(watched.threads) == {threading.get_ident()}  # none was the writer's
+        # Without ``overlap`` the busy loop commits a lone append at the round's end.
+        async with busy_loop():
+            await journal.append([tool_result("s", "third")], meanwhile=lambda: None)
+        assert journal.stats.loop_transactions == 3
         assert journal._overlap_held is False
         # Nothing to commit: ``meanwhile`` still runs, and nothing is written.
         ran: list[bool] = []
         assert await journal.append([], meanwhile=lambda: ran.append(True)) == []
         assert ran == [True] and journal.stats.transactions == 3
+
+
+async def test_an_overlapped_commit_is_held_at_most_the_group_wait_on_a_busy_loop(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work that never waits does not hold an overlapped commit for ever: it commits once
+    held ``BUSY_GROUP_WAIT`` mean commit waits (0 here: at the first round's end)."""
+    watched = _Watched(log)
+    async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
+        await journal.append([tool_result("s", "first")])
+        monkeypatch.setattr(journal_module, "BUSY_COMMIT_SPACING", math.inf)
+        monkeypatch.setattr(journal_module, "BUSY_GROUP_WAIT", 0.0)
+        async with busy_loop():
+            await journal.append([tool_result("s", "second")], meanwhile=lambda: None, overlap=True)
+        assert journal.stats.loop_transactions == journal.stats.transactions == 2
+
+
+async def test_an_overlapped_commit_goes_to_the_writer_where_the_loop_does_not_commit(
+    log: LmdbLog,
+) -> None:
+    """A slow disk (commits over the loop's budget) or ``commit_on_loop=False``: the
+    writer thread takes an overlapped commit as any other, and its fsync runs beside the
+    started work."""
+    watched = _Watched(log, delay=0.02)
+    async with open_journal(watched, commit_on_loop=False) as journal:  # type: ignore[arg-type]
+        seen: list[int] = []
+        done = await journal.append(
+            [tool_result("s", "only")],
+            meanwhile=lambda: seen.append(len(log.read_session("s"))),
+            overlap=True,
+        )
+        assert seen == [0] and [c.record.call_id for c in done] == ["only"]
+        assert journal.stats.loop_transactions == 0
+        assert watched.threads == [journal.writer_thread.ident]  # type: ignore[union-attr]
 
 
 async def test_meanwhile_on_an_inline_log_runs_after_a_commit_and_not_after_a_failed_one() -> None:
