@@ -322,3 +322,23 @@ def test_a_rerun_stopped_under_the_revision_in_force_is_not_run_again() -> None:
         "so it was run again under revision 1, and that failed (c1@rev1): perdure: this "
         "call was stopped while it was running: the runtime stopped it."
     ) in last_user_text(s)
+
+
+def test_a_call_whose_rerun_was_stopped_is_run_again_beside_one_whose_rerun_stands() -> None:
+    """Each goal-dependent call of a turn is judged on its own: one whose re-run has its
+    result stands for it (that re-run is run again), and the next one in the same turn,
+    whose re-run a newer revision stopped, is run again itself."""
+    s = Session(TOOLS_WITH_SEARCH)
+    s.command(protocol.Submit("r1", "fly to Oslo"))
+    s.reply("looking", ("c1", "search", {"route": "LHR-OSL"}), ("c2", "search", {"route": "OSL"}))
+    s.finish_tool("c1", output="3 flights to Oslo")
+    s.finish_tool("c2", output="2 hotels in Oslo")
+    s.command(protocol.Revise("v1", "Bergen"))
+    s.finish_tool("c1@rev1", output="2 flights to Bergen")  # c2@rev1 still runs
+    step, _ = s.command(protocol.Revise("v2", "Tromsø"))
+    step += s.finish_tool("c2@rev1", output="stopped", outcome="cancelled")
+    created = only(step.records, ToolTaskCreated)
+    assert [(c.call_id, c.rerun_of) for c in created] == [
+        ("c2@rev2", "c2"),
+        ("c1@rev1@rev2", "c1@rev1"),
+    ]
