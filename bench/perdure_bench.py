@@ -20,9 +20,11 @@ SIGKILLed). Every runtime uses ``durability="full"``, the default.
 ``LEVERS`` (``turns``) names which effects start while their commit is in flight
 (``perdure.actors.protocol.Overlap``): ``serial`` none (every effect after its commit),
 ``serial-writer`` none, every commit on the writer thread (``commit_on_loop=False``),
-``model-loop`` the model call, its commit left where the Journal would put it,
-``model`` the model call with its commit on the writer thread (perdure's default),
-``safe`` a SAFE tool's attempt too, ``safe-only`` only a SAFE tool's attempt.
+``model-loop`` the model call, its commit left to the Journal's usual rules (it may
+commit before the call has run), ``model`` the model call, its commit held until the
+call waits (``Journal.append``'s ``overlap``; perdure's default), ``safe`` a SAFE
+tool's attempt too, ``safe-only`` only a SAFE tool's attempt. A ``+writer`` suffix puts
+every commit on the writer thread (``commit_on_loop=False``).
 ``THINK_MS``: the model takes that long to answer (default: instant).
 """
 
@@ -96,9 +98,9 @@ LEVERS: dict[str, tuple[Overlap, bool]] = {
 def _levers(rt: perdure.Runtime, levers: str) -> None:
     """Set the runtime's overlap of effects and commits (``LEVERS``)."""
     name, _, writer = levers.partition("+")
-    overlap, on_writer = LEVERS[name]
+    overlap, commit_after = LEVERS[name]
     rt._ctx.overlap = overlap
-    rt._ctx.overlap_on_writer = on_writer
+    rt._ctx.overlap_commit_after = commit_after
     if name == "serial-writer" or writer == "writer":  # every commit on the writer thread
         rt._journal.commit_on_loop = False
 

@@ -3,6 +3,7 @@
     python bench/run.py            # the full suite (about 10-20 minutes)
     python bench/run.py --quick    # a tiny version for CI: checks the code, not the figures
     python bench/run.py --setup-peers   # create the peers' venv with the pinned versions
+    python bench/run.py --only first-token [--quick]   # time to first token at the browser
     python bench/run.py --only per-turn [--quick] [--levers serial,model,...]
                                    # one session's turn per set of levers, both floors
 
@@ -71,6 +72,9 @@ FULL: dict[str, Any] = {
     "sse": (100, 20),  # SSE clients of one session on the daemon, K
     "sse_trials": 3,  # each variant of the SSE measurement, interleaved
     "sse_floor_bursts": 100,  # one event to every client, one burst at a time
+    # Time to first token at an SSE client, perdure serve beside a bare server streaming
+    # the same model (bench/first_token.py): counted trials per arm, the model's think.
+    "first_token": (200, 50.0),
     "embed_calls": 5000,  # calls through perdure.embed (asyncio) and on trio directly
     "timeout": 1800,
 }
@@ -100,6 +104,7 @@ QUICK: dict[str, Any] = {
     "sse": (10, 5),
     "sse_trials": 1,
     "sse_floor_bursts": 10,
+    "first_token": (5, 20.0),
     "embed_calls": 200,
     "timeout": 120,
 }
@@ -687,6 +692,13 @@ class Suite:
             headline["floor"][server] = summary | {"bursts": bursts, "trials": trials}
         return headline
 
+    def first_token(self) -> dict[str, Any]:
+        """What the daemon adds to a model's first token on its way to an SSE client,
+        beside a bare server streaming the same model, the trials interleaved."""
+        trials, think = self.cfg["first_token"]
+        log(f"time to first token: perdure serve and a bare server, {trials} trials each")
+        return self.run("first_token.py", self.path("first-token"), trials, "--think-ms", think)
+
     def embedding(self) -> dict[str, Any]:
         log(f"embedding in asyncio (perdure.embed): {self.cfg['embed_calls']} calls per way")
         return self.run("embed_call.py", self.path("embed"), self.cfg["embed_calls"])
@@ -1078,6 +1090,7 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
                 f"SDK {sdk * 1e3:.0f} us per turn, off {tr['off']['cpu_ms_per_turn']:.2f} ms",
             )
     rows.append(sse_ratio(results["streaming"]["sse"]))
+    rows.append(first_token_ratio(results["first_token"]))
     rec = results["recovery"]
     v = rec["with_finished"]["last_rerun_ms"] / rec["without"]["last_rerun_ms"]
     row(
@@ -1174,6 +1187,37 @@ def sse_ratio(sse: dict[str, Any]) -> dict[str, Any]:
         "met": None if daemon is None else daemon <= TARGETS["sse_daemon_ms"],
         "note": "; ".join(notes),
     }
+
+
+def first_token_ratio(ft: dict[str, Any]) -> dict[str, Any]:
+    """The row of the time to first token at the browser (a figure, no target)."""
+    ours, bare = ft["perdure"], ft["bare"]
+    return {
+        "ratio": "time from the model's first token to an SSE client's, p50: perdure serve "
+        "/ a bare server streaming the same model (Hypercorn, the same SDK)",
+        "value": ft["p50_ratio"],
+        "target": "(info)",
+        "met": None,
+        "note": f"perdure p50 {ours['p50_ms']:.2f} / p99 {ours['p99_ms']:.2f} ms, bare "
+        f"{bare['p50_ms']:.2f} / {bare['p99_ms']:.2f} ms ({ft['trials']} trials each, "
+        f"interleaved); added p50 {ft['added_p50_ms']:.2f} ms; load average "
+        f"{ft['loadavg_before'][0]:.1f} -> {ft['loadavg_after'][0]:.1f}",
+    }
+
+
+def _first_token_summary(ft: dict[str, Any]) -> list[str]:
+    ours, bare = ft["perdure"], ft["bare"]
+    return [
+        f"- Time to first token at the browser (`bench/first_token.py`; the model's first "
+        f"token written -> an SSE client has it; {ft['trials']} trials per arm, "
+        f"interleaved, the model thinking {ft['think_ms']:g} ms first): `perdure serve` "
+        f"p50 {_fmt(ours['p50_ms'])} ms, p99 {_fmt(ours['p99_ms'])} ms; a bare Hypercorn "
+        f"server streaming the same model through the same SDK p50 {_fmt(bare['p50_ms'])} "
+        f"ms, p99 {_fmt(bare['p99_ms'])} ms; ratio of the p50s {_fmt(ft['p50_ratio'])}, "
+        f"of the p99s {_fmt(ft['p99_ratio'])}; load average {_fmt(ft['loadavg_before'][0])}"
+        f" -> {_fmt(ft['loadavg_after'][0])}"
+        + (f", CPU pressure {_pct(ft['cpu_pressure'])}" if "cpu_pressure" in ft else "")
+    ]
 
 
 _GC_VARIANTS = (("perdure", "default collector"), ("perdure-gc-tuned", "tune_gc"))
@@ -1386,6 +1430,8 @@ def table(results: dict[str, Any], cfg: dict[str, Any]) -> str:
             f"session(s), {r['subscribers']} subscribers, {r['deliveries']} deliveries: "
             f"p50 {_fmt(r['p50_ms'], 3)} ms, p99 {_fmt(r['p99_ms'], 3)} ms"
         )
+    if "first_token" in results:
+        lines += _first_token_summary(results["first_token"])
     em = results.get("embedding")
     if em:
         for kind, what in (("state", "an actor query"), ("session_info", "a log read")):
@@ -1426,8 +1472,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory")
     parser.add_argument(
         "--only",
-        choices=["sse", "scale", "per-turn"],
-        help="only this part: sse writes <out>/sse.json (sse-quick.json), scale (100,000 "
+        choices=["sse", "first-token", "scale", "per-turn"],
+        help="only this part: sse writes <out>/sse.json (sse-quick.json), first-token "
+        "<out>/first-token.json (first-token-quick.json), scale (100,000 "
         "sessions, bench/bench_scale.py) <out>/scale.json (scale-quick.json); each prints "
         "its table; per-turn measures one session's turn with each set of --levers beside "
         "the two-commit and the one-commit floor (<out>/per-turn.json, per-turn-quick.json)",
@@ -1460,6 +1507,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = QUICK if args.quick else FULL
     if args.only == "sse":
         return only_sse(cfg, mode, args.out, args.workdir)
+    if args.only == "first-token":
+        return only_first_token(cfg, mode, args.out, args.workdir)
     if args.only == "per-turn":
         levers = [name.strip() for name in args.levers.split(",") if name.strip()]
         return only_per_turn(cfg, mode, args.out, args.workdir, levers, args.think_ms)
@@ -1490,6 +1539,7 @@ def main(argv: list[str] | None = None) -> int:
             ("recovery", suite.recovery),
             ("memory", suite.memory),
             ("streaming", suite.streaming),
+            ("first_token", suite.first_token),
             ("embedding", suite.embedding),
             ("postgres", lambda: suite.postgres(args.quick)),
         ]
@@ -1544,6 +1594,41 @@ def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) ->
     print("\n".join(lines))
     out.mkdir(parents=True, exist_ok=True)
     name = "sse.json" if mode == "full" else "sse-quick.json"
+    (out / name).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out / name}")
+    return 0
+
+
+def only_first_token(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) -> int:
+    """The time to first token at the browser alone (both arms interleaved)."""
+    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
+    started = time.perf_counter()
+    try:
+        results: dict[str, Any] = {
+            "mode": mode,
+            "part": "first-token",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(scratch),
+            "config": {"first_token": cfg["first_token"]},
+            "versions": perdure_versions(),
+            "first_token": Suite(cfg, scratch, None).first_token(),
+        }
+        results["machine"]["loadavg_end"] = os.getloadavg()
+        results["ratio"] = first_token_ratio(results["first_token"])
+        results["elapsed_s"] = time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    m = results["machine"]
+    lines = [
+        f"perdure time to first token, {mode} run, {results['date']}, {m['cpu']} "
+        f"x{m['cpus']}, load avg at start {_fmt(m['loadavg_start'][0])}, at end "
+        f"{_fmt(m['loadavg_end'][0])}",
+        "",
+        *_first_token_summary(results["first_token"]),
+    ]
+    print("\n".join(lines))
+    out.mkdir(parents=True, exist_ok=True)
+    name = "first-token.json" if mode == "full" else "first-token-quick.json"
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0
@@ -1651,7 +1736,12 @@ def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
         None,
         f"a page of 100: {lists['list_page_100_ms']:.1f} ms; the web page's newest 100: "
         f"{lists.get('list_newest_100_ms', float('nan')):.1f} ms; perdure sessions "
-        f"{lists['cli_sessions_s']:.2f} s",
+        f"{lists['cli_sessions_s']:.2f} s"
+        + (
+            f" (its newest 50; --all {lists['cli_sessions_all_s']:.2f} s)"
+            if "cli_sessions_all_s" in lists
+            else ""
+        ),
     )
     build = scale.get("build")
     if build is not None:

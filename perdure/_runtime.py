@@ -33,6 +33,7 @@ from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from os import PathLike
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import attrs
@@ -45,6 +46,7 @@ from perdure.actors.context import ActorContext
 from perdure.actors.decide.forks import workspace_at
 from perdure.actors.decide.sessions import check_grant, fork_files_request
 from perdure.actors.mailbox import CommandMsg, Query
+from perdure.actors.readmodel import StateLookup, session_view
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor import Supervisor, dormant_state
 from perdure.answers import CallDiff, Rewound
@@ -426,6 +428,12 @@ class Runtime:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self._ctx.settings.stuck_after
 
+    @property
+    def prices(self) -> Mapping[str, Price]:
+        """The price table costs are reckoned at (``open_runtime(prices=)``, else the
+        built-in one), by model: budgets, ``summary`` and the daemon's views."""
+        return MappingProxyType(self._ctx.settings.limits.prices)
+
     async def stuck_runs(
         self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None
     ) -> list[StuckRun]:
@@ -673,12 +681,12 @@ class Runtime:
         this node) is read from the log instead; the read then starts no actor, takes
         no lease and runs no recovery.
         """
-        return await self._read(session_id, fn, wake=wake)
+        return await self._read(session_id, lambda state: fn(StateLookup(state)), wake=wake)
 
     async def view(self, session_id: str, *, wake: bool = True) -> SessionView:
         """A frozen snapshot of a session's headline facts (``perdure.SessionView``):
         safe to keep, never changed by later commits. ``wake`` as for ``state``."""
-        return await self._read(session_id, SessionState.view, wake=wake)
+        return await self._read(session_id, session_view, wake=wake)
 
     async def summary(self, session_id: str, *, wake: bool = True) -> dict[str, Any]:
         """What the session is doing, as JSON-ready data (``perdure.inspect.summarize``:
@@ -686,7 +694,9 @@ class Runtime:
         effects, every run and call, usage and cost): the body of the daemon's
         ``GET /v1/sessions/{id}`` and what ``perdure show`` prints. ``wake`` as for
         ``state``."""
-        return await self._read(session_id, summarize, wake=wake)
+        # Cost at the runtime's own price table (open_runtime(prices=)), as budgets are.
+        prices = self._ctx.settings.limits.prices
+        return await self._read(session_id, partial(summarize, prices=prices), wake=wake)
 
     async def _read(
         self, session_id: str, fn: Callable[[SessionState], T], *, wake: bool = True

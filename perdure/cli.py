@@ -19,13 +19,13 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import click
 
 from perdure import _cli_control
 from perdure._cli_errors import EXIT_STATUSES
-from perdure.stuck import DEFAULT_STUCK_AFTER
+from perdure.stuck import DEFAULT_STUCK_AFTER, StuckRun
 
 if TYPE_CHECKING:
     from perdure.storage.backend import LogBackend, SessionInfo
@@ -1286,6 +1286,11 @@ def _where(log_dir: str) -> str:
     return log_dir
 
 
+# A page of ``perdure sessions`` unless --limit or --all says otherwise: a screenful,
+# read from the log's index by creation, so a log of any size answers at once.
+SESSIONS_PAGE = 50
+
+
 @main.command()
 @log_option
 @click.option(
@@ -1300,40 +1305,90 @@ def _where(log_dir: str) -> str:
     default=DEFAULT_STUCK_AFTER,
     show_default=True,
     metavar="SECONDS",
-    help="With --stuck: how long without a committed record makes a session stuck.",
+    help="How long without a committed record makes a session stuck (--stuck, and "
+    "--json's stuck fields).",
+)
+@click.option(
+    "--order",
+    type=click.Choice(["newest", "id"]),
+    default=None,
+    help="newest (the default): by creation, newest first; id: by session id.",
 )
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="A page of at most N sessions, in session-id order (a big log: page through it).",
+    help=f"A page of at most N sessions (default {SESSIONS_PAGE}).",
+)
+@click.option(
+    "--before",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="SEQ",
+    help="Newest first: the page of sessions created before SEQ (the last page's next).",
 )
 @click.option(
     "--after",
     default=None,
     metavar="SESSION",
-    help="The page after this session id (the last id of the page before).",
+    help="By id: the page after this session id (the last page's next; implies --order id).",
+)
+@click.option("--all", "every", is_flag=True, help="Every session, in one list (not paged).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print the list as JSON: {"sessions": [...], "next": ...}, the body of the '
+    "daemon's GET /v1/sessions.",
 )
 def sessions(
-    log_dir: str, stuck: bool, stuck_after: float, limit: int | None, after: str | None
+    log_dir: str,
+    stuck: bool,
+    stuck_after: float,
+    order: str | None,
+    limit: int | None,
+    before: int | None,
+    after: str | None,
+    every: bool,
+    as_json: bool,
 ) -> None:
-    """List the sessions of a log (read-only): every one in order of creation, or with
-    --limit/--after a page in session-id order."""
+    """List the sessions of a log (read-only), a page at a time: the newest first,
+    50 to a page, and how to ask for the next (--before); --order id pages by session
+    id (--after); --all lists every one."""
+    order = _sessions_order(order, after, before, every, limit, stuck)
     log = _open_readonly(log_dir)
-    paged = limit is not None or after is not None
     try:
         if stuck:  # only the sessions with unfinished work are read
             infos = log.sessions(active=True, after=after or "", limit=limit)
-            _stuck_sessions(log, infos, stuck_after, log_dir)
+            runs = _find_stuck(log, infos, stuck_after, log_dir)
+            if as_json:
+                stuck_ids = {r.session_id for r in runs}
+                _print_session_list([i for i in infos if i.session_id in stuck_ids], runs)
+            else:
+                _print_stuck(runs, stuck_after, log_dir)
             return
-        if paged:
-            infos = log.sessions(after=after or "", limit=limit)
-        else:
-            infos = sorted(log.sessions(), key=lambda i: i.first_seq)
+        page = None if every else (limit or SESSIONS_PAGE)
+        if order == "id":
+            infos = log.sessions(after=after or "", limit=None if page is None else page + 1)
+        elif page is None:  # every one: one scan of the summaries, then sorted
+            infos = sorted(log.sessions(), key=lambda i: i.first_seq, reverse=True)
+        else:  # a page: a range of the index by creation
+            infos = log.newest_sessions(before=before or 0, limit=page + 1)
+        # One more than the page was read: whether a next page exists, without a count.
+        more = page is not None and len(infos) > page
+        infos = infos[:page]
+        following: str | None = None
+        if more:
+            following = infos[-1].session_id if order == "id" else str(infos[-1].first_seq)
+        found = _find_stuck(log, infos, stuck_after, log_dir) if as_json else []
     finally:
         log.close()
+    if as_json:
+        _print_session_list(infos, found, following if page is not None else False)
+        return
     if not infos:
+        paged = after is not None or before is not None
         echo(f"no sessions {'in this page of' if paged else 'in'} {_where(log_dir)}")
         return
     width = max(7, *(len(i.session_id) for i in infos))
@@ -1345,10 +1400,53 @@ def sessions(
             f"{i.goal_rev:>3}  {i.open_submissions:>4}",
             style,
         )
+    if following is not None:
+        # On standard error: standard output stays the table, for a script to read.
+        cursor = f"--after {following}" if order == "id" else f"--before {following}"
+        echo(
+            f"more sessions: the next page with {cursor} (every session: --all)",
+            "dim",
+            err=True,
+        )
 
 
-def _stuck_sessions(log: LogBackend, infos: list[SessionInfo], after: float, log_dir: str) -> None:
-    """Print the stuck runs among ``infos`` (those with unfinished work only are read)."""
+def _sessions_order(
+    order: str | None,
+    after: str | None,
+    before: int | None,
+    every: bool,
+    limit: int | None,
+    stuck: bool,
+) -> str:
+    """The order ``perdure sessions`` lists in, its options checked against it."""
+    if order is None:
+        order = "id" if after is not None else "newest"
+    if after is not None and order != "id":
+        raise click.UsageError("--after pages by session id: it goes with --order id")
+    if before is not None and order != "newest":
+        raise click.UsageError("--before pages newest first: it goes with --order newest")
+    if every and (limit is not None or after is not None or before is not None):
+        raise click.UsageError("--all lists every session: leave out --limit, --after and --before")
+    if stuck and (before is not None or every):
+        raise click.UsageError("--stuck lists every stuck session by id (a page: --limit, --after)")
+    return order
+
+
+def _print_session_list(
+    infos: list[SessionInfo], stuck: list[StuckRun], following: str | Literal[False] | None = False
+) -> None:
+    """The list as the daemon's ``GET /v1/sessions`` answers it (the same code): with
+    ``next`` for a page (``following``: its cursor, None after the last; False: no page)."""
+    from perdure.server.payloads import session_list
+
+    body = session_list(infos, stuck, next_after=following)
+    click.echo(json.dumps(body, indent=2, ensure_ascii=False))
+
+
+def _find_stuck(
+    log: LogBackend, infos: list[SessionInfo], after: float, log_dir: str
+) -> list[StuckRun]:
+    """The stuck runs among ``infos`` (those with unfinished work only are read)."""
     from perdure.actors.state import SessionState
     from perdure.storage.codec import CorruptRecord
     from perdure.stuck import last_progress_at, stuck_run
@@ -1369,6 +1467,10 @@ def _stuck_sessions(log: LogBackend, infos: list[SessionInfo], after: float, log
         run = stuck_run(state, last, now=now, after=after)
         if run is not None:
             found.append(run)
+    return found
+
+
+def _print_stuck(found: list[StuckRun], after: float, log_dir: str) -> None:
     if not found:
         echo(f"no stuck sessions in {_where(log_dir)} (threshold {after:g}s)")
         return

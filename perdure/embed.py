@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -53,6 +53,7 @@ import trio
 from perdure import Runtime, StreamStats, StuckRun
 from perdure import open_runtime as open_trio_runtime
 from perdure.answers import Accepted, CallDiff, Done, Forked, IfBusy, Rewound
+from perdure.budget import Price
 from perdure.providers.base import Message
 from perdure.storage import SessionInfo
 from perdure.storage.bus import Event
@@ -481,6 +482,11 @@ class AsyncioRuntime:
     def stuck_after(self) -> float:
         """Seconds without a committed record after which unfinished work is stuck."""
         return self.trio_runtime.stuck_after
+
+    @property
+    def prices(self) -> Mapping[str, Price]:
+        """The price table costs are reckoned at (``Runtime.prices``)."""
+        return self.trio_runtime.prices
 
     async def stuck_runs(
         self, after: float | None = None, *, among: Iterable[SessionInfo] | None = None

@@ -3,7 +3,8 @@
 The fold (``perdure.actors.state``) keeps a session's state in mutable dicts shaped for
 the core's decisions; they change with every commit and their shape is the core's to
 change. The edges (observability, the daemon's frontends, the embedding faces) read
-this module's records instead, which the fold builds on demand:
+this module's records instead, which ``perdure.actors.readmodel`` builds from the fold's
+state on demand:
 
 * ``SessionLookup`` is what a commit observer and a function given to
   ``Runtime.state`` may ask of a session: one submission, run, model turn or tool call

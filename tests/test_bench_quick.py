@@ -92,7 +92,9 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     for part in ("quiet", "busy"):
         assert _positive(busy[part]["turns_per_s"]) and busy[part]["commits"] >= 1
         assert busy[part]["added_p99_ms"] >= busy[part]["added_p50_ms"]
-    assert 0 < busy["busy"]["spinner_share_kept"] <= 1.2  # the task ran beside the sessions
+    # The task ran beside the sessions. No upper bound: the share divides by a rate
+    # measured alone minutes apart on a shared machine, so above 1 is noise, not a fault.
+    assert 0 < busy["busy"]["spinner_share_kept"] < float("inf")
     rec = results["recovery"]
     for name in ("without", "with_finished"):
         assert rec[name]["recovered_sessions"] == cfg["interrupted_sessions"]
@@ -129,7 +131,19 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
             f = floor[server]
             assert 0 < f["first_client_ms"] <= f["median_client_ms"] <= f["last_client_ms"]
             assert _positive(f["cpu_us_per_write"])
+    # Time to first token: perdure serve and a bare server, the same model, interleaved.
+    ft = results["first_token"]
+    trials, think_ms = cfg["first_token"]
+    assert ft["trials"] == trials and ft["think_ms"] == think_ms
+    for arm in ("perdure", "bare"):
+        assert len(ft[arm]["trials_ms"]) == trials  # the warm-up trials are not counted
+        assert all(_positive(v) for v in ft[arm]["trials_ms"])  # arrived after it was written
+        assert ft[arm]["min_ms"] <= ft[arm]["p50_ms"] <= ft[arm]["p99_ms"]
+    assert ft["p50_ratio"] == ft["perdure"]["p50_ms"] / ft["bare"]["p50_ms"]
+    assert len(ft["loadavg_before"]) == 3
     ratios = {r["ratio"]: r for r in results["ratios"]}
+    (first_token,) = [r for n, r in ratios.items() if n.startswith("time from the model's first")]
+    assert first_token["value"] == ft["p50_ratio"] and first_token["met"] is None
     assert any(name.startswith("perdure per turn / floor") for name in ratios)
     assert all(r["met"] in (True, False, None) for r in ratios.values())
     (share,) = [r for name, r in ratios.items() if name.startswith("daemon share of SSE p50")]
@@ -147,6 +161,7 @@ def test_quick_results_are_well_formed(quick: tuple[dict[str, Any], Path, str]) 
     (tracing_row,) = [n for n in ratios if n.startswith("CPU per turn, tracing on: SDK")]
     assert "one process, 1 rounds" in tracing_row and ratios[tracing_row]["met"] in (True, False)
     assert "the control, the same way" in summary
+    assert "- Time to first token at the browser (`bench/first_token.py`" in summary
     assert "### Ratios and targets" in stdout
 
 

@@ -21,7 +21,7 @@ EDGES = (
 )
 INSIDES = ("perdure.actors", "perdure._runtime")
 # None left: ``Runtime.state`` and ``AsyncioRuntime.state`` hand their function a
-# ``perdure.SessionLookup``, not the fold's state.
+# ``perdure.SessionLookup`` (``perdure.actors.readmodel.StateLookup``), not the fold's state.
 ANNOTATION_ONLY_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 

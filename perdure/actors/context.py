@@ -56,9 +56,10 @@ class ActorContext:
     # checkpoint's diff is that call's alone (a rewind to before it, a reconcile).
     workspace_calls: trio.Lock = field(factory=trio.Lock)
     # Which effects start while the commit that asks for them is in flight, and whether
-    # such a commit goes to the writer thread so that its fsync overlaps them.
+    # such a commit waits for them to run first (``Journal.append``'s ``overlap``: the
+    # loop commits it once they wait, so that its fsync overlaps the model's time).
     overlap: Overlap = field(factory=Overlap)
-    overlap_on_writer: bool = True
+    overlap_commit_after: bool = True
     # The names of the tools with secret parameters, whose live argument text a model
     # call does not publish: made once here, not at every call (an MCP server brings
     # dozens of tools, and a walk over them cost ~26 us per model call for 50).

@@ -62,6 +62,7 @@ from perdure.actors.mailbox import (
     RetryResult,
     WaitIdle,
 )
+from perdure.actors.readmodel import StateLookup
 from perdure.actors.state import SessionState
 from perdure.backoff import Backoff
 from perdure.errors import Refused, SessionParkedError
@@ -420,7 +421,8 @@ class SessionActor:
         committed: list[Committed] = []
         effects = step.effects
         if step.records:
-            records = observe_before(self.ctx.observers, self.session_id, state, step.records)
+            seen = StateLookup(state)  # what the observers read of it (perdure.view)
+            records = observe_before(self.ctx.observers, self.session_id, seen, step.records)
             overlap = self.ctx.overlap
             early = decide.overlapping(step, overlap)
             guard = Guard(self.session_id, rev_before)
@@ -435,13 +437,13 @@ class SessionActor:
                         records,
                         guard=guard,
                         meanwhile=lambda: self._perform_all(early, durable),
-                        overlap=self.ctx.overlap_on_writer,
+                        overlap=self.ctx.overlap_commit_after,
                     )
                 else:
                     committed = await self.ctx.journal.append(records, guard=guard)
             except LogError as exc:
                 self._calls.call_off(early)
-                observe_failed(self.ctx.observers, self.session_id, state, records)
+                observe_failed(self.ctx.observers, self.session_id, seen, records)
                 if isinstance(exc, LogFenced):
                     raise  # this actor stops; nothing more to undo
                 self.state = await self._reload_after(exc)  # undo the optimistic fold
@@ -450,7 +452,7 @@ class SessionActor:
                 durable.set()
             for c in committed:
                 state.note_committed(c)
-            observe_after(self.ctx.observers, self.session_id, state, committed)
+            observe_after(self.ctx.observers, self.session_id, seen, committed)
             if _faults.ACTIVE and any(isinstance(c.record, ContextCompacted) for c in committed):
                 _faults.hit("compaction.after")
         self._perform_all(effects)

@@ -4,12 +4,14 @@ Nothing here performs I/O, reads a clock or knows about trio or LMDB. The same
 fold runs when a session actor starts after a crash and after every commit while
 it runs, so the state a restarted process rebuilds is exactly the state the dead
 one had when its last record became durable.
+
+The state is the core's own, shaped for its decisions; nothing outside the runtime is
+handed it. What the edges read is built from it by ``perdure.actors.readmodel``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import MappingProxyType
 from typing import Any
 
 from attrs import define, field
@@ -35,19 +37,7 @@ from perdure.actors.lifecycle import (
     generation_moves,
     task_moves,
 )
-from perdure.actors.protocol import (
-    Approve,
-    Cancel,
-    CompactContext,
-    Compensate,
-    Pause,
-    Resolve,
-    Resume,
-    Revise,
-    Rewind,
-    Submit,
-    with_budget_hash,
-)
+from perdure.actors.requests import answered
 from perdure.storage.records import (
     AgentStarted,
     ApprovalDecided,
@@ -92,18 +82,13 @@ from perdure.storage.records import (
     WorkspaceRestored,
     WorkspaceRestoreStarted,
 )
-from perdure.storage.redact import masked
-from perdure.view import (
-    GenerationView,
-    RunView,
-    SessionView,
-    SubmissionView,
-    TaskView,
-)
 
 
 @define
 class SessionState:
+    """One session as its records left it: what the decisions read (the edges read
+    ``perdure.actors.readmodel``'s answers instead)."""
+
     session_id: str
     created: bool = False
     system: str | None = None
@@ -177,17 +162,6 @@ class SessionState:
     def open_compensations(self) -> list[Task]:
         return [self.tasks[c.compensation_id] for c in self.compensations.values()]
 
-    def compensable(self, tasks: Iterable[Task], has_compensation: Any) -> list[str]:
-        """Completed calls among ``tasks`` that could be undone and were not yet."""
-        return [
-            t.call_id
-            for t in tasks
-            if t.phase == "completed"
-            and t.compensates is None
-            and t.compensated_by is None
-            and has_compensation(t)
-        ]
-
     def current_generation(self) -> Generation | None:
         if self.run is None:
             return None
@@ -208,95 +182,6 @@ class SessionState:
         """Tasks of the current run that are not terminal yet."""
         gen = self.current_generation()
         return [] if gen is None else [t for t in self.tasks_of(gen) if not t.terminal]
-
-    # -- the read model (perdure.view): frozen answers for the edges, made when asked --
-
-    def submission_view(self, submission_id: str) -> SubmissionView | None:
-        sub = self.submissions.get(submission_id)
-        if sub is None:
-            return None
-        return SubmissionView(
-            submission_id=sub.submission_id,
-            request_id=sub.request_id,
-            text=sub.text,
-            at=sub.at,
-            seq=sub.seq,
-            runs=tuple(sub.runs),
-            generations=tuple(sub.generations),
-            outcome=sub.outcome,
-            traceparent=sub.traceparent,
-        )
-
-    def run_view(self, run_id: str) -> RunView | None:
-        run = self.runs.get(run_id)
-        return _run_view(run) if run is not None else None
-
-    def run_views(self) -> tuple[RunView, ...]:
-        return tuple(_run_view(run) for run in self.runs.values())
-
-    def generation_view(self, generation_id: str) -> GenerationView | None:
-        gen = self.generations.get(generation_id)
-        if gen is None:
-            return None
-        return GenerationView(
-            generation_id=gen.generation_id,
-            run_id=gen.run_id,
-            submission_id=gen.submission_id,
-            phase=gen.phase,
-            attempt=gen.attempt,
-            model=gen.model,
-            usage=gen.usage,
-            failures=gen.failures,
-            reply=gen.reply,
-            call_ids=gen.call_ids,
-        )
-
-    def task_view(self, call_id: str) -> TaskView | None:
-        task = self.tasks.get(call_id)
-        return _task_view(task) if task is not None else None
-
-    def task_views(self) -> tuple[TaskView, ...]:
-        return tuple(_task_view(task) for task in self.tasks.values())
-
-    def recovery_decisions(self) -> tuple[RecoveryDecision, ...]:
-        return tuple(self.decisions)
-
-    def tool_attempt(self, call_id: str) -> ToolExecuting | None:
-        task = self.tasks.get(call_id)
-        return task.executing if task is not None else None
-
-    def model_failures(self, generation_id: str) -> tuple[RetryPending, ...]:
-        gen = self.generations.get(generation_id)
-        return gen.failures if gen is not None else ()
-
-    def open_submission(self) -> SubmissionView | None:
-        """The earliest unanswered input (the one that runs, or runs next)."""
-        open_subs = [s for s in self.submissions.values() if s.outcome is None]
-        if not open_subs:
-            return None
-        return self.submission_view(min(open_subs, key=lambda s: s.seq).submission_id)
-
-    def view(self) -> SessionView:
-        """A frozen snapshot of the session's headline facts (``Runtime.view``)."""
-        waiting = self.open_tasks()
-        return SessionView(
-            session_id=self.session_id,
-            created=self.created,
-            parent=self.parent,
-            forked_from=self.forked.source if self.forked is not None else None,
-            goal_rev=self.goal_rev,
-            paused=self.paused,
-            parked=self.parked,
-            idle=self.idle,
-            current_run=self.run.run_id if self.run is not None else None,
-            queued=tuple(self.queue),
-            awaiting_approval=tuple(t.call_id for t in waiting if t.phase == "awaiting_approval"),
-            awaiting_human=tuple(t.call_id for t in waiting if t.phase == "awaiting_human"),
-            usage=self.usage,
-            spend=tuple(self.spend.items()),
-            last_outcome=self.last_outcome,
-            last_seq=self.last_seq,
-        )
 
     # -- the fold ---------------------------------------------------------------------
 
@@ -337,6 +222,13 @@ class SessionState:
         if request_id and request_id in self.requests and not self.requests[request_id].seq:
             self.requests[request_id].seq = c.seq
 
+    def _answer(self, r: Any) -> None:
+        """Keep what the caller's command behind ``r`` did, under its request id, to answer
+        a retry of it (``perdure.actors.requests`` reads the record as its command)."""
+        seen = answered(r, self.run)
+        if seen is not None:
+            self.requests[r.request_id] = seen
+
     # -- transitions: every phase change is a row of perdure.actors.lifecycle ----------
 
     def _move_task(self, call_id: str, event: str) -> Task:
@@ -372,12 +264,9 @@ class SessionState:
             self.queue.append(r.submission_id)
         else:  # it interrupted the run: it runs next, ahead of the inputs waiting
             self.queue.insert(0, r.submission_id)
-        disposition = "queued" if r.interrupts is None else "interrupted"
-        self.requests[r.request_id] = RequestSeen(
-            Submit.kind, r.body_hash, r.submission_id, disposition=disposition
-        )
         if r.budget is not None:
             self.budget = r.budget
+        self._answer(r)
 
     def _run_started(self, r: RunStarted) -> None:
         run = Run(r.run_id, r.submission_id, r.goal_rev, r.resume_attempt, r.resumed_from, r.at)
@@ -498,8 +387,7 @@ class SessionState:
     def _approval_decided(self, r: ApprovalDecided) -> None:
         choice = "approved" if r.approved else "denied"
         self._move_task(r.call_id, f"ApprovalDecided({choice})")
-        body = Approve.hash_of(r.call_id, r.approved)
-        self.requests[r.request_id] = RequestSeen(Approve.kind, body, r.call_id)
+        self._answer(r)
 
     def _tool_executing(self, r: ToolExecuting) -> None:
         task = self._move_task(r.call_id, "ToolExecuting")
@@ -538,8 +426,7 @@ class SessionState:
         if r.action == "retry":  # skip and fail: the result record follows in the same commit
             task.not_before = r.at
             task.retry_by_human = True
-        body = Resolve.hash_of(r.call_id, r.action, r.result)
-        self.requests[r.request_id] = RequestSeen(Resolve.kind, body, r.call_id)
+        self._answer(r)
 
     def _tool_result(self, r: ToolResultRecord) -> None:
         task = self._move_task(r.call_id, type(r).__name__)
@@ -552,7 +439,7 @@ class SessionState:
         run = self.runs.get(r.run_id)
         if run is not None:
             run.cancel_requested = True
-        self.requests[r.request_id] = RequestSeen(Cancel.kind, Cancel.hash_of(), r.run_id)
+        self._answer(r)
 
     def _goal_revised(self, r: GoalRevised) -> None:
         open_calls = [t.call_id for t in self.open_tasks()]
@@ -562,12 +449,7 @@ class SessionState:
         self.conversation.append(Revision(r.goal_rev, r.text, open_calls, earlier))
         if r.budget is not None:
             self.budget = r.budget
-        body = with_budget_hash(r.text, r.budget)
-        if r.steered and self.run is not None:  # a submit steered into the running request
-            ref = self.run.submission_id
-            self.requests[r.request_id] = RequestSeen(Submit.kind, body, ref, disposition="steered")
-        else:
-            self.requests[r.request_id] = RequestSeen(Revise.kind, body, str(r.goal_rev))
+        self._answer(r)  # a submit steered into the running request, or a revision
 
     def _results_of_the_request(self) -> list[str]:
         """The calls of the running request that have their result, in call order."""
@@ -583,19 +465,18 @@ class SessionState:
 
     def _paused(self, r: SessionPaused) -> None:
         self.paused = True
-        self.requests[r.request_id] = RequestSeen(Pause.kind, Pause.hash_of(), "")
+        self._answer(r)
 
     def _resumed(self, r: SessionResumed) -> None:
         self.paused = False
-        self.requests[r.request_id] = RequestSeen(Resume.kind, Resume.hash_of(), "")
+        self._answer(r)
 
     def _compensation_requested(self, r: CompensationRequested) -> None:
         self.compensations[r.compensation_id] = Compensation(
             r.call_id, r.compensation_id, r.automatic
         )
         self.tasks[r.call_id].compensated_by = r.compensation_id
-        body = Compensate.hash_of(r.call_id)
-        self.requests[r.request_id] = RequestSeen(Compensate.kind, body, r.compensation_id)
+        self._answer(r)
 
     def _compensation_finished(self, r: CompensationFinished) -> None:
         comp = self.compensations.pop(r.compensation_id)
@@ -629,9 +510,7 @@ class SessionState:
             )
         self.compacting = Compacting(r)
         self.compactions_started += 1
-        if r.request_id is not None:
-            body = CompactContext.hash_of()
-            self.requests[r.request_id] = RequestSeen(CompactContext.kind, body, r.compaction_id)
+        self._answer(r)  # an on-demand compaction's (one the core started answers none)
 
     def _pending_compaction(self, compaction_id: str, event: str) -> Compacting:
         pending = self.compacting
@@ -690,8 +569,7 @@ class SessionState:
 
     def _restore_started(self, r: WorkspaceRestoreStarted) -> None:
         self.restoring = r
-        body = Rewind.hash_of(r.position, r.tree)
-        self.requests[r.request_id] = RequestSeen(Rewind.kind, body, r.tree)
+        self._answer(r)
 
     def _restored(self, r: WorkspaceRestored) -> None:
         if self.restoring is not None and self.restoring.request_id == r.request_id:
@@ -747,38 +625,3 @@ _HANDLERS: dict[type, Any] = {
     LogOpened: SessionState._ignore,
     SessionDeleted: SessionState._ignore,
 }
-
-
-def _run_view(run: Run) -> RunView:
-    return RunView(
-        run_id=run.run_id,
-        submission_id=run.submission_id,
-        goal_rev=run.goal_rev,
-        resume_attempt=run.resume_attempt,
-        resumed_from=run.resumed_from,
-        started_at=run.started_at,
-        cancel_requested=run.cancel_requested,
-        finished=run.finished,
-        usage=run.usage,
-        traceparent=run.traceparent,
-    )
-
-
-def _task_view(task: Task) -> TaskView:
-    return TaskView(
-        call_id=task.call_id,
-        generation_id=task.generation_id,
-        tool_name=task.tool_name,
-        input=MappingProxyType(masked(task.input, task.secret)),
-        goal_rev=task.goal_rev,
-        phase=task.phase,
-        terminal=task.terminal,
-        attempt=task.attempt,
-        executing=task.executing,
-        result=task.result,
-        last_error=task.last_error,
-        not_before=task.not_before,
-        last_heartbeat=task.last_heartbeat,
-        compensates=task.compensates,
-        children=task.children,
-    )

@@ -25,7 +25,7 @@ here keeps state between requests, so a restarted daemon answers the same way.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
@@ -34,7 +34,7 @@ import attrs
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from perdure.budget import DEFAULT_PRICES, cost_summary
+from perdure.budget import Price, cost_summary
 from perdure.errors import Refused
 from perdure.server.errors import ApiError
 from perdure.server.protocols import ag_ui, ai_sdk
@@ -373,7 +373,8 @@ class ChatRoutes:
             await self._approve(session_id, call_id, approved, entry.interrupt_id, note)
             cut = max(cut, seq)
             call_ids.append(call_id)
-        found = await self.api.rt.state(session_id, partial(_reply_of, call_ids[0]), wake=False)
+        reply = partial(_reply_of, call_ids[0], self.api.rt.prices)
+        found = await self.api.rt.state(session_id, reply, wake=False)
         if found is None:
             raise ApiError(404, "not_found", f"no tool call {call_ids[0]!r} in this session")
         submission_id, seq, snapshot = found
@@ -419,24 +420,27 @@ def _open_submission(state: SessionLookup) -> tuple[str, int] | None:
     return (sub.submission_id, sub.seq) if sub is not None else None
 
 
-def _reply_of(call_id: str, state: SessionLookup) -> tuple[str, int, dict[str, Any]] | None:
+def _reply_of(
+    call_id: str, prices: Mapping[str, Price], state: SessionLookup
+) -> tuple[str, int, dict[str, Any]] | None:
     """The submission whose reply made ``call_id``, its seq, and the AG-UI snapshot."""
     task = state.task_view(call_id)
     gen = state.generation_view(task.generation_id) if task is not None else None
     sub = state.submission_view(gen.submission_id) if gen is not None else None
     if sub is None:
         return None
-    return sub.submission_id, sub.seq, _snapshot(state)
+    return sub.submission_id, sub.seq, _snapshot(state, prices)
 
 
-def _snapshot(state: SessionLookup) -> dict[str, Any]:
+def _snapshot(state: SessionLookup, prices: Mapping[str, Price]) -> dict[str, Any]:
     """What AG-UI's shared state shows of a session: the headline facts of its summary
-    (``GET /v1/sessions/{id}``), read from the session's snapshot (``SessionView``)."""
+    (``GET /v1/sessions/{id}``), read from the session's snapshot (``SessionView``);
+    the cost at the runtime's prices, as the summary's."""
     view = state.view()
     return {
         "session_id": view.session_id,
         "paused": view.paused,
         "parked": view.parked,
         "usage": attrs.asdict(view.usage),
-        "cost": cost_summary(dict(view.spend), DEFAULT_PRICES),
+        "cost": cost_summary(dict(view.spend), prices),
     }

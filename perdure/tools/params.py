@@ -138,6 +138,12 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:  # a hint naming something the module cannot resolve
+        # Under ``from __future__ import annotations`` typing refuses a ClassVar or Final
+        # in a function's hints: say which parameter, as without that import.
+        qualified = _qualified_parameter(fn)
+        if qualified is not None:
+            where = f"tool {tool_name!r}, parameter {qualified[0]!r}"
+            raise _qualifier_error(where, qualified[1]) from None
         raise ToolDefinitionError(
             f"tool {tool_name!r}: cannot resolve the type hints of {fn.__qualname__}: {exc}"
         ) from None
@@ -163,6 +169,17 @@ def describe(tool_name: str, fn: Callable[..., Any], *, skip_first: bool) -> tup
             raise ToolDefinitionError(
                 f"{where}: a ToolContext must be the first parameter of the tool"
             )
+        qualifier = _class_qualifier(hint)
+        if qualifier is not None:
+            # pydantic reads a ClassVar (and a Final with a default) as an attribute of
+            # the arguments' class, not a field: the parameter would leave the schema
+            # without a word, and the model could never send it.
+            raise _qualifier_error(where, qualifier)
+        if p.default is not inspect.Parameter.empty and _has_default_factory(hint):
+            raise ToolDefinitionError(
+                f"{where}: has both a default in the signature and a default_factory "
+                "in its Field(): keep one of them"
+            )
         field_name = f"p{index}"
         names[p.name] = field_name
         if _is_secret(hint):
@@ -185,6 +202,50 @@ def _is_context(hint: Any) -> bool:
     from perdure.tools.contract import ToolContext  # the contract imports this module
 
     return _strip_annotated(hint) is ToolContext
+
+
+def _class_qualifier(hint: Any) -> str | None:
+    """``"ClassVar"`` or ``"Final"`` if the hint (or the type inside its ``Annotated``)
+    is one of those qualifiers, bare or subscripted; else None."""
+    base = _strip_annotated(hint)
+    for qualifier, name in ((typing.ClassVar, "ClassVar"), (typing.Final, "Final")):
+        if base is qualifier or typing.get_origin(base) is qualifier:
+            return name
+    return None
+
+
+def _qualifier_error(where: str, qualifier: str) -> ToolDefinitionError:
+    return ToolDefinitionError(
+        f"{where}: {qualifier}[...] qualifies a class attribute or a variable, not a "
+        "parameter the model sends: annotate it with its type alone"
+    )
+
+
+def _qualified_parameter(fn: Callable[..., Any]) -> tuple[str, str] | None:
+    """The first parameter of ``fn`` annotated ``ClassVar`` or ``Final`` and that
+    qualifier, from its annotations evaluated as plain expressions (which, unlike
+    ``typing.get_type_hints``, accept them); None if there is none or they cannot be."""
+    try:
+        annotations = inspect.get_annotations(fn, eval_str=True)
+    except Exception:
+        return None
+    for name, hint in annotations.items():
+        qualifier = _class_qualifier(hint) if name != "return" else None
+        if qualifier is not None:
+            return name, qualifier
+    return None
+
+
+def _has_default_factory(hint: Any) -> bool:
+    """Whether a ``Field(default_factory=...)`` is in the hint's ``Annotated`` metadata."""
+    from pydantic.fields import FieldInfo
+
+    if typing.get_origin(hint) is not typing.Annotated:
+        return False
+    return any(
+        isinstance(a, FieldInfo) and a.default_factory is not None
+        for a in typing.get_args(hint)[1:]
+    )
 
 
 def _strip_annotated(hint: Any) -> Any:

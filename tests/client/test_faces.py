@@ -158,6 +158,7 @@ ONLY_IN_PROCESS = {
     "hibernations": "the process's memory",
     "stuck_runs": "the daemon's session list marks each stuck session (its stuck field)",
     "stuck_after": "the daemon's threshold is set where it starts (perdure serve --stuck-after)",
+    "prices": "the daemon's price table is set where it starts; its summaries are priced by it",
 }
 ONLY_IN_CLIENTS = {
     "health": "the daemon's liveness",

@@ -15,6 +15,7 @@ import pytest
 from perdure import errors
 from perdure.actors import decide, protocol
 from perdure.actors.entities import Note
+from perdure.actors.readmodel import StateLookup
 from perdure.actors.state import SessionState
 from perdure.storage.records import CompensationFinished, RetryPending, RunStarted, SessionParked
 from tests.core.sim import COURSE_TOOLS, Session, decide_committed, only
@@ -242,7 +243,7 @@ def test_a_run_stamped_by_an_observer_reads_as_the_log_holds_it() -> None:
     stamped = attrs.evolve(started, traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
     s.state.note_committed(decide_committed(99, stamped))
     assert s.state.runs[started.run_id].traceparent == stamped.traceparent
-    assert s.state.run_views()[0].traceparent == stamped.traceparent
+    assert StateLookup(s.state).run_views()[0].traceparent == stamped.traceparent
     unstamped = attrs.evolve(started, traceparent="")
     s.state.note_committed(decide_committed(100, unstamped))  # never erases a stamp
     assert s.state.runs[started.run_id].traceparent == stamped.traceparent

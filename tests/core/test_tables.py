@@ -9,6 +9,7 @@ transition the table lacks is refused by the fold, naming what and where.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from perdure.actors import decide, lifecycle, protocol
@@ -19,12 +20,17 @@ from perdure.actors.lifecycle import (
     TASK_TRANSITIONS,
     ImpossibleTransition,
 )
+from perdure.actors.requests import ANSWERS
 from perdure.actors.state import SessionState
 from perdure.storage.records import (
+    RECORD_TYPES,
     GenerationCompleted,
+    SessionCreated,
+    SessionForked,
     ToolCompleted,
     ToolExecuting,
     ToolHeartbeat,
+    WorkspaceRestored,
 )
 from tests.core.sim import Session, decide_committed
 
@@ -138,3 +144,17 @@ def test_an_impossible_transition_names_the_session_the_subject_its_phase_and_th
     )
     late = ImpossibleTransition("s1", "model turn g1", "completed", "RetryPending")
     assert "RetryPending for model turn g1 in phase 'completed' is not" in str(late)
+
+
+# Records that carry a request id but answer no command of the session's own: a
+# created session is made idempotent by its id (decide/sessions.py), a fork by the
+# target session's log, and a finished restore closes the request its start answered.
+_NOT_A_COMMANDS_ANSWER = {SessionCreated, SessionForked, WorkspaceRestored}
+
+
+def test_every_record_that_carries_a_request_id_is_read_back_as_its_command() -> None:
+    """A command record without its row in ``requests.ANSWERS`` would leave its request
+    id unknown to the fold: a retry of that command would run it a second time."""
+    carrying = {cls for cls in RECORD_TYPES if "request_id" in attrs.fields_dict(cls)}
+    assert set(ANSWERS) == carrying - _NOT_A_COMMANDS_ANSWER
+    assert carrying >= _NOT_A_COMMANDS_ANSWER

@@ -19,6 +19,7 @@ import perdure
 from perdure.actors import protocol
 from perdure.actors.decide.verbs import ASK_A_PERSON
 from perdure.actors.protocol import Step
+from perdure.actors.readmodel import session_view
 from perdure.storage.records import (
     RecoveryDecision,
     ToolAwaitingHuman,
@@ -87,7 +88,7 @@ def test_an_interrupted_never_call_waits_for_a_person_instead_of_telling_the_mod
     assert not runs(step), "nothing runs while the person decides"
     task = s.state.tasks["c1"]
     assert (task.phase, task.unknown_outcome) == ("awaiting_human", True)
-    assert s.state.view().awaiting_human == ("c1",)
+    assert session_view(s.state).awaiting_human == ("c1",)
 
 
 def test_a_tool_without_the_option_still_tells_the_model() -> None:

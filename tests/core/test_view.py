@@ -1,4 +1,4 @@
-"""The read model (``perdure.view``): what the edges read of a session, made by the fold.
+"""The read model (``perdure.view``): what the edges read of a session, made from the fold.
 
 Each answer must say what the fold holds (a wrong field here is a wrong span, metric
 label or stream position at an edge), be frozen, and not move when later records are
@@ -12,6 +12,7 @@ import pytest
 
 import perdure
 from perdure.actors import decide, protocol
+from perdure.actors.readmodel import StateLookup, session_view
 from perdure.actors.state import SessionState
 from perdure.storage.records import (
     AgentStarted,
@@ -40,34 +41,35 @@ def test_each_item_of_a_running_turn_is_answered_as_the_fold_holds_it() -> None:
     s.fail_model(model="m-asked")
     s.reply("looking", ("c1", "lookup", {"query": "q"}))
     state = refold(s)
+    ask = StateLookup(state)
     run = state.run
     assert run is not None
     gen = state.current_generation()
     assert gen is not None
 
-    sub = state.submission_view(run.submission_id)
+    sub = ask.submission_view(run.submission_id)
     assert sub is not None
     assert (sub.request_id, sub.text, sub.outcome) == ("r1", "go", None)
     assert sub.seq == seq_of(s, InputAccepted) > 0
     assert sub.runs == (run.run_id,)
     assert sub.generations == (gen.generation_id,)
-    assert state.open_submission() == sub
+    assert ask.open_submission() == sub
 
-    run_view = state.run_view(run.run_id)
+    run_view = ask.run_view(run.run_id)
     assert run_view is not None
     assert run_view.submission_id == run.submission_id
     assert run_view.finished is None and not run_view.cancel_requested
     assert run_view.started_at == next(r for r in s.log if isinstance(r, RunStarted)).at
 
-    gen_view = state.generation_view(gen.generation_id)
+    gen_view = ask.generation_view(gen.generation_id)
     assert gen_view is not None
     assert (gen_view.run_id, gen_view.phase, gen_view.attempt) == (run.run_id, "completed", 2)
     assert [f.model for f in gen_view.failures] == ["m-asked"]
-    assert state.model_failures(gen.generation_id) == gen_view.failures
+    assert ask.model_failures(gen.generation_id) == gen_view.failures
     assert isinstance(gen_view.reply, GenerationCompleted) and gen_view.reply.text == "looking"
     assert gen_view.call_ids == ("c1",)
 
-    task = state.task_view("c1")
+    task = ask.task_view("c1")
     assert task is not None
     assert (task.tool_name, task.phase, task.terminal, task.attempt) == (
         "lookup",
@@ -77,14 +79,14 @@ def test_each_item_of_a_running_turn_is_answered_as_the_fold_holds_it() -> None:
     )
     assert task.generation_id == gen.generation_id
     assert task.executing is not None and task.executing.replay == "safe"
-    assert state.tool_attempt("c1") is task.executing
+    assert ask.tool_attempt("c1") is task.executing
     assert task.result is None and task.children == ()
     state.apply(AgentStarted(session_id="s1", call_id="c1", attempt=1, child="s1.agent-a", at=2.0))
-    after = state.task_view("c1")
+    after = ask.task_view("c1")
     assert after is not None and after.children == ("s1.agent-a",)
     assert task.children == ()  # the answer given before did not move
 
-    view = state.view()
+    view = ask.view()
     assert view.current_run == run.run_id
     assert not view.idle and view.created and view.queued == ()
     assert view.last_seq == len(s.log)
@@ -97,13 +99,14 @@ def test_unknown_ids_are_none_and_a_finished_request_is_no_longer_open() -> None
     s.finish_tool("c1", output="found")
     s.reply("done")
     state = refold(s)
-    for ask in (state.submission_view, state.run_view, state.generation_view, state.task_view):
-        assert ask("nope") is None
-    assert state.tool_attempt("nope") is None and state.model_failures("nope") == ()
-    assert state.open_submission() is None
-    task = state.task_view("c1")
+    ask = StateLookup(state)
+    for answer in (ask.submission_view, ask.run_view, ask.generation_view, ask.task_view):
+        assert answer("nope") is None
+    assert ask.tool_attempt("nope") is None and ask.model_failures("nope") == ()
+    assert ask.open_submission() is None
+    task = ask.task_view("c1")
     assert task is not None and task.terminal and task.phase == "completed"
-    view = state.view()
+    view = ask.view()
     assert view.idle and view.current_run is None
     assert view.last_outcome is not None and view.last_outcome.status == "completed"
     assert view.usage == state.usage
@@ -113,13 +116,13 @@ def test_a_snapshot_is_frozen_and_keeps_what_was_true_when_it_was_taken() -> Non
     s = Session(tools=None)
     s.command(protocol.Submit("r1", "ship it"))
     s.reply("deploying", ("c1", "deploy", {"target": "prod"}))
-    before = s.state.view()
+    before = session_view(s.state)
     assert before.awaiting_approval == ("c1",) and before.queued == ()
     assert not before.paused
 
     s.command(protocol.Submit("r2", "then this"))
     s.command(protocol.Pause("p1"))
-    after = s.state.view()
+    after = session_view(s.state)
     assert len(after.queued) == 1 and after.paused
     assert before.queued == () and not before.paused  # the old snapshot did not move
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
@@ -132,16 +135,17 @@ def test_the_lineage_and_parking_of_a_session_are_in_its_snapshot() -> None:
         SessionForked(session_id="s2", source="s0", position=4, request_id="f1", at=1.0),
         SessionParked(session_id="s2", reason="crashed 5 times", at=2.0),
     ]
-    view = SessionState.fold(
-        "s2", [decide_committed(i, r) for i, r in enumerate(records, 1)]
-    ).view()
+    view = session_view(
+        SessionState.fold("s2", [decide_committed(i, r) for i, r in enumerate(records, 1)])
+    )
     assert (view.parent, view.forked_from, view.parked) == ("s1/c7", "s0", "crashed 5 times")
     assert view.last_seq == 3
 
 
-def test_a_new_state_is_a_lookup_and_the_read_model_is_exported() -> None:
-    state: perdure.SessionLookup = SessionState("s1")
-    assert state.view() == perdure.SessionView(
+def test_a_new_state_is_looked_up_and_the_read_model_is_exported() -> None:
+    ask: perdure.SessionLookup = StateLookup(SessionState("s1"))
+    assert ask.session_id == "s1"
+    assert ask.view() == perdure.SessionView(
         session_id="s1",
         created=False,
         parent=None,
@@ -181,7 +185,7 @@ def test_every_view_field_is_the_fold_s_own_value() -> None:
     s._commit(decide.on_result(s.state, s.env(), beat))  # the attempt still runs
     s.finish_tool("c1", outcome="retryable", output="503", is_error=True)
     mid = refold(s)
-    waiting = mid.task_view("c1")
+    waiting = StateLookup(mid).task_view("c1")
     assert waiting is not None and waiting.phase == "retry_pending"
     held = mid.tasks["c1"]
     for name in ("call_id", "last_error", "not_before", "last_heartbeat"):
@@ -195,9 +199,10 @@ def test_every_view_field_is_the_fold_s_own_value() -> None:
     s.restart()  # the run resumes: resumed_from and resume_attempt are set
     s.reply("done again")
     state = refold(s)
+    ask = StateLookup(state)
 
     (run_id,) = [r for r in state.runs if state.runs[r].resumed_from]
-    run, run_view = state.runs[run_id], state.run_view(run_id)
+    run, run_view = state.runs[run_id], ask.run_view(run_id)
     assert run_view is not None
     for name in (
         "run_id",
@@ -212,18 +217,18 @@ def test_every_view_field_is_the_fold_s_own_value() -> None:
     assert run_view.resume_attempt == 1  # (a run's own trace context is the shell's: "" here)
 
     gen = list(state.generations.values())[-1]  # the resumed input's turn
-    gen_view = state.generation_view(gen.generation_id)
+    gen_view = ask.generation_view(gen.generation_id)
     assert gen_view is not None
     for name in ("generation_id", "submission_id", "model", "usage"):
         assert getattr(gen_view, name) == getattr(gen, name) is not None, name
 
     sub = state.submissions[run.submission_id]
-    sub_view = state.submission_view(sub.submission_id)
+    sub_view = ask.submission_view(sub.submission_id)
     assert sub_view is not None
     assert sub_view.outcome == sub.outcome is not None
     assert sub_view.traceparent == sub.traceparent == _TRACE
 
-    done = state.task_view("c1")
+    done = ask.task_view("c1")
     assert done is not None and done.result == state.tasks["c1"].result is not None
 
     ticket = Session(tools=COURSE_TOOLS)
@@ -232,7 +237,7 @@ def test_every_view_field_is_the_fold_s_own_value() -> None:
     ticket.finish_tool("c2", output="T-1")
     ticket.reply("done")
     ticket.command(protocol.Compensate("c2", "k1"))
-    undo = refold(ticket).task_view("comp-c2")
+    undo = StateLookup(refold(ticket)).task_view("comp-c2")
     assert undo is not None and undo.compensates == "c2"
 
 
@@ -247,10 +252,11 @@ def test_the_open_input_is_the_earliest_unanswered_one() -> None:
     s.command(protocol.Submit("r2", "second"))  # queued behind the first
     s.command(protocol.Submit("r3", "third"))
     state = refold(s)
+    ask = StateLookup(state)
     subs = sorted(state.submissions.values(), key=lambda sub: sub.seq)
     # Answered by seq, not by id or insertion: reorder the dict to be sure.
     state.submissions = dict(reversed(list(state.submissions.items())))
-    assert state.open_submission() == state.submission_view(subs[0].submission_id)
+    assert ask.open_submission() == ask.submission_view(subs[0].submission_id)
 
 
 def test_every_run_and_call_in_order_with_its_input_masked_and_the_recoveries() -> None:
@@ -263,21 +269,22 @@ def test_every_run_and_call_in_order_with_its_input_masked_and_the_recoveries() 
     s.reply("done")
     s.command(protocol.Submit("r2", "again"))
     state = refold(s)
+    ask = StateLookup(state)
 
-    assert state.task_views() == (state.task_view("c1"), state.task_view("c2"))
+    assert ask.task_views() == (ask.task_view("c1"), ask.task_view("c2"))
     assert len(state.runs) == 3  # the run, its resumption, and the second input's
-    assert state.run_views() == tuple(state.run_view(r) for r in state.runs)
-    assert state.recovery_decisions() == tuple(state.decisions) != ()
+    assert ask.run_views() == tuple(ask.run_view(r) for r in state.runs)
+    assert ask.recovery_decisions() == tuple(state.decisions) != ()
 
-    call = state.task_views()[0]
+    call = ask.task_views()[0]
     assert dict(call.input) == {"query": "q"}
     assert call.goal_rev == state.tasks["c1"].goal_rev == state.goal_rev
     with pytest.raises(TypeError):  # a view of the fold's input, not a handle on it
         call.input["query"] = "changed"  # type: ignore[index]
     state.tasks["c1"].secret = ["query"]
-    masked_call = state.task_view("c1")
+    masked_call = ask.task_view("c1")
     assert masked_call is not None and masked_call.input["query"] != "q"
     assert state.tasks["c1"].input == {"query": "q"}  # the fold's own is untouched
 
     state.spend = {"m2": Usage(input_tokens=3), "m1": Usage(output_tokens=1)}
-    assert state.view().spend == (("m2", Usage(input_tokens=3)), ("m1", Usage(output_tokens=1)))
+    assert ask.view().spend == (("m2", Usage(input_tokens=3)), ("m1", Usage(output_tokens=1)))

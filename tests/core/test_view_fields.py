@@ -8,6 +8,7 @@ and place it by its time, and show a run whose cancel was asked for as cancellin
 from __future__ import annotations
 
 from perdure.actors import protocol
+from perdure.actors.readmodel import StateLookup
 from perdure.storage.records import InputAccepted
 from tests.core.sim import COURSE_TOOLS, Session, only
 
@@ -16,14 +17,14 @@ def test_an_inputs_view_names_it_and_its_time_and_a_runs_view_its_cancel() -> No
     s = Session(tools=COURSE_TOOLS)
     step, _ = s.command(protocol.Submit("r1", "go"))
     accepted = only(step.records, InputAccepted)[0]
-    view = s.state.submission_view(accepted.submission_id)
+    view = StateLookup(s.state).submission_view(accepted.submission_id)
     assert view is not None
     assert view.submission_id == accepted.submission_id != ""
     assert view.at == accepted.at
 
     run = s.state.run
     assert run is not None
-    assert s.state.run_view(run.run_id).cancel_requested is False  # type: ignore[union-attr]
+    assert StateLookup(s.state).run_view(run.run_id).cancel_requested is False  # type: ignore[union-attr]
     s.command(protocol.Cancel("c1"))
     assert run.cancel_requested
-    assert s.state.run_view(run.run_id).cancel_requested is True  # type: ignore[union-attr]
+    assert StateLookup(s.state).run_view(run.run_id).cancel_requested is True  # type: ignore[union-attr]

@@ -9,24 +9,24 @@ from pathlib import Path
 import pytest
 
 import perdure
-from perdure.actors.state import SessionState
 from perdure.observability.hooks import check_traceparent
 from perdure.providers.scripted import Reply, ScriptedProvider
 from perdure.storage.records import Committed, Record
+from perdure.view import SessionLookup
 
 
 class Broken:
     def __init__(self) -> None:
         self.seen: list[int] = []
 
-    def before_commit(self, state: SessionState, records: Sequence[Record]) -> Sequence[Record]:
+    def before_commit(self, state: SessionLookup, records: Sequence[Record]) -> Sequence[Record]:
         raise RuntimeError("observer bug before")
 
-    def after_commit(self, state: SessionState, committed: Sequence[Committed]) -> None:
+    def after_commit(self, state: SessionLookup, committed: Sequence[Committed]) -> None:
         self.seen.extend(c.seq for c in committed)
         raise RuntimeError("observer bug after")
 
-    def commit_failed(self, state: SessionState, records: Sequence[Record]) -> None:
+    def commit_failed(self, state: SessionLookup, records: Sequence[Record]) -> None:
         raise RuntimeError("observer bug failed")
 
 

@@ -27,6 +27,7 @@ from trio.testing import MockClock
 
 import perdure
 from perdure import ReplayPolicy, ToolContext
+from perdure.actors.readmodel import StateLookup
 from perdure.providers.scripted import Reply, ScriptedProvider, ToolUse
 from perdure.view import SessionLookup
 from tests.support.deterministic import Where
@@ -89,7 +90,7 @@ async def test_an_evicted_session_comes_back_with_its_history(
             outcome = await rt.wait_idle(SID)
         assert outcome is not None
         assert outcome.final_text == "second done"
-        assert final_texts(await fold_of(rt, SID)) == ["first done", "second done"]
+        assert final_texts(StateLookup(await fold_of(rt, SID))) == ["first done", "second done"]
         assert script.calls == 3  # nothing re-asked of the model
 
 
@@ -169,7 +170,7 @@ async def test_messages_racing_the_eviction_are_never_lost(
                 nursery.start_soon(submit, i)
         state = await fold_of(rt, SID)
         assert len(state.submissions) == n
-        assert final_texts(state) == [f"answer {i}" for i in range(n)]
+        assert final_texts(StateLookup(state)) == [f"answer {i}" for i in range(n)]
         assert script.calls == n
 
 

@@ -13,6 +13,8 @@ durable before what"), on a real LMDB log with a slow disk.
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from contextlib import aclosing
 from pathlib import Path
@@ -112,7 +114,7 @@ async def test_a_failed_commit_calls_off_the_model_call_it_overlapped(tmp_path: 
             records = [r for records, _ in batches for r in records]
             if not failed and any(isinstance(r, ToolCompleted) for r in records):
                 failed.append(True)
-                time.sleep(0.1)  # the writer thread: the early model call answers meanwhile
+                time.sleep(0.1)  # the early model call has answered: it waits for this commit
                 raise LogUnavailable("the disk went away for a moment")
             return real_commit(batches)
 
@@ -130,3 +132,53 @@ async def test_a_failed_commit_calls_off_the_model_call_it_overlapped(tmp_path: 
     assert len(calls) == 2, "the call whose commit failed was made again"
     assert probe.calls == 3
     assert len([r for r in committed if isinstance(r, ToolCompleted)]) == 1
+
+
+class Thinking(Probe):
+    """A model that takes ``think`` seconds to answer; notes when each call starts and ends."""
+
+    def __init__(self, replies: list[Reply], think: float) -> None:
+        super().__init__(replies)
+        self.think = think
+        self.spans: list[tuple[float, float]] = []
+
+    async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
+        began = time.perf_counter()
+        reply = await super().complete(request, emit)
+        await trio.sleep(self.think)
+        self.spans.append((began, time.perf_counter()))
+        return reply
+
+
+async def test_on_a_quick_disk_the_loop_commits_the_overlapped_results_while_the_model_thinks(
+    tmp_path: Path,
+) -> None:
+    """Where the loop commits (a quick local disk), the results' commit that a model call
+    overlaps is made on the trio thread, after the call has started and before it has
+    answered: no thread hand-off, and its fsync beside the model's time."""
+    probe = Thinking(SCRIPT, think=0.2)
+    commits: list[tuple[float, int, list[str]]] = []
+    async with perdure.open_runtime(tmp_path / "log", provider=probe, tools=[lookup]) as rt:
+        log: Any = rt._journal.log
+        probe.log = log
+        real_commit = log.commit
+
+        def commit(batches: Any) -> Any:
+            names = [type(r).__name__ for records, _ in batches for r in records]
+            commits.append((time.perf_counter(), threading.get_ident(), names))
+            return real_commit(batches)
+
+        log.commit = commit
+        rt._journal.loop_commit_budget = math.inf  # a quick disk, whatever this machine's
+        loop_thread = threading.get_ident()
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        with trio.fail_after(20):
+            outcome = await rt.wait_idle("s")
+    assert outcome is not None and outcome.status == "completed"
+    assert [durable for _, durable in probe.durable_at_start] == [True, False]
+    at, thread, names = next(c for c in commits if "ToolCompleted" in c[2])
+    assert names == ["ToolCompleted", "GenerationStarted"], names
+    assert thread == loop_thread, "the overlapped commit went to the writer thread"
+    began, answered = probe.spans[1]
+    assert began < at < answered, "committed beside the model's time, not before the call"

@@ -73,6 +73,26 @@ async def test_the_runtime_runs_on_the_settings_it_was_given(log_dir: Path) -> N
         assert rt._ctx.env({}).limits is settings.limits
 
 
+async def test_a_summary_costs_at_the_runtimes_own_prices(log_dir: Path) -> None:
+    """``Runtime.summary`` (the daemon's ``GET /v1/sessions/{id}``, ``perdure show``'s
+    body) reckons cost at ``open_runtime(prices=)``, as budgets do: the scripted model
+    costs nothing at the built-in table."""
+    assert DEFAULT_PRICES["scripted"] == Price(input=0.0, output=0.0)
+    mine = {"scripted": Price(input=1_000.0, output=10_000.0)}
+    async with perdure.open_runtime(
+        log_dir, provider=ScriptedProvider([Reply(text="hi")]), prices=mine
+    ) as rt:
+        await rt.create_session("s")
+        await rt.submit("s", "go", request_id="r1")
+        await rt.wait_idle("s")
+        assert dict(rt.prices) == mine
+        summary = await rt.summary("s")
+    # 10 input and 5 output tokens (the scripted reply's usage) at $1,000 and $10,000
+    # per million: 0.01 + 0.05.
+    assert summary["cost"] == {"usd": 0.06, "unpriced_models": []}
+    assert summary["runs"][0]["cost"] == {"usd": 0.06, "unpriced_models": []}
+
+
 def test_defaults_are_the_documented_ones() -> None:
     settings = Settings()
     assert settings.limits.prices == dict(DEFAULT_PRICES)

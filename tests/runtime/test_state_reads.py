@@ -17,6 +17,7 @@ import trio
 from trio.testing import MockClock
 
 import perdure
+from perdure.actors.readmodel import session_view
 from perdure.errors import UnknownSession
 from perdure.inspect import summarize
 from tests.runtime.test_eviction import _actor_tasks, final_texts
@@ -82,7 +83,7 @@ async def test_a_view_is_a_frozen_snapshot_read_in_place_or_from_the_log(
         assert isinstance(live, perdure.SessionView)
         assert live.idle and live.created and live.current_run is None
         assert live.last_outcome is not None and live.last_outcome.final_text == "first done"
-        assert live == (await fold_of(rt, SID)).view()
+        assert live == session_view(await fold_of(rt, SID))
         await evicted(rt)
         reads = count_reads(rt)
         assert await rt.view(SID, wake=False) == live  # the same facts, from the log

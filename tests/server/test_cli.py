@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
+from perdure import open_runtime
+from perdure.providers.scripted import ScriptedProvider
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.records import InputAccepted
 from tests.server.test_recovery import flip_marker
@@ -239,6 +242,59 @@ def test_sessions_lists_the_log(recovered_log: tuple[Path, int]) -> None:
     assert after.returncode == 0, after.stderr
     assert after.stdout.strip() == f"no sessions in this page of {log}"
     assert perdure("sessions", "--log", str(log), "--limit", "0").returncode == 2
+
+
+def test_sessions_lists_a_page_newest_first_and_says_how_to_see_more(tmp_path: Path) -> None:
+    """A big log answers with a page: the newest 50 by default, and on standard error
+    the option that gives the next page; following it reaches the oldest; --all lists
+    every session; --json is the daemon's ``GET /v1/sessions`` body, with its cursor."""
+    log = tmp_path / "log"
+
+    async def create(count: int) -> None:
+        async with open_runtime(log, provider=ScriptedProvider([]), durability="fast") as rt:
+            for i in range(count):
+                await rt.create_session(f"s{i:02d}")
+
+    trio.run(create, 53)
+    newest = [f"s{i:02d}" for i in reversed(range(53))]
+    first = perdure("sessions", "--log", str(log))
+    assert first.returncode == 0, first.stderr
+    header, *rows = first.stdout.splitlines()
+    assert header.split()[0] == "SESSION"
+    assert [row.split()[0] for row in rows] == newest[:50]
+    hint = re.fullmatch(
+        r"more sessions: the next page with (--before \d+) \(every session: --all\)\n",
+        first.stderr,
+    )
+    assert hint is not None, first.stderr
+    rest = perdure("sessions", "--log", str(log), *hint.group(1).split())
+    assert rest.returncode == 0 and rest.stderr == "", rest.stderr  # the last page: no hint
+    assert [row.split()[0] for row in rest.stdout.splitlines()[1:]] == newest[50:]
+
+    every = perdure("sessions", "--log", str(log), "--all", "--json")
+    assert every.returncode == 0, every.stderr
+    listed = json.loads(every.stdout)
+    assert "next" not in listed  # not a page, as the daemon's whole list
+    assert [s["session_id"] for s in listed["sessions"]] == newest
+    assert listed["sessions"][0] == {
+        "session_id": "s52",
+        "first_seq": listed["sessions"][0]["first_seq"],
+        "last_seq": listed["sessions"][0]["first_seq"],
+        "records": 1,
+        "goal_rev": 0,
+        "open_submissions": 0,
+        "active": False,
+        "stuck": None,
+    }
+    by_id = json.loads(
+        perdure("sessions", "--log", str(log), "--order", "id", "--limit", "2", "--json").stdout
+    )
+    assert [s["session_id"] for s in by_id["sessions"]] == ["s00", "s01"]
+    assert by_id["next"] == "s01"  # the --after of the next page
+
+    refused = perdure("sessions", "--log", str(log), "--all", "--limit", "2")
+    assert refused.returncode == 2
+    assert "--all lists every session: leave out --limit, --after and --before" in refused.stderr
 
 
 def test_show_tells_the_restart_and_what_recovery_decided(recovered_log: tuple[Path, int]) -> None:

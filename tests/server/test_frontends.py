@@ -263,6 +263,8 @@ def test_the_ag_ui_snapshot_is_the_summary_s_headline_read_from_the_view() -> No
     answer); what it shows is what ``GET /v1/sessions/{id}`` says of the same session,
     cost included (a priced model, an unpriced one), pause and parking too."""
     from perdure.actors import protocol
+    from perdure.actors.readmodel import StateLookup
+    from perdure.budget import Price
     from perdure.inspect import summarize
     from perdure.server.frontends import _snapshot
     from perdure.storage.records import Usage
@@ -279,10 +281,12 @@ def test_the_ag_ui_snapshot_is_the_summary_s_headline_read_from_the_view() -> No
     }
     state.usage = Usage(input_tokens=1005, output_tokens=200)
     state.parked = "crashed 3 times"
-    summary = summarize(state)
-    snapshot = _snapshot(state)
+    # The runtime's own prices (open_runtime(prices=)), as the summary takes them.
+    prices = {"claude-sonnet-4": Price(input=2.0, output=10.0)}
+    summary = summarize(state, prices)
+    snapshot = _snapshot(StateLookup(state), prices)
     keys = ("session_id", "paused", "parked", "usage", "cost")
     assert list(snapshot) == list(keys)
     assert snapshot == {key: summary[key] for key in keys}
     assert snapshot["cost"]["unpriced_models"] == ["no-such-model"] and snapshot["paused"]
-    assert snapshot["cost"]["usd"] > 0
+    assert snapshot["cost"]["usd"] == (1000 * 2.0 + 200 * 10.0) / 1e6

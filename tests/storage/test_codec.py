@@ -471,6 +471,73 @@ def test_each_defect_of_a_frame_is_named() -> None:
     )
 
 
+# -- the fast parser reads exactly what the standard library reads ----------------------
+
+
+_STDLIB_JSON = json.JSONDecoder(parse_constant=codec._reject_constant)
+
+
+def _stdlib_verdict(body: bytes) -> Any:
+    """What the standard library alone makes of ``body`` (the rule ``_parse`` keeps)."""
+    try:
+        text = body.decode()
+        data, end = _STDLIB_JSON.raw_decode(text)
+    except (ValueError, RecursionError) as exc:
+        return type(exc)
+    return data if end == len(text) else ValueError
+
+
+def _parse_verdict(body: bytes) -> Any:
+    try:
+        return codec._parse(body)
+    except (ValueError, RecursionError) as exc:
+        return type(exc)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down (1 and 1.0 are not the same)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.dictionaries(TEXT, JSON_VALUES, max_size=6))
+def test_the_fast_parser_reads_every_object_as_the_standard_library_does(
+    value: dict[str, Any],
+) -> None:
+    body = codec._JSON_ENCODER.encode(value).encode()
+    assert _same(_parse_verdict(body), _stdlib_verdict(body))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b' {"a":1}', id="space-before"),
+        pytest.param(b'{"a":1} ', id="space-after"),
+        pytest.param(b'{"a":1}\n', id="newline-after"),
+        pytest.param(b'{"a":"\\ud800"}', id="lone-surrogate-escape"),
+        pytest.param(b'{"a":' + b"[" * 300 + b"]" * 300 + b"}", id="nested-300"),
+        pytest.param(b'{"a":1e400,"b":-1e400}', id="overflowing-floats"),
+        pytest.param(b'{"a":1,"a":2.5}', id="duplicate-key"),
+        pytest.param(b'{"a":-0,"b":-0.0,"c":1E2}', id="zeros-and-exponents"),
+        pytest.param(b'{"a":' + b"7" * 4000 + b"}", id="large-integer"),
+        pytest.param(b'{"a":' + b"7" * 5000 + b"}", id="giant-integer"),
+        pytest.param(b'{"a":NaN}', id="nan"),
+        pytest.param(b'{"a":"\xff"}', id="not-utf8"),
+        pytest.param(b'{"a":"\x01"}', id="control-character"),
+        pytest.param(b'{"a":1}}', id="extra-brace"),
+        pytest.param(b"{}", id="empty"),
+    ],
+)
+def test_the_fast_parser_agrees_where_the_parsers_differ(body: bytes) -> None:
+    """jiter skips whitespace around a value, refuses lone surrogate escapes and deep
+    nesting the standard library reads: ``_parse`` still reads as the latter."""
+    assert _same(_parse_verdict(body), _stdlib_verdict(body))
+
+
 def test_fields_that_do_not_match_are_each_named() -> None:
     payload = {"t": "ToolHeartbeat", "v": 1, "session_id": 5, "call_id": "c", "attempt": "two"}
     reason = reason_of(frame_of(json.dumps(payload).encode(), 7))
@@ -488,3 +555,57 @@ def test_a_record_type_decoded_for_the_first_time_gets_its_own_structure(
     beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
     assert decode(3, encode(beat, 3)) == beat
     assert decode(4, encode(beat, 4)) == beat, "and the cached one the second time"
+
+
+def test_the_record_union_is_configured_on_first_use_and_tags_every_record() -> None:
+    """``converter`` configures the ``Record`` union when it is first asked for (not at
+    import); a hook taken before that keeps working after it, and both tag the record."""
+    fresh = codec._make_converter()
+    early_out = fresh.get_unstructure_hook(Record)
+    early_in = fresh.get_structure_hook(Record)
+    finished = RunFinished(
+        session_id="s", run_id="r", submission_id="u", status="completed", at=1.0
+    )
+    data = early_out(finished)
+    assert data["t"] == "RunFinished"
+    assert early_in(dict(data), Record) == finished
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=2.0)
+    assert fresh.unstructure(beat, unstructure_as=Record)["t"] == "ToolHeartbeat"
+    assert fresh.structure(fresh.unstructure(beat, unstructure_as=Record), Record) == beat
+    assert early_out(beat)["t"] == "ToolHeartbeat", "the hook taken first, after configuration"
+    with pytest.raises(KeyError):  # no such tag
+        fresh.structure({**data, "t": "Nope"}, Record)
+
+
+def test_each_record_type_gets_its_encoder_on_first_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "_ENCODERS", {})
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
+    first = encode(beat, 3)
+    assert list(codec._ENCODERS) == [ToolHeartbeat]
+    assert encode(beat, 3) == first, "and the cached one the second time"
+    assert json.loads(first[codec._HEADER :])["t"] == "ToolHeartbeat"
+
+
+def test_jiter_parses_what_encode_writes_and_nothing_padded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast parser is the one that reads a stored record (it is there for speed,
+    which no other test sees); a body padded with whitespace never reaches it."""
+    calls: list[bytes] = []
+    real = codec.jiter.from_json
+
+    class Spy:
+        @staticmethod
+        def from_json(body: bytes, **options: Any) -> Any:
+            calls.append(body)
+            return real(body, **options)
+
+    monkeypatch.setattr(codec, "jiter", Spy)
+    beat = ToolHeartbeat(session_id="s", call_id="c", attempt=1, at=1.0)
+    frame = encode(beat, 3)
+    assert decode(3, frame) == beat
+    assert calls == [frame[codec._HEADER :]]
+    calls.clear()
+    assert reason_of(frame_of(frame[codec._HEADER :] + b" ", 7)).startswith("payload is not JSON")
+    assert reason_of(frame_of(b" " + frame[codec._HEADER :], 7)).startswith("payload is not JSON")
+    assert calls == []

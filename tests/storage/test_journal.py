@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import trio
 
+from perdure import _faults
 from perdure.storage import Guard, StaleGoal
 from perdure.storage import journal as journal_module
 from perdure.storage.errors import LogError
@@ -357,7 +358,9 @@ async def test_a_failing_end_of_round_sends_commits_to_the_writer_thread(
             second = await journal.append([tool_result("s", "b")])
         assert [first[0].seq + 1] == [second[0].seq]
         assert journal.stats.loop_transactions == 0 and journal.commit_on_loop is False
-    assert "the journal's end of round failed" in caplog.text
+    assert {r.message for r in caplog.records} == {
+        "the journal's end of round failed; the writer thread commits"
+    }
 
 
 async def test_slow_commits_go_back_to_the_writer_thread(log: LmdbLog) -> None:
@@ -451,6 +454,40 @@ async def test_sessions_starting_in_one_round_are_read_in_one_thread_call(
         info, records = got[sid]
         assert records == expected[sid]
         assert info is not None and info.last_seq == expected[sid][-1].seq
+
+
+async def test_a_group_read_that_fails_whole_fails_every_session_of_its_group(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the one read of a round's starting sessions fails as a whole (not one
+    session's read), every caller of that round hears its error: none waits forever,
+    none is handed another session's answer. The next round reads again."""
+    async with open_journal(log) as journal:
+        await journal.append([SessionCreated(session_id="s0", at=1.0)])
+        real_read = journal_module._read_starts
+        broken = LogError("the log cannot be read")
+
+        def failing(log: Any, session_ids: Any) -> Any:
+            raise broken
+
+        monkeypatch.setattr(journal_module, "_read_starts", failing)
+        heard: dict[str, BaseException] = {}
+
+        async def start(sid: str) -> None:
+            try:
+                await journal.session_with_records(sid)
+            except LogError as exc:
+                heard[sid] = exc
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(5):
+                    nursery.start_soon(start, f"s{i}")
+        assert heard == {f"s{i}": broken for i in range(5)}
+        monkeypatch.setattr(journal_module, "_read_starts", real_read)
+        info, records = await journal.session_with_records("s0")
+        assert info is not None and records is not None
+        assert [c.record for c in records] == [SessionCreated(session_id="s0", at=1.0)]
 
 
 async def test_appends_of_one_round_share_one_transaction(log: LmdbLog) -> None:
@@ -571,6 +608,36 @@ async def test_unencodable_append_does_not_fail_the_others(log: LmdbLog) -> None
 # -- the commit fault point --------------------------------------------------------------
 
 
+async def test_the_commit_fault_point_counts_each_transactions_durable_appends(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In this process, with a fault planned far ahead: the ``commit`` point counts each
+    transaction's durable appends, not its refused ones (the next test kills a child
+    process at the point)."""
+    hits: dict[tuple[str, str | None], int] = {}
+    monkeypatch.setattr(_faults, "ACTIVE", True)
+    monkeypatch.setattr(_faults, "_PLAN", {("commit", None): 1_000_000})
+    monkeypatch.setattr(_faults, "_HITS", hits)
+    revised = GoalRevised(session_id="s", goal_rev=1, text="g", request_id="r", at=1.0)
+    refused: list[Exception] = []
+    async with open_journal(log) as journal:
+        await journal.append([revised])
+        assert hits == {("commit", None): 1}
+
+        async def stale() -> None:
+            try:
+                await journal.append([tool_result("s", "stale")], guard=Guard("s", 0))
+            except StaleGoal as exc:
+                refused.append(exc)
+
+        async with trio.open_nursery() as nursery:  # one round: one transaction
+            nursery.start_soon(stale)
+            nursery.start_soon(journal.append, [tool_result("s", "a")])
+            nursery.start_soon(journal.append, [tool_result("t", "b"), tool_result("t", "c")])
+        assert journal.stats.transactions == 2 and len(refused) == 1
+    assert hits == {("commit", None): 3}  # the revision's, then 2 of the 3 appends
+
+
 def test_commit_fault_counts_durable_appends_only(tmp_path: Path) -> None:
     """PERDURE_FAULT=commit@3 dies after the 3rd DURABLE append: refused ones do not count."""
     path = tmp_path / "log"
@@ -631,35 +698,89 @@ async def test_reads_of_a_local_log_use_at_most_a_few_worker_threads(
 # -- work that overlaps a commit (``meanwhile``, ``overlap``) -------------------------------
 
 
-async def test_meanwhile_runs_before_the_commit_is_durable_and_overlap_goes_to_the_writer(
-    log: LmdbLog,
+async def test_meanwhile_runs_before_the_commit_is_durable_and_overlap_waits_for_it(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``meanwhile`` is called once, with the records in the Journal's hands and not yet
-    in the log; ``overlap`` gives that commit to the writer thread even where an idle loop
-    would commit it itself, and the caller still hears only once it is durable."""
-    watched = _Watched(log, delay=0.02)  # the writer's commit takes a while
+    in the log; with ``overlap`` the loop lets the work it started run first (busy rounds
+    keep the commit, even where a lone append would be committed at once) and commits it
+    once that work waits, on the loop, no thread involved; the caller still hears only
+    once it is durable."""
+    watched = _Watched(log)
     async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
         await journal.append([tool_result("s", "first")])
         assert journal.stats.loop_transactions == 1  # an idle loop commits a plain append
+        monkeypatch.setattr(journal_module, "BUSY_COMMIT_SPACING", 0.0)  # lone: at once
+        monkeypatch.setattr(journal_module, "BUSY_GROUP_WAIT", math.inf)
         seen: list[int] = []
+        work: list[int] = []  # rounds of the started work, and the log's size at each
+        go_on = trio.Event()
 
-        def meanwhile() -> None:
-            seen.append(len(log.read_session("s")))  # what is durable right now
+        async def started() -> None:  # what ``meanwhile`` starts: busy rounds, then a wait
+            for _ in range(50):
+                work.append(len(log.read_session("s")))
+                await trio.lowlevel.checkpoint()
+            await go_on.wait()
 
-        done = await journal.append([tool_result("s", "second")], meanwhile=meanwhile, overlap=True)
+        async with trio.open_nursery() as nursery:
+
+            def meanwhile() -> None:
+                seen.append(len(log.read_session("s")))  # what is durable right now
+                nursery.start_soon(started)
+
+            done = await journal.append(
+                [tool_result("s", "second")], meanwhile=meanwhile, overlap=True
+            )
+            go_on.set()
         assert seen == [1], "called once, before the second record was in the log"
+        assert work == [1] * 50, "the started work ran its busy rounds before the commit"
         assert [c.record.call_id for c in done] == ["second"]
         assert len(log.read_session("s")) == 2  # durable when the caller heard
-        assert journal.stats.loop_transactions == 1, "the overlapped commit was the writer's"
-        assert watched.threads[-1] == journal.writer_thread.ident  # type: ignore[union-attr]
-        # Without ``overlap`` the idle loop commits it itself again, ``meanwhile`` or not.
-        await journal.append([tool_result("s", "third")], meanwhile=lambda: None)
-        assert journal.stats.loop_transactions == 2
+        assert journal.stats.loop_transactions == journal.stats.transactions == 2
+        assert set(watched.threads) == {threading.get_ident()}  # none was the writer's
+        # Without ``overlap`` the busy loop commits a lone append at the round's end.
+        async with busy_loop():
+            await journal.append([tool_result("s", "third")], meanwhile=lambda: None)
+        assert journal.stats.loop_transactions == 3
         assert journal._overlap_held is False
         # Nothing to commit: ``meanwhile`` still runs, and nothing is written.
         ran: list[bool] = []
         assert await journal.append([], meanwhile=lambda: ran.append(True)) == []
         assert ran == [True] and journal.stats.transactions == 3
+
+
+async def test_an_overlapped_commit_is_held_at_most_the_group_wait_on_a_busy_loop(
+    log: LmdbLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work that never waits does not hold an overlapped commit for ever: it commits once
+    held ``BUSY_GROUP_WAIT`` mean commit waits (0 here: at the first round's end)."""
+    watched = _Watched(log)
+    async with open_journal(watched, loop_commit_budget=math.inf) as journal:  # type: ignore[arg-type]
+        await journal.append([tool_result("s", "first")])
+        monkeypatch.setattr(journal_module, "BUSY_COMMIT_SPACING", math.inf)
+        monkeypatch.setattr(journal_module, "BUSY_GROUP_WAIT", 0.0)
+        async with busy_loop():
+            await journal.append([tool_result("s", "second")], meanwhile=lambda: None, overlap=True)
+        assert journal.stats.loop_transactions == journal.stats.transactions == 2
+
+
+async def test_an_overlapped_commit_goes_to_the_writer_where_the_loop_does_not_commit(
+    log: LmdbLog,
+) -> None:
+    """A slow disk (commits over the loop's budget) or ``commit_on_loop=False``: the
+    writer thread takes an overlapped commit as any other, and its fsync runs beside the
+    started work."""
+    watched = _Watched(log, delay=0.02)
+    async with open_journal(watched, commit_on_loop=False) as journal:  # type: ignore[arg-type]
+        seen: list[int] = []
+        done = await journal.append(
+            [tool_result("s", "only")],
+            meanwhile=lambda: seen.append(len(log.read_session("s"))),
+            overlap=True,
+        )
+        assert seen == [0] and [c.record.call_id for c in done] == ["only"]
+        assert journal.stats.loop_transactions == 0
+        assert watched.threads == [journal.writer_thread.ident]  # type: ignore[union-attr]
 
 
 async def test_meanwhile_on_an_inline_log_runs_after_a_commit_and_not_after_a_failed_one() -> None:

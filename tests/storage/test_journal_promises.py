@@ -36,8 +36,9 @@ import trio.testing
 from perdure import _faults
 from perdure.storage import Guard, StaleGoal
 from perdure.storage.backend import Batch, CommitResult, LogBackend
+from perdure.storage.bus import EventBus
 from perdure.storage.errors import LogError, LogFenced, SessionFenced
-from perdure.storage.journal import Journal, open_journal
+from perdure.storage.journal import Journal, _Append, open_journal
 from perdure.storage.lmdb_log import LmdbLog
 from perdure.storage.memory_log import MemoryLog
 from perdure.storage.records import Committed, GoalRevised, InputAccepted, ToolCompleted
@@ -120,7 +121,7 @@ async def test_nothing_is_appended_once_the_journal_closed(kind: str, tmp_path: 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(append_late)
                 await trio.testing.wait_all_tasks_blocked()
-        with pytest.raises(LogError, match="the journal is closed"):
+        with pytest.raises(LogError, match=r"^the journal is closed$"):
             await journal.append([result("s", "after")])
         assert [c.record for c in log.read_session("s")] == [result("s", "last-round")]
         assert answered[0][0].record == result("s", "last-round")
@@ -149,6 +150,81 @@ async def test_appends_in_flight_when_the_journal_closes_are_answered(tmp_path: 
         assert journal.stats.appends == 5
     finally:
         log.close()
+
+
+class _Gated:
+    """An LMDB log whose commits wait until the test opens ``gate`` (a slow disk, held)."""
+
+    def __init__(self, log: LmdbLog) -> None:
+        self.log = log
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.log, name)
+
+    def commit(self, batches: Sequence[Batch]) -> CommitResult:
+        assert self.gate.wait(10), "the test never opened the gate"
+        return self.log.commit(batches)
+
+
+async def test_the_appends_of_the_closing_round_follow_those_in_flight(tmp_path: Path) -> None:
+    """When the Journal closes, what the writer thread holds commits first, then the
+    appends of the closing round (held on the loop, not yet handed over); each is
+    answered, and once closed nothing counts as in flight."""
+    gated = _Gated(LmdbLog(tmp_path / "log"))
+    last = _Append([result("s", "last")], None)  # appended in the round the Journal closes
+    answered: list[list[Committed]] = []
+    try:
+        async with (
+            trio.open_nursery() as nursery,
+            open_journal(gated, commit_on_loop=False) as journal,  # type: ignore[arg-type]
+        ):
+
+            async def first() -> None:
+                answered.append(await journal.append([result("s", "first")]))
+
+            async def open_once_closing() -> None:
+                while not journal._closed:
+                    await trio.lowlevel.checkpoint()
+                gated.gate.set()
+
+            nursery.start_soon(first)
+            while journal._in_flight == 0:  # handed to the writer, which waits at the gate
+                await trio.lowlevel.checkpoint()
+            nursery.start_soon(open_once_closing)
+            journal._held.append(last)  # no schedule point until the block closes
+        assert journal._in_flight == 0
+        assert [c.record for c in answered[0]] == [result("s", "first")]
+        assert last.result is not None and last.error is None
+        assert [c.record.call_id for c in gated.log.read_session("s")] == ["first", "last"]
+        assert [c.seq for c in last.result] == [answered[0][0].seq + 1]
+    finally:
+        gated.log.close()
+
+
+async def test_a_journal_whose_round_hook_was_dropped_still_closes(tmp_path: Path) -> None:
+    """trio drops an instrument that raised; the Journal's close removes its hook only if
+    trio still holds it, and closes cleanly either way."""
+    log = LmdbLog(tmp_path / "log")
+    try:
+        async with open_journal(log) as journal:
+            await journal.append([result("s", "a")])
+            trio.lowlevel.remove_instrument(journal._round_end)  # as trio would have
+        assert [c.record for c in log.read_session("s")] == [result("s", "a")]
+    finally:
+        log.close()
+
+
+async def test_records_are_published_on_the_bus_the_journal_was_given(tmp_path: Path) -> None:
+    bus = EventBus()
+    log = MemoryLog()
+    sub = bus.subscribe("s")
+    async with open_journal(log, bus) as journal:
+        assert journal.bus is bus
+        done = await journal.append([result("s", "a")])
+    sub.close()
+    assert [(e.kind, e.seq) async for e in sub] == [("ToolCompleted", done[0].seq)]
+    log.close()
 
 
 async def test_a_caller_cancelled_while_its_commit_runs_still_learns_it(tmp_path: Path) -> None:
@@ -225,6 +301,29 @@ async def test_listeners_get_each_transactions_durable_records_and_its_time(
     assert len(heard) == 3  # the refused append committed nothing: no transaction heard
     failures = [r for r in caplog.records if r.message == "a commit listener failed"]
     assert len(failures) == 3  # one line per failed call, and the log went on
+
+
+async def test_listeners_hear_the_writer_threads_transactions_with_their_time(
+    tmp_path: Path,
+) -> None:
+    """A transaction committed by the writer thread (not on the loop) reaches the
+    listeners the same way, once delivered on the trio thread: its records and the
+    seconds its commit took."""
+    heard: list[tuple[list[Committed], float, int]] = []
+    log = LmdbLog(tmp_path / "log")
+    try:
+        async with open_journal(log, commit_on_loop=False) as journal:
+            journal.commit_listeners.append(
+                lambda done, took: heard.append((list(done), took, threading.get_ident()))
+            )
+            first = await journal.append([result("s", "a")])
+            second = await journal.append([result("t", "b"), result("t", "c")])
+            assert journal.stats.loop_transactions == 0  # both were the writer thread's
+    finally:
+        log.close()
+    assert [done for done, _, _ in heard] == [first, second]
+    assert all(isinstance(took, float) and took > 0 for _, took, _ in heard)
+    assert {thread for _, _, thread in heard} == {threading.get_ident()}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -466,6 +565,38 @@ async def test_the_session_list_pages_and_filters_as_asked(kind: str, tmp_path: 
     assert page == ["b"]
     assert rest == ["b", "c"]
     assert active == ["b"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_newest_sessions_page_back_by_creation_as_asked(
+    kind: str, tmp_path: Path
+) -> None:
+    """``Journal.newest_sessions`` passes its page (before, limit) and its active filter
+    to the log: every session newest first by default, only those created before a
+    given seq, at most ``limit``, and only the sessions with an unfinished input when
+    ``active``."""
+    waiting = InputAccepted(
+        session_id="mid", submission_id="in1", request_id="r1", text="q", body_hash="h", at=1.0
+    )
+    async with journal_on(kind, tmp_path) as (journal, _log):
+        await journal.append([result("old", "c1")])
+        (created,) = await journal.append([waiting])
+        await journal.append([result("new", "c1")])
+        await journal.append([result("old", "c2")])  # no newer for it: it was created first
+
+        async def newest(**page: Any) -> list[str]:
+            return [i.session_id for i in await journal.newest_sessions(**page)]
+
+        every = await newest()
+        first_two = await newest(limit=2)
+        before_new = await newest(before=created.seq + 1)
+        older = await newest(before=created.seq, limit=5)
+        active = await newest(active=True)
+    assert every == ["new", "mid", "old"]
+    assert first_two == ["new", "mid"]
+    assert before_new == ["mid", "old"]
+    assert older == ["old"]
+    assert active == ["mid"]
 
 
 async def test_the_writer_is_a_named_daemon_thread(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import inspect
 import logging
 import math
 import uuid
@@ -19,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import attrs
 import pydantic
@@ -672,9 +673,53 @@ def test_each_definition_error_says_what_is_wrong_and_where() -> None:
         tool(annotated_point)
     with pytest.raises(ToolDefinitionError) as error:
         tool(both_defaults)
-    assert (
-        str(error.value) == "tool 'both_defaults': cannot specify both default and default_factory"
+    assert str(error.value) == (
+        "tool 'both_defaults', parameter 'tags': has both a default in the signature and a "
+        "default_factory in its Field(): keep one of them"
     )
+
+
+def test_a_class_variable_or_final_qualifier_is_refused_not_dropped_from_the_schema() -> None:
+    """pydantic reads ``ClassVar`` (and ``Final`` with a default) as an attribute of the
+    arguments' class: without this check the parameter left the schema silently and the
+    model could never send it. Bare or subscripted, inside ``Annotated`` or not, with a
+    default or without: each is refused, naming the tool and the parameter."""
+
+    async def class_var(a: int, b: ClassVar[int] = 3) -> None: ...
+
+    async def final(a: int, b: Final[int] = 3) -> None: ...
+
+    async def final_required(a: int, b: Final[int]) -> None: ...
+
+    async def bare_final(a: int, b: Final = 3) -> None: ...  # type: ignore[misc]
+
+    async def annotated(a: int, b: Annotated[ClassVar[int], "a count"] = 3) -> None: ...
+
+    cases = [
+        (class_var, "ClassVar"),
+        (final, "Final"),
+        (final_required, "Final"),
+        (bare_final, "Final"),
+        (annotated, "ClassVar"),
+    ]
+    for fn, qualifier in cases:
+        # As this module writes them (``from __future__ import annotations``: strings,
+        # which typing refuses to resolve), and as evaluated objects (a module without
+        # that import: typing resolves them, and pydantic dropped the parameter).
+        evaluated = inspect.get_annotations(fn, eval_str=True)
+        for hints in (fn.__annotations__, evaluated):
+            fn.__annotations__ = hints
+            with pytest.raises(ToolDefinitionError) as error:
+                tool(fn)
+            assert str(error.value) == (
+                f"tool {fn.__name__!r}, parameter 'b': {qualifier}[...] qualifies a class "
+                "attribute or a variable, not a parameter the model sends: annotate it "
+                "with its type alone"
+            )
+
+    async def plain(a: int, b: int = 3) -> None: ...
+
+    assert set(tool(plain).input_schema["properties"]) == {"a", "b"}  # the control
 
 
 def test_a_refused_name_is_told_the_rule() -> None:

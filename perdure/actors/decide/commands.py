@@ -11,7 +11,7 @@ task of its own; a cancel or a revision may start some automatically.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from perdure.actors.decide import compacting
@@ -166,7 +166,7 @@ def _cancel_run(s: SessionState, env: Env, request_id: str) -> Step:
         for g in s.submissions[s.run.submission_id].generations
         for c in s.generations[g].call_ids
     ]
-    compensable = s.compensable(done, lambda task: _has_compensation(env, task))
+    compensable = _compensable(env, done)
     record = CancelRequested(
         session_id=s.session_id,
         run_id=s.run.run_id,
@@ -262,7 +262,7 @@ def _revision(
     """``GoalRevised`` for the current run (and the compensations it triggers)."""
     rev = s.goal_rev + 1
     old_goal = [t for t in s.tasks.values() if t.goal_rev < rev and t.compensates is None]
-    compensable = s.compensable(old_goal, lambda task: _has_compensation(env, task))
+    compensable = _compensable(env, old_goal)
     record = GoalRevised(
         session_id=s.session_id,
         goal_rev=rev,
@@ -341,6 +341,18 @@ def _rewind(s: SessionState, env: Env, cmd: Rewind) -> tuple[Step, Answer]:
 
 def compensation_id(call_id: str) -> str:
     return f"comp-{call_id}"
+
+
+def _compensable(env: Env, tasks: Iterable[Task]) -> list[str]:
+    """Completed calls among ``tasks`` that could be undone and were not yet."""
+    return [
+        t.call_id
+        for t in tasks
+        if t.phase == "completed"
+        and t.compensates is None
+        and t.compensated_by is None
+        and _has_compensation(env, t)
+    ]
 
 
 def _has_compensation(env: Env, task: Task) -> bool:
