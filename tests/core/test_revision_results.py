@@ -229,3 +229,116 @@ def test_a_rerun_stopped_by_a_second_revision_is_run_again_under_it() -> None:
     s.finish_tool("c1@rev2", output="Tromsø flights")
     assert "Tromsø flights" in str(messages(s.state))
     assert step is not None
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE, depends_on_goal=True, requires_approval=True)
+async def search_approved(route: str) -> str:
+    """Search flights for what was asked, once a person approves the search."""
+    return route
+
+
+@perdure.tool(replay=perdure.ReplayPolicy.SAFE, depends_on_goal=True, cancellable=False)
+async def search_to_the_end(route: str) -> str:
+    """Search flights for what was asked; a started search is never stopped."""
+    return route
+
+
+def searched_with(tool: perdure.Tool) -> Session:
+    """A run whose one call, of ``tool``, completed; the model thinks about its result."""
+    s = Session({**TOOLS, tool.name: tool})
+    s.command(protocol.Submit("r1", "fly to Oslo"))
+    s.reply("looking", ("c1", tool.name, {"route": "LHR-OSL"}))
+    if tool.requires_approval:
+        s.command(protocol.Approve("c1", True, "a1"))
+    s.finish_tool("c1", output="3 flights to Oslo")
+    return s
+
+
+def test_a_rerun_called_off_before_it_started_is_run_again_under_the_second_revision() -> None:
+    """A re-run a second revision calls off while it waits (here for its approval) never
+    ran: the call it stood for is run once more under the revision in force, and the
+    model reads that result, not only the one of the first goal."""
+    s = searched_with(search_approved)
+    s.command(protocol.Revise("v1", "Bergen"))
+    assert s.state.tasks["c1@rev1"].phase == "awaiting_approval"
+    step, _ = s.command(protocol.Revise("v2", "Tromsø"))
+    assert s.state.tasks["c1@rev1"].phase == "cancelled"
+    created = only(step.records, ToolTaskCreated)
+    assert [(c.call_id, c.rerun_of, c.goal_rev) for c in created] == [("c1@rev2", "c1", 2)]
+    s.command(protocol.Approve("c1@rev2", True, "a2"))
+    done = s.finish_tool("c1@rev2", output="2 flights to Tromsø")
+    assert "GenerationStarted" in kinds(done), "then the model continues"
+    assert (
+        "- search_approved (c1): revision 0; its result depends on the request, so it was "
+        "run again under revision 2, and the new result (c1@rev2) is: 2 flights to Tromsø"
+    ) in last_user_text(s)
+
+
+def test_a_rerun_left_to_finish_after_the_second_revision_is_itself_run_again() -> None:
+    """A re-run that cannot be stopped finishes under the first revision after the second
+    one landed: its result answers the first goal, so it is run again under the second
+    (the call it stood for is not run a second time beside it)."""
+    s = searched_with(search_to_the_end)
+    s.command(protocol.Revise("v1", "Bergen"))
+    step, _ = s.command(protocol.Revise("v2", "Tromsø"))
+    assert not any(isinstance(e, protocol.CancelTool) for e in step.effects)
+    assert s.state.tasks["c1@rev1"].phase == "executing", "nothing stops it: it runs to its end"
+    late = s.finish_tool("c1@rev1", output="2 flights to Bergen")
+    created = only(late.records, ToolTaskCreated)
+    assert [(c.call_id, c.rerun_of, c.goal_rev) for c in created] == [
+        ("c1@rev1@rev2", "c1@rev1", 2)
+    ]
+    s.finish_tool("c1@rev1@rev2", output="4 flights to Tromsø")
+    assert (
+        "- search_to_the_end (c1@rev1): completed after the change; its result is above; "
+        "its result depends on the request, so it was run again under revision 2, and the "
+        "new result (c1@rev1@rev2) is: 4 flights to Tromsø"
+    ) in last_user_text(s)
+
+
+def test_the_latest_rerun_stands_for_its_call_not_an_earlier_stopped_one() -> None:
+    """Once a call's re-run under the second revision has its result, a third revision
+    runs that result again; the re-run the second revision stopped no longer counts."""
+    s = searched_then()
+    s.command(protocol.Revise("v1", "Bergen"))
+    s.command(protocol.Revise("v2", "Tromsø"))
+    s.finish_tool("c1@rev1", output="stopped", outcome="cancelled")
+    s.finish_tool("c1@rev2", output="Tromsø flights")
+    step, _ = s.command(protocol.Revise("v3", "Bodø"))
+    created = only(step.records, ToolTaskCreated)
+    assert [(c.call_id, c.rerun_of) for c in created] == [("c1@rev2@rev3", "c1@rev2")]
+
+
+def test_a_rerun_stopped_under_the_revision_in_force_is_not_run_again() -> None:
+    """A re-run the runtime stopped while no newer revision came is that revision's
+    answer: it failed, the model reads so and goes on; nothing is run a second time
+    under the same revision."""
+    s = searched_then()
+    s.command(protocol.Revise("v1", "Bergen"))
+    step = s.finish_tool("c1@rev1", output="stopped", outcome="cancelled")
+    assert not only(step.records, ToolTaskCreated)
+    assert "GenerationStarted" in kinds(step)
+    assert (
+        "so it was run again under revision 1, and that failed (c1@rev1): perdure: this "
+        "call was stopped while it was running: the runtime stopped it."
+    ) in last_user_text(s)
+
+
+def test_a_call_whose_rerun_was_stopped_is_run_again_beside_one_whose_rerun_stands() -> None:
+    """Each goal-dependent call of a turn is judged on its own: one whose re-run has its
+    result stands for it (that re-run is run again), and the next one in the same turn,
+    whose re-run a newer revision stopped, is run again itself."""
+    s = Session(TOOLS_WITH_SEARCH)
+    s.command(protocol.Submit("r1", "fly to Oslo"))
+    s.reply("looking", ("c1", "search", {"route": "LHR-OSL"}), ("c2", "search", {"route": "OSL"}))
+    s.finish_tool("c1", output="3 flights to Oslo")
+    s.finish_tool("c2", output="2 hotels in Oslo")
+    s.command(protocol.Revise("v1", "Bergen"))
+    s.finish_tool("c1@rev1", output="2 flights to Bergen")  # c2@rev1 still runs
+    step, _ = s.command(protocol.Revise("v2", "Tromsø"))
+    step += s.finish_tool("c2@rev1", output="stopped", outcome="cancelled")
+    created = only(step.records, ToolTaskCreated)
+    assert [(c.call_id, c.rerun_of) for c in created] == [
+        ("c2@rev2", "c2"),
+        ("c1@rev1@rev2", "c1@rev1"),
+    ]
