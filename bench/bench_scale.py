@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py run WORKDIR [--sessions 100000] [--turns 3]
                                 [--active 1000] [--waves 5] [--interrupted 10000]
+                                [--recover-model-wait 1.0]
     python bench/run.py --only scale   # the same, with the targets met / not met
 
 Not part of CI (it takes minutes). ``run`` does, each step in its own process:
@@ -36,7 +37,15 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
 5. ``recover``: a new process opens the log; the time from its spawn (and from
    ``open_runtime``'s entry) to each session's first model call, first / p50 / p99 /
    last across the INTERRUPTED sessions, and the process's CPU time (every thread,
-   from its start) at the first and at the last of those calls.
+   from its start) at the first and at the last of those calls. The model answers
+   each of those calls at once with the run's final text, so the figures to the last
+   call also hold the end of every run resumed before it: the conservative figure,
+   the one the targets read. ``run`` then recovers the killed log again (a fresh
+   copy) with a model that takes ``--recover-model-wait`` seconds (default 1; 0: not),
+   ``recover_waiting``: the runs resumed first are then still waiting for their model
+   when the last call starts, so its CPU is what resuming alone costs. Alone:
+   ``bench_scale.py recover LOG COUNT SPAWNED [--model-wait S]`` (SPAWNED: a
+   ``time.time()`` taken before the process starts).
 
 Prints one JSON object on its last stdout line; progress goes to stderr.
 """
@@ -315,12 +324,19 @@ async def interrupt(log_dir: str, first: int, count: int) -> None:
 class FirstCallProvider(BenchProvider):
     """Notes the wall-clock time of each session's first model call, and answers it
     with the run's final text (so that what is measured is recovery, not the turns
-    the resumed runs would go on with)."""
+    the resumed runs would go on with).
 
-    def __init__(self, expected: int) -> None:
+    ``wait``: seconds each call takes before it answers (0: at once). An instant
+    answer makes the CPU to the last resumed call also hold the end of every run
+    resumed before it (the reply's commit, the run's end, hibernation); with a wait
+    as long as a real model's, the runs resumed first are still waiting for their
+    model when the last call starts, so the CPU to it is what resuming costs."""
+
+    def __init__(self, expected: int, wait: float = 0.0) -> None:
         super().__init__(0, record=False)
         self.first: dict[str, float] = {}
         self.expected = expected
+        self.wait = wait
         self.all_called = trio.Event()
         # The process's CPU time (every thread, since its start) at the first and the
         # last of those calls: what the recovery costs, whatever the machine's load.
@@ -334,11 +350,13 @@ class FirstCallProvider(BenchProvider):
             if len(self.first) >= self.expected:
                 self.cpu_at.append(time.process_time())
                 self.all_called.set()
+        if self.wait:
+            await trio.sleep(self.wait)
         return await super().complete(request, emit)
 
 
-def recover(log_dir: str, count: int, spawned: float) -> dict[str, Any]:
-    provider = FirstCallProvider(count)
+def recover(log_dir: str, count: int, spawned: float, model_wait: float = 0.0) -> dict[str, Any]:
+    provider = FirstCallProvider(count, model_wait)
     marks: dict[str, float] = {}
 
     async def main() -> None:
@@ -357,6 +375,7 @@ def recover(log_dir: str, count: int, spawned: float) -> dict[str, Any]:
     from_open = sorted(t - marks["enter"] for t in provider.first.values())
     return {
         "interrupted": count,
+        "model_wait_s": model_wait,
         "recovered_sessions": int(marks["recovered"]),
         "resumed_calls": len(from_spawn),
         "imports_s": round(marks["enter"] - spawned, 3),
@@ -433,10 +452,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["interrupt_s"] = round(_interrupt_and_kill(log_dir, first, args.interrupted), 1)
         # The log as the SIGKILL left it, to run ``recover`` on again:
         # ``cp -r WORKDIR/log-killed/. WORKDIR/log/`` first.
-        shutil.copytree(log_dir, str(workdir / "log-killed"), dirs_exist_ok=True)
+        killed = workdir / "log-killed"
+        shutil.copytree(log_dir, str(killed), dirs_exist_ok=True)
         note("recovering ...")
         spawned = time.time()
         out["recover"] = _child("recover", log_dir, str(args.interrupted), repr(spawned))
+        if args.recover_model_wait:
+            # Again on the log as the SIGKILL left it, with a model that takes a while:
+            # the CPU to the last resumed call without the ends of the runs before it.
+            wait = args.recover_model_wait
+            note(f"recovering again, the model taking {wait} s per call ...")
+            shutil.rmtree(log_dir)
+            shutil.copytree(str(killed), log_dir)
+            spawned = time.time()
+            out["recover_waiting"] = _child(
+                "recover", log_dir, str(args.interrupted), repr(spawned), "--model-wait", str(wait)
+            )
     return out
 
 
@@ -450,8 +481,22 @@ def main(argv: list[str]) -> None:
     p.add_argument("--active", default="1000", help="sessions active at once; a list: 100,1000")
     p.add_argument("--waves", type=int, default=5)
     p.add_argument("--interrupted", type=int, default=10_000)
+    p.add_argument(
+        "--recover-model-wait",
+        type=float,
+        default=1.0,
+        help="recover a second time with a model taking this many seconds per call (0: not)",
+    )
     for name, nargs in (("build", 3), ("active", "+"), ("interrupt", 3), ("recover", 3)):
-        sub.add_parser(name).add_argument("args", nargs=nargs)
+        step = sub.add_parser(name)
+        step.add_argument("args", nargs=nargs)
+        if name == "recover":
+            step.add_argument(
+                "--model-wait",
+                type=float,
+                default=0.0,
+                help="seconds each resumed model call takes before it answers (0: at once)",
+            )
     args = parser.parse_args(argv)
     a = getattr(args, "args", [])
     if args.cmd == "run":
@@ -464,7 +509,7 @@ def main(argv: list[str]) -> None:
     elif args.cmd == "interrupt":
         trio.run(interrupt, a[0], int(a[1]), int(a[2]))
     elif args.cmd == "recover":
-        emit(recover(a[0], int(a[1]), float(a[2])))
+        emit(recover(a[0], int(a[1]), float(a[2]), args.model_wait))
 
 
 if __name__ == "__main__":

@@ -1746,6 +1746,25 @@ def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
                 f"imports {rec['imports_s']:.2f} s; p50 {rec['p50_call_s']:.2f} s, "
                 f"p99 {rec['p99_call_s']:.2f} s",
             )
+        row(
+            f"s of CPU to the last resumed model call, {rec['interrupted']:,} interrupted runs",
+            rec["cpu_to_last_call_s"],
+            "(info)",
+            None,
+            f"to the first {rec['cpu_to_first_call_s']:.2f} s; the model answers at once, so "
+            "this also holds the end of every run resumed before the last",
+        )
+    waiting = scale.get("recover_waiting")
+    if waiting is not None:
+        row(
+            f"s of CPU to the last resumed model call, {waiting['interrupted']:,} interrupted "
+            f"runs, the model taking {waiting['model_wait_s']:g} s",
+            waiting["cpu_to_last_call_s"],
+            "(info)",
+            None,
+            f"to the first {waiting['cpu_to_first_call_s']:.2f} s; last call "
+            f"{waiting['last_call_s']:.2f} s from the restart",
+        )
     lists = scale["lists"]
     row(
         f"ms for GET /v1/sessions, every one of {lists['list_all_count']:,} sessions",
