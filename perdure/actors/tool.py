@@ -112,11 +112,19 @@ def make_context(
     )
 
 
+# ``perdure.embed.host_runner``, imported on first use (embed builds on the runtime,
+# which builds on this module); kept so that an attempt does not pay an import (~3 us).
+_embedded_host: Callable[[], HostRunner | None] | None = None
+
+
 def _host_runner() -> HostRunner | None:
     """Under perdure.embed, what awaits a coroutine on the application's asyncio loop."""
-    from perdure import embed  # embed builds on the runtime, which builds on this module
+    global _embedded_host
+    if _embedded_host is None:
+        from perdure import embed
 
-    return embed.host_runner()
+        _embedded_host = embed.host_runner
+    return _embedded_host()
 
 
 class Heartbeats:
