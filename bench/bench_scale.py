@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py run WORKDIR [--sessions 100000] [--turns 3]
                                 [--active 1000] [--waves 5] [--interrupted 10000]
+                                [--recover-model-wait 1.0]
     python bench/run.py --only scale   # the same, with the targets met / not met
 
 Not part of CI (it takes minutes). ``run`` does, each step in its own process:
@@ -21,7 +22,12 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
    from a call's reply to the session's next call (commits and the instant tool),
    p50/p99 over every turn of every wave, and a whole run's time beyond its calls
    per turn (which also holds the submission, a session's first read from the log
-   and the wait for the run's end).
+   and the wait for the run's end). Each size runs twice: *in step* (a wave's
+   sessions submitted at once, every call taking exactly 1 s, so every reply of the
+   wave arrives in the same instant and the gap is mostly the queue of a thousand
+   turns' work at once) and *spread* (the wave's submissions spread evenly over one
+   model call's time, each call taking 1 s +- 10 %, seeded: the replies arrive as a
+   daemon's many independent sessions would send them).
 3. ``lists``: a real ``perdure serve`` on the log: ``GET /v1/sessions`` (every
    session, the first page of 100 by id, and the newest 100, the web page's request),
    the daemon's RSS; then ``perdure sessions``.
@@ -31,7 +37,15 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
 5. ``recover``: a new process opens the log; the time from its spawn (and from
    ``open_runtime``'s entry) to each session's first model call, first / p50 / p99 /
    last across the INTERRUPTED sessions, and the process's CPU time (every thread,
-   from its start) at the first and at the last of those calls.
+   from its start) at the first and at the last of those calls. The model answers
+   each of those calls at once with the run's final text, so the figures to the last
+   call also hold the end of every run resumed before it: the conservative figure,
+   the one the targets read. ``run`` then recovers the killed log again (a fresh
+   copy) with a model that takes ``--recover-model-wait`` seconds (default 1; 0: not),
+   ``recover_waiting``: the runs resumed first are then still waiting for their model
+   when the last call starts, so its CPU is what resuming alone costs. Alone:
+   ``bench_scale.py recover LOG COUNT SPAWNED [--model-wait S]`` (SPAWNED: a
+   ``time.time()`` taken before the process starts).
 
 Prints one JSON object on its last stdout line; progress goes to stderr.
 """
@@ -40,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import signal
 import subprocess
@@ -63,6 +78,7 @@ from perdure.providers.base import Emit, ModelReply, ModelRequest  # noqa: E402
 
 BUILD_BATCH = 500  # sessions per transaction while building
 MODEL_S = 1.0  # how long each model call of the ``active`` step takes
+SPREAD_JITTER = 0.10  # the ``spread`` variant: each call takes MODEL_S +- 10 %
 
 
 def sid_of(i: int) -> str:
@@ -136,25 +152,33 @@ class SlowProvider(BenchProvider):
     its result's commit, and the next call's start, everything perdure adds to a turn
     whose model takes ``MODEL_S``."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, jitter: float = 0.0) -> None:
         super().__init__(k, record=False)
         self.replied: dict[str, float] = {}
         self.gaps: list[float] = []
+        self.jitter = jitter
+        self.random = random.Random(7)
+        self.model_s: dict[str, float] = {}  # per session, the time its calls took
 
     async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
         began = time.perf_counter()
         last = self.replied.pop(request.session_id, None)
         if last is not None:
             self.gaps.append(began - last)
-        await trio.sleep(MODEL_S)
+        took = MODEL_S * self.random.uniform(1 - self.jitter, 1 + self.jitter)
+        self.model_s[request.session_id] = self.model_s.get(request.session_id, 0.0) + took
+        await trio.sleep(took)
         reply = await super().complete(request, emit)
         if reply.tool_calls:
             self.replied[request.session_id] = time.perf_counter()
         return reply
 
 
-async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int) -> dict[str, Any]:
-    provider = SlowProvider(turns)
+async def active(
+    log_dir: str, active_n: int, waves: int, turns: int, first: int, spread: bool = False
+) -> dict[str, Any]:
+    perdure.tune_gc()  # as ``perdure serve`` does: this step is a daemon's day
+    provider = SlowProvider(turns, SPREAD_JITTER if spread else 0.0)
     rss_mid: list[float] = []
     added: list[float] = []  # per turn, what a run took beyond its model calls
     async with perdure.open_runtime(
@@ -165,13 +189,15 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int
             for sid in sids:  # one more run of TURNS turns after the first TURNS + 1 replies
                 provider.k_by_session[sid] = 2 * turns + 1
 
-            async def one(sid: str) -> None:
+            async def one(sid: str, offset: float) -> None:
+                await trio.sleep(offset)
                 began = time.perf_counter()
                 await rt.submit(sid, workload.USER_TEXT, request_id=f"wave-{sid}")
                 outcome = await rt.wait_idle(sid)
                 assert outcome is not None and outcome.status == "completed", outcome
-                # TURNS tool turns and the answer: TURNS + 1 model calls of MODEL_S each.
-                added.append((time.perf_counter() - began - (turns + 1) * MODEL_S) / (turns + 1))
+                # TURNS tool turns and the answer: TURNS + 1 model calls.
+                took = time.perf_counter() - began - provider.model_s.pop(sid)
+                added.append(took / (turns + 1))
 
             async def sample() -> None:
                 await trio.sleep((turns + 1) * MODEL_S / 2)
@@ -179,8 +205,8 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
-                for sid in sids:
-                    nursery.start_soon(one, sid)
+                for i, sid in enumerate(sids):
+                    nursery.start_soon(one, sid, i * MODEL_S / active_n if spread else 0.0)
             note(f"  wave {wave + 1}/{waves}: RSS {rss_mid[-1]:.0f} MiB")
         await trio.sleep(2.5)  # the last wave hibernates
         resident = len(rt.resident_sessions)
@@ -188,6 +214,7 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int
         frozen = len(rt.frozen_sessions)
     return {
         "active": active_n,
+        "arrivals": "spread" if spread else "in step",
         "waves": waves,
         "rss_mib_with_active": round(max(rss_mid), 1),
         "rss_mib_by_wave": [round(r, 1) for r in rss_mid],
@@ -297,12 +324,19 @@ async def interrupt(log_dir: str, first: int, count: int) -> None:
 class FirstCallProvider(BenchProvider):
     """Notes the wall-clock time of each session's first model call, and answers it
     with the run's final text (so that what is measured is recovery, not the turns
-    the resumed runs would go on with)."""
+    the resumed runs would go on with).
 
-    def __init__(self, expected: int) -> None:
+    ``wait``: seconds each call takes before it answers (0: at once). An instant
+    answer makes the CPU to the last resumed call also hold the end of every run
+    resumed before it (the reply's commit, the run's end, hibernation); with a wait
+    as long as a real model's, the runs resumed first are still waiting for their
+    model when the last call starts, so the CPU to it is what resuming costs."""
+
+    def __init__(self, expected: int, wait: float = 0.0) -> None:
         super().__init__(0, record=False)
         self.first: dict[str, float] = {}
         self.expected = expected
+        self.wait = wait
         self.all_called = trio.Event()
         # The process's CPU time (every thread, since its start) at the first and the
         # last of those calls: what the recovery costs, whatever the machine's load.
@@ -316,11 +350,13 @@ class FirstCallProvider(BenchProvider):
             if len(self.first) >= self.expected:
                 self.cpu_at.append(time.process_time())
                 self.all_called.set()
+        if self.wait:
+            await trio.sleep(self.wait)
         return await super().complete(request, emit)
 
 
-def recover(log_dir: str, count: int, spawned: float) -> dict[str, Any]:
-    provider = FirstCallProvider(count)
+def recover(log_dir: str, count: int, spawned: float, model_wait: float = 0.0) -> dict[str, Any]:
+    provider = FirstCallProvider(count, model_wait)
     marks: dict[str, float] = {}
 
     async def main() -> None:
@@ -339,6 +375,7 @@ def recover(log_dir: str, count: int, spawned: float) -> dict[str, Any]:
     from_open = sorted(t - marks["enter"] for t in provider.first.values())
     return {
         "interrupted": count,
+        "model_wait_s": model_wait,
         "recovered_sessions": int(marks["recovered"]),
         "resumed_calls": len(from_spawn),
         "imports_s": round(marks["enter"] - spawned, 3),
@@ -395,11 +432,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["build"] = _child("build", log_dir, str(args.sessions), str(args.turns))
     actives = [int(a) for a in str(args.active).split(",") if int(a)]
     for n in actives:
-        # Each size on sessions no other step touched (the waves of several sizes must
-        # fit in the log: SESSIONS >= sum(ACTIVE x WAVES) + INTERRUPTED).
+        # Each size on sessions no other step touched (the waves of several sizes, in
+        # step and spread, must fit in the log: SESSIONS >= 2 x sum(ACTIVE x WAVES) +
+        # INTERRUPTED).
         note(f"{args.waves} waves of {n} active sessions ...")
         counts = (str(n), str(args.waves), str(args.turns), str(used))
         out[f"active_{n}"] = _child("active", log_dir, *counts)
+        used += n * args.waves
+        note(f"{args.waves} waves of {n} active sessions, spread ...")
+        counts = (str(n), str(args.waves), str(args.turns), str(used))
+        out[f"active_{n}"]["spread"] = _child("active", log_dir, *counts, "spread")
         used += n * args.waves
     note("lists ...")
     out["lists"] = lists(workdir, log_dir)
@@ -410,10 +452,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["interrupt_s"] = round(_interrupt_and_kill(log_dir, first, args.interrupted), 1)
         # The log as the SIGKILL left it, to run ``recover`` on again:
         # ``cp -r WORKDIR/log-killed/. WORKDIR/log/`` first.
-        shutil.copytree(log_dir, str(workdir / "log-killed"), dirs_exist_ok=True)
+        killed = workdir / "log-killed"
+        shutil.copytree(log_dir, str(killed), dirs_exist_ok=True)
         note("recovering ...")
         spawned = time.time()
         out["recover"] = _child("recover", log_dir, str(args.interrupted), repr(spawned))
+        if args.recover_model_wait:
+            # Again on the log as the SIGKILL left it, with a model that takes a while:
+            # the CPU to the last resumed call without the ends of the runs before it.
+            wait = args.recover_model_wait
+            note(f"recovering again, the model taking {wait} s per call ...")
+            shutil.rmtree(log_dir)
+            shutil.copytree(str(killed), log_dir)
+            spawned = time.time()
+            out["recover_waiting"] = _child(
+                "recover", log_dir, str(args.interrupted), repr(spawned), "--model-wait", str(wait)
+            )
     return out
 
 
@@ -427,8 +481,22 @@ def main(argv: list[str]) -> None:
     p.add_argument("--active", default="1000", help="sessions active at once; a list: 100,1000")
     p.add_argument("--waves", type=int, default=5)
     p.add_argument("--interrupted", type=int, default=10_000)
-    for name, nargs in (("build", 3), ("active", 5), ("interrupt", 3), ("recover", 3)):
-        sub.add_parser(name).add_argument("args", nargs=nargs)
+    p.add_argument(
+        "--recover-model-wait",
+        type=float,
+        default=1.0,
+        help="recover a second time with a model taking this many seconds per call (0: not)",
+    )
+    for name, nargs in (("build", 3), ("active", "+"), ("interrupt", 3), ("recover", 3)):
+        step = sub.add_parser(name)
+        step.add_argument("args", nargs=nargs)
+        if name == "recover":
+            step.add_argument(
+                "--model-wait",
+                type=float,
+                default=0.0,
+                help="seconds each resumed model call takes before it answers (0: at once)",
+            )
     args = parser.parse_args(argv)
     a = getattr(args, "args", [])
     if args.cmd == "run":
@@ -436,11 +504,12 @@ def main(argv: list[str]) -> None:
     elif args.cmd == "build":
         emit(build(a[0], int(a[1]), int(a[2])))
     elif args.cmd == "active":
-        emit(trio.run(active, a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])))
+        spread = a[5:] == ["spread"]
+        emit(trio.run(active, a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), spread))
     elif args.cmd == "interrupt":
         trio.run(interrupt, a[0], int(a[1]), int(a[2]))
     elif args.cmd == "recover":
-        emit(recover(a[0], int(a[1]), float(a[2])))
+        emit(recover(a[0], int(a[1]), float(a[2]), args.model_wait))
 
 
 if __name__ == "__main__":
