@@ -22,7 +22,12 @@ Not part of CI (it takes minutes). ``run`` does, each step in its own process:
    from a call's reply to the session's next call (commits and the instant tool),
    p50/p99 over every turn of every wave, and a whole run's time beyond its calls
    per turn (which also holds the submission, a session's first read from the log
-   and the wait for the run's end).
+   and the wait for the run's end). Each size runs twice: *in step* (a wave's
+   sessions submitted at once, every call taking exactly 1 s, so every reply of the
+   wave arrives in the same instant and the gap is mostly the queue of a thousand
+   turns' work at once) and *spread* (the wave's submissions spread evenly over one
+   model call's time, each call taking 1 s +- 10 %, seeded: the replies arrive as a
+   daemon's many independent sessions would send them).
 3. ``lists``: a real ``perdure serve`` on the log: ``GET /v1/sessions`` (every
    session, the first page of 100 by id, and the newest 100, the web page's request),
    the daemon's RSS; then ``perdure sessions``.
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import signal
 import subprocess
@@ -72,6 +78,7 @@ from perdure.providers.base import Emit, ModelReply, ModelRequest  # noqa: E402
 
 BUILD_BATCH = 500  # sessions per transaction while building
 MODEL_S = 1.0  # how long each model call of the ``active`` step takes
+SPREAD_JITTER = 0.10  # the ``spread`` variant: each call takes MODEL_S +- 10 %
 
 
 def sid_of(i: int) -> str:
@@ -145,25 +152,33 @@ class SlowProvider(BenchProvider):
     its result's commit, and the next call's start, everything perdure adds to a turn
     whose model takes ``MODEL_S``."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, jitter: float = 0.0) -> None:
         super().__init__(k, record=False)
         self.replied: dict[str, float] = {}
         self.gaps: list[float] = []
+        self.jitter = jitter
+        self.random = random.Random(7)
+        self.model_s: dict[str, float] = {}  # per session, the time its calls took
 
     async def complete(self, request: ModelRequest, emit: Emit) -> ModelReply:
         began = time.perf_counter()
         last = self.replied.pop(request.session_id, None)
         if last is not None:
             self.gaps.append(began - last)
-        await trio.sleep(MODEL_S)
+        took = MODEL_S * self.random.uniform(1 - self.jitter, 1 + self.jitter)
+        self.model_s[request.session_id] = self.model_s.get(request.session_id, 0.0) + took
+        await trio.sleep(took)
         reply = await super().complete(request, emit)
         if reply.tool_calls:
             self.replied[request.session_id] = time.perf_counter()
         return reply
 
 
-async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int) -> dict[str, Any]:
-    provider = SlowProvider(turns)
+async def active(
+    log_dir: str, active_n: int, waves: int, turns: int, first: int, spread: bool = False
+) -> dict[str, Any]:
+    perdure.tune_gc()  # as ``perdure serve`` does: this step is a daemon's day
+    provider = SlowProvider(turns, SPREAD_JITTER if spread else 0.0)
     rss_mid: list[float] = []
     added: list[float] = []  # per turn, what a run took beyond its model calls
     async with perdure.open_runtime(
@@ -174,13 +189,15 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int
             for sid in sids:  # one more run of TURNS turns after the first TURNS + 1 replies
                 provider.k_by_session[sid] = 2 * turns + 1
 
-            async def one(sid: str) -> None:
+            async def one(sid: str, offset: float) -> None:
+                await trio.sleep(offset)
                 began = time.perf_counter()
                 await rt.submit(sid, workload.USER_TEXT, request_id=f"wave-{sid}")
                 outcome = await rt.wait_idle(sid)
                 assert outcome is not None and outcome.status == "completed", outcome
-                # TURNS tool turns and the answer: TURNS + 1 model calls of MODEL_S each.
-                added.append((time.perf_counter() - began - (turns + 1) * MODEL_S) / (turns + 1))
+                # TURNS tool turns and the answer: TURNS + 1 model calls.
+                took = time.perf_counter() - began - provider.model_s.pop(sid)
+                added.append(took / (turns + 1))
 
             async def sample() -> None:
                 await trio.sleep((turns + 1) * MODEL_S / 2)
@@ -188,8 +205,8 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
-                for sid in sids:
-                    nursery.start_soon(one, sid)
+                for i, sid in enumerate(sids):
+                    nursery.start_soon(one, sid, i * MODEL_S / active_n if spread else 0.0)
             note(f"  wave {wave + 1}/{waves}: RSS {rss_mid[-1]:.0f} MiB")
         await trio.sleep(2.5)  # the last wave hibernates
         resident = len(rt.resident_sessions)
@@ -197,6 +214,7 @@ async def active(log_dir: str, active_n: int, waves: int, turns: int, first: int
         frozen = len(rt.frozen_sessions)
     return {
         "active": active_n,
+        "arrivals": "spread" if spread else "in step",
         "waves": waves,
         "rss_mib_with_active": round(max(rss_mid), 1),
         "rss_mib_by_wave": [round(r, 1) for r in rss_mid],
@@ -414,11 +432,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["build"] = _child("build", log_dir, str(args.sessions), str(args.turns))
     actives = [int(a) for a in str(args.active).split(",") if int(a)]
     for n in actives:
-        # Each size on sessions no other step touched (the waves of several sizes must
-        # fit in the log: SESSIONS >= sum(ACTIVE x WAVES) + INTERRUPTED).
+        # Each size on sessions no other step touched (the waves of several sizes, in
+        # step and spread, must fit in the log: SESSIONS >= 2 x sum(ACTIVE x WAVES) +
+        # INTERRUPTED).
         note(f"{args.waves} waves of {n} active sessions ...")
         counts = (str(n), str(args.waves), str(args.turns), str(used))
         out[f"active_{n}"] = _child("active", log_dir, *counts)
+        used += n * args.waves
+        note(f"{args.waves} waves of {n} active sessions, spread ...")
+        counts = (str(n), str(args.waves), str(args.turns), str(used))
+        out[f"active_{n}"]["spread"] = _child("active", log_dir, *counts, "spread")
         used += n * args.waves
     note("lists ...")
     out["lists"] = lists(workdir, log_dir)
@@ -464,7 +487,7 @@ def main(argv: list[str]) -> None:
         default=1.0,
         help="recover a second time with a model taking this many seconds per call (0: not)",
     )
-    for name, nargs in (("build", 3), ("active", 5), ("interrupt", 3), ("recover", 3)):
+    for name, nargs in (("build", 3), ("active", "+"), ("interrupt", 3), ("recover", 3)):
         step = sub.add_parser(name)
         step.add_argument("args", nargs=nargs)
         if name == "recover":
@@ -481,7 +504,8 @@ def main(argv: list[str]) -> None:
     elif args.cmd == "build":
         emit(build(a[0], int(a[1]), int(a[2])))
     elif args.cmd == "active":
-        emit(trio.run(active, a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4])))
+        spread = a[5:] == ["spread"]
+        emit(trio.run(active, a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), spread))
     elif args.cmd == "interrupt":
         trio.run(interrupt, a[0], int(a[1]), int(a[2]))
     elif args.cmd == "recover":
