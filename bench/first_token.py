@@ -51,10 +51,10 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import server_env, start_serve, wait_listening  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic, Reply, Text, stream_events  # noqa: E402
 from tests.support.fake_vendor import Received, Wire, sse  # noqa: E402
 
-_LISTENING = re.compile(r"listening on (http://\S+)")
 # The first token in a text delta's frame (both servers name it so). Only there: the
 # committed records that follow (the reply, the run's end) hold the whole text, stamp
 # included, and a later trial must not read a stale stamp from them.
@@ -177,54 +177,12 @@ def serve_bare() -> None:
 
 
 def _env(model_url: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("PERDURE_FAULT", None)
-    env.update(ANTHROPIC_API_KEY="sk-ant-bench", ANTHROPIC_BASE_URL=model_url)
-    return env
-
-
-def _listening(proc: subprocess.Popen[str], what: str) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        found = _LISTENING.search(line)
-        if found:
-            return found.group(1)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise SystemExit(f"{what} did not start")
+    return server_env(ANTHROPIC_API_KEY="sk-ant-bench", ANTHROPIC_BASE_URL=model_url)
 
 
 def start_perdure(workdir: Path, model_url: str) -> tuple[subprocess.Popen[str], str, str]:
-    token = "bench-token"
-    (workdir / "token").write_text(token)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perdure.cli",
-            "serve",
-            "--log",
-            str(workdir / "log"),
-            "--port",
-            "0",
-            "--provider",
-            "anthropic",
-            "--model",
-            "claude-fake",
-            "--tools",
-            "bench.agent:lookup",
-            "--token-file",
-            str(workdir / "token"),
-        ],
-        cwd=ROOT,
-        env=_env(model_url),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    return proc, _listening(proc, "perdure serve"), token
+    provider = ["--provider", "anthropic", "--model", "claude-fake"]
+    return start_serve(workdir, provider, _env(model_url))
 
 
 def start_bare(model_url: str) -> tuple[subprocess.Popen[str], str]:
@@ -235,7 +193,7 @@ def start_bare(model_url: str) -> tuple[subprocess.Popen[str], str]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    return proc, _listening(proc, "the bare server")
+    return proc, wait_listening(proc, "the bare server")
 
 
 # -- the client ------------------------------------------------------------------------------

@@ -1561,77 +1561,96 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) -> int:
-    """The daemon's SSE part alone (its variants interleaved, as in the full run)."""
+def only_part(
+    part: str,
+    mode: str,
+    out: Path,
+    workdir: Path | None,
+    config: dict[str, Any],
+    measure: Callable[[Path, dict[str, Any]], None],
+    report: Callable[[dict[str, Any]], str],
+    name_suffix: str = "",
+) -> int:
+    """One part of the suite alone (``--only``): ``measure`` adds its figures to the
+    results in a scratch directory that is removed after; ``report``'s text is printed and
+    the results go to ``<out>/<part>.json`` (``<part>-quick.json`` for ``--quick``)."""
     scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
     started = time.perf_counter()
     try:
         results: dict[str, Any] = {
             "mode": mode,
-            "part": "sse",
+            "part": part,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(scratch),
-            "config": {k: cfg[k] for k in ("sse", "sse_trials", "sse_floor_bursts")},
+            "config": config,
             "versions": perdure_versions(),
-            "sse": Suite(cfg, scratch, None).sse(*cfg["sse"]),
         }
+        measure(scratch, results)
         results["machine"]["loadavg_end"] = os.getloadavg()
-        results["ratio"] = sse_ratio(results["sse"])
         results["elapsed_s"] = time.perf_counter() - started
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    m, r = results["machine"], results["ratio"]
-    met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
-    lines = [
-        f"perdure SSE benchmark, {mode} run, {results['date']}, {m['cpu']} x{m['cpus']}, "
-        f"load avg at start {_fmt(m['loadavg_start'][0])}, at end "
-        f"{_fmt(m['loadavg_end'][0])}",
-        "",
-        *_sse_summary(results["sse"]),
-        "",
-        f"{r['ratio']}: {_fmt(r['value'])} ms, target {r['target']}, met: {met} ({r['note']})",
-    ]
-    print("\n".join(lines))
+    print(report(results))
     out.mkdir(parents=True, exist_ok=True)
-    name = "sse.json" if mode == "full" else "sse-quick.json"
+    name = (part if mode == "full" else f"{part}-quick") + f"{name_suffix}.json"
     (out / name).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / name}")
     return 0
+
+
+def headline(title: str, results: dict[str, Any]) -> str:
+    """The first line of a part's report: what ran, when, on what, and under what load."""
+    m = results["machine"]
+    return (
+        f"{title}, {results['mode']} run, {results['date']}, {m['cpu']} x{m['cpus']}, "
+        f"load avg at start {_fmt(m['loadavg_start'][0])}, at end "
+        f"{_fmt(m['loadavg_end'][0])}"
+    )
+
+
+def only_sse(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) -> int:
+    """The daemon's SSE part alone (its variants interleaved, as in the full run)."""
+
+    def measure(scratch: Path, results: dict[str, Any]) -> None:
+        results["sse"] = Suite(cfg, scratch, None).sse(*cfg["sse"])
+        results["ratio"] = sse_ratio(results["sse"])
+
+    def report(results: dict[str, Any]) -> str:
+        r = results["ratio"]
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        return "\n".join(
+            [
+                headline("perdure SSE benchmark", results),
+                "",
+                *_sse_summary(results["sse"]),
+                "",
+                f"{r['ratio']}: {_fmt(r['value'])} ms, target {r['target']}, met: {met} "
+                f"({r['note']})",
+            ]
+        )
+
+    config = {k: cfg[k] for k in ("sse", "sse_trials", "sse_floor_bursts")}
+    return only_part("sse", mode, out, workdir, config, measure, report)
 
 
 def only_first_token(cfg: dict[str, Any], mode: str, out: Path, workdir: Path | None) -> int:
     """The time to first token at the browser alone (both arms interleaved)."""
-    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
-    started = time.perf_counter()
-    try:
-        results: dict[str, Any] = {
-            "mode": mode,
-            "part": "first-token",
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": machine(scratch),
-            "config": {"first_token": cfg["first_token"]},
-            "versions": perdure_versions(),
-            "first_token": Suite(cfg, scratch, None).first_token(),
-        }
-        results["machine"]["loadavg_end"] = os.getloadavg()
+
+    def measure(scratch: Path, results: dict[str, Any]) -> None:
+        results["first_token"] = Suite(cfg, scratch, None).first_token()
         results["ratio"] = first_token_ratio(results["first_token"])
-        results["elapsed_s"] = time.perf_counter() - started
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    m = results["machine"]
-    lines = [
-        f"perdure time to first token, {mode} run, {results['date']}, {m['cpu']} "
-        f"x{m['cpus']}, load avg at start {_fmt(m['loadavg_start'][0])}, at end "
-        f"{_fmt(m['loadavg_end'][0])}",
-        "",
-        *_first_token_summary(results["first_token"]),
-    ]
-    print("\n".join(lines))
-    out.mkdir(parents=True, exist_ok=True)
-    name = "first-token.json" if mode == "full" else "first-token-quick.json"
-    (out / name).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out / name}")
-    return 0
+
+    def report(results: dict[str, Any]) -> str:
+        return "\n".join(
+            [
+                headline("perdure time to first token", results),
+                "",
+                *_first_token_summary(results["first_token"]),
+            ]
+        )
+
+    config = {"first_token": cfg["first_token"]}
+    return only_part("first-token", mode, out, workdir, config, measure, report)
 
 
 def only_per_turn(
@@ -1643,31 +1662,15 @@ def only_per_turn(
     think_ms: float = 0.0,
 ) -> int:
     """One session's turn with each set of levers beside both floors, interleaved."""
-    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
-    started = time.perf_counter()
-    try:
+
+    def measure(scratch: Path, results: dict[str, Any]) -> None:
         suite = Suite(cfg, scratch, None)
-        results: dict[str, Any] = {
-            "mode": mode,
-            "part": "per-turn",
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": machine(scratch),
-            "config": {k: cfg[k] for k in ("trials", "floor_turns", "k_small")}
-            | {"think_ms": think_ms},
-            "versions": perdure_versions(),
-            "census": suite.census(),
-        }
+        results["census"] = suite.census()
         results["levers"] = suite.levers(results["census"]["value_sizes"], levers, think_ms)
-        results["machine"]["loadavg_end"] = os.getloadavg()
-        results["elapsed_s"] = time.perf_counter() - started
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    text = levers_table(results)
-    print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "per-turn.json" if mode == "full" else "per-turn-quick.json"
-    if think_ms:
-        name = name.replace(".json", f"-think{think_ms:g}.json")
+
+    config = {k: cfg[k] for k in ("trials", "floor_turns", "k_small")} | {"think_ms": think_ms}
+    suffix = f"-think{think_ms:g}" if think_ms else ""
+    return only_part("per-turn", mode, out, workdir, config, measure, levers_table, suffix)
 
 
 def round_spread(top: dict[str, Any], bottom: dict[str, Any]) -> str:
@@ -1788,59 +1791,37 @@ def scale_rows(scale: dict[str, Any]) -> list[dict[str, Any]]:
 
 def only_scale(mode: str, out: Path, workdir: Path | None) -> int:
     """100,000 sessions (``bench/bench_scale.py run``) and the scale targets."""
-    scratch = Path(tempfile.mkdtemp(prefix="perdure-bench-", dir=workdir))
-    started = time.perf_counter()
     size = SCALE[mode]
-    try:
-        results: dict[str, Any] = {
-            "mode": mode,
-            "part": "scale",
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": machine(scratch),
-            "config": size,
-            "versions": perdure_versions(),
-        }
+
+    def measure(scratch: Path, results: dict[str, Any]) -> None:
         argv = [sys.executable, str(BENCH / "bench_scale.py"), "run", str(scratch / "scale")]
         for key, value in size.items():
             argv += [f"--{key}", str(value)]
         proc = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True)
         results["scale"] = json.loads(proc.stdout.strip().splitlines()[-1])
         results["scale"]["sessions"] = size["sessions"]
-        results["machine"]["loadavg_end"] = os.getloadavg()
         results["ratios"] = scale_rows(results["scale"])
-        results["elapsed_s"] = time.perf_counter() - started
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    m = results["machine"]
-    lines = [
-        f"perdure scale benchmark, {mode} run, {results['date']}, {m['cpu']} x{m['cpus']}, "
-        f"load avg at start {_fmt(m['loadavg_start'][0])}, at end "
-        f"{_fmt(m['loadavg_end'][0])}",
-        "",
-    ]
-    for r in results["ratios"]:
-        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
-        lines.append(
-            f"{r['ratio']}: {_fmt(r['value'])}, target {r['target']}, met: {met}"
-            + (f" ({r['note']})" if r["note"] else "")
-        )
-    print("\n".join(lines))
-    out.mkdir(parents=True, exist_ok=True)
-    name = "scale.json" if mode == "full" else "scale-quick.json"
-    (out / name).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out / name}")
-    return 0
+
+    def report(results: dict[str, Any]) -> str:
+        lines = [headline("perdure scale benchmark", results), ""]
+        for r in results["ratios"]:
+            met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+            lines.append(
+                f"{r['ratio']}: {_fmt(r['value'])}, target {r['target']}, met: {met}"
+                + (f" ({r['note']})" if r["note"] else "")
+            )
+        return "\n".join(lines)
+
+    return only_part("scale", mode, out, workdir, size, measure, report)
 
 
 def levers_table(results: dict[str, Any]) -> str:
     """Each set of levers against both floors: the median of the rounds' own ratios
     (each round ran every part once, so a slow minute of the VM hits them alike)."""
-    m, lv = results["machine"], results["levers"]
+    lv = results["levers"]
     k, think = results["config"]["k_small"], results["config"].get("think_ms", 0.0)
     lines = [
-        f"perdure per turn (K={k}, the model answers in {think:g} ms), {results['mode']} run, "
-        f"{results['date']}, {m['cpu']} x{m['cpus']}, load avg at start "
-        f"{_fmt(m['loadavg_start'][0])}, at end {_fmt(m['loadavg_end'][0])}",
+        headline(f"perdure per turn (K={k}, the model answers in {think:g} ms)", results),
         "",
         "| levers | median ms/turn | durability's share (ms/turn - think) | "
         "/ two-commit floor | / one-commit floor | rounds |",

@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import workload  # noqa: E402
+from bench.common import server_env, start_serve  # noqa: E402
 
-_LISTENING = re.compile(r"listening on (http://\S+)")
 _AT = re.compile(rb'"at":([0-9.eE+-]+)')
 _ID = re.compile(rb"^id: (\d+)$", re.M)
 
@@ -65,45 +65,11 @@ def start_daemon(
     workdir: Path, k: int, probe: Path | None
 ) -> tuple[subprocess.Popen[str], str, str]:
     (workdir / "script.json").write_text(json.dumps({"replies": script(k)}))
-    token = "bench-token"
-    (workdir / "token").write_text(token)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("PERDURE_FAULT", None)
     entry = ["-m", "perdure.cli"]
     if probe is not None:
         entry = [str(ROOT / "bench" / "sse_probe.py"), str(probe)]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            *entry,
-            "serve",
-            "--log",
-            str(workdir / "log"),
-            "--port",
-            "0",
-            "--provider",
-            f"scripted:{workdir / 'script.json'}",
-            "--tools",
-            "bench.agent:lookup",
-            "--token-file",
-            str(workdir / "token"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        found = _LISTENING.search(line)
-        if found:
-            return proc, found.group(1), token
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise SystemExit("perdure serve did not start")
+    provider = ["--provider", f"scripted:{workdir / 'script.json'}"]
+    return start_serve(workdir, provider, server_env(), entry)
 
 
 # -- the Python clients (a child process) ---------------------------------------------------

@@ -82,6 +82,10 @@ class RuntimeClosed(RuntimeError):
 _HOST_LOOP: trio.lowlevel.RunVar[asyncio.AbstractEventLoop] = trio.lowlevel.RunVar(
     "perdure_embed_host_loop"
 )
+# Whether any embedded runtime was ever opened in this process: until one is, no run
+# can hold a host loop, and ``host_runner`` (asked at every tool attempt) answers at
+# once instead of looking the RunVar up, which raises inside trio when it is unset.
+_EVER_EMBEDDED = False
 
 
 async def run_in_asyncio(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
@@ -115,6 +119,8 @@ async def run_in_asyncio(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) 
 def host_runner() -> Callable[[Callable[[], Coroutine[Any, Any, Any]]], Awaitable[Any]] | None:
     """``run_in_asyncio`` inside an embedded runtime (the runtime awaits tools written
     for asyncio with it); None on a plain trio runtime."""
+    if not _EVER_EMBEDDED:
+        return None
     try:
         _HOST_LOOP.get()
     except LookupError:
@@ -653,6 +659,8 @@ async def open_runtime(
     done: asyncio.Future[None] = loop.create_future()
 
     async def trio_main() -> None:
+        global _EVER_EMBEDDED
+        _EVER_EMBEDDED = True
         _HOST_LOOP.set(loop)
         async with open_trio_runtime(log, **options) as runtime, trio.open_nursery() as nursery:
             stop = trio.Event()

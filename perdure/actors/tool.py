@@ -112,11 +112,19 @@ def make_context(
     )
 
 
+# ``perdure.embed.host_runner``, imported on first use (embed builds on the runtime,
+# which builds on this module); kept so that an attempt does not pay an import (~3 us).
+_embedded_host: Callable[[], HostRunner | None] | None = None
+
+
 def _host_runner() -> HostRunner | None:
     """Under perdure.embed, what awaits a coroutine on the application's asyncio loop."""
-    from perdure import embed  # embed builds on the runtime, which builds on this module
+    global _embedded_host
+    if _embedded_host is None:
+        from perdure import embed
 
-    return embed.host_runner()
+        _embedded_host = embed.host_runner
+    return _embedded_host()
 
 
 class Heartbeats:
@@ -278,7 +286,8 @@ async def _attempt_between_snapshots(
         if _faults.ACTIVE:
             _faults.hit("workspace.before", tool.name)
     started = time.monotonic()
-    finished = _attempt(executing, "cancelled", "cancelled")
+    # Built once the attempt is over (not a placeholder first: an outcome costs ~3 us).
+    finished: ToolFinished | None = None
     # This task runs in the session's nursery: the relay, if a heartbeat starts one, too.
     session_nursery = trio.lowlevel.current_task().parent_nursery
     assert session_nursery is not None
@@ -291,7 +300,7 @@ async def _attempt_between_snapshots(
             if relay_over is not None:  # a shielded wait only where a relay runs
                 with trio.CancelScope(shield=True):
                     await relay_over.wait()
-    if scope.cancelled_caught:
+    if finished is None or scope.cancelled_caught:
         finished = _attempt(executing, "cancelled", "cancelled")
     final_beat = beats.take()
     if final_beat is not None:  # before the result, so that a retry resumes from it

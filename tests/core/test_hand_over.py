@@ -138,3 +138,18 @@ def test_a_queued_input_does_not_start_its_run() -> None:
     first, _ = decide.command(s.state, s.env(), protocol.Submit("r2", "more"))
     step = settle(s, first)
     assert kinds(step) == ["InputAccepted"], "queued, for the next owner to start"
+
+
+def test_a_revision_while_the_model_is_asked_starts_no_new_turn_while_holding() -> None:
+    # The revision's first pass stops the call in flight (an effect); the pass after it
+    # must still see the hand-over or the drain, or it would ask the model again here.
+    for holding in (
+        {"handing_over": True},
+        {"draining": True},
+    ):
+        s = running()
+        first, _ = decide.command(s.state, s.env(), protocol.Revise("v1", "something else"))
+        in_flight = View(models=frozenset({"in1.g1"}), **holding)
+        step = settle(s, first, in_flight)
+        assert kinds(step) == ["GoalRevised"], holding
+        assert step.effects == (protocol.CancelModel("in1.g1"),), holding

@@ -32,7 +32,6 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,15 +144,6 @@ class _Node:
             await marker.wait()
 
 
-@pytest.fixture
-def lmdb(tmp_path: Path) -> Iterator[LmdbLog]:
-    log = LmdbLog(tmp_path / "log")
-    try:
-        yield log
-    finally:
-        log.close()
-
-
 @asynccontextmanager
 async def journal_of(node: _Node) -> AsyncIterator[Journal]:
     node.token = trio.lowlevel.current_trio_token()
@@ -170,8 +160,8 @@ def result(sid: str) -> ToolCompleted:
 # -- ownership ---------------------------------------------------------------------------
 
 
-async def test_each_ownership_call_reaches_the_log_in_a_worker_thread(lmdb: LmdbLog) -> None:
-    node = _Node(lmdb)
+async def test_each_ownership_call_reaches_the_log_in_a_worker_thread(log: LmdbLog) -> None:
+    node = _Node(log)
     node.elsewhere["s-taken"] = "there"
     async with journal_of(node) as journal:
         await journal.acquire("s1")
@@ -201,11 +191,11 @@ async def test_each_ownership_call_reaches_the_log_in_a_worker_thread(lmdb: Lmdb
 
 
 async def test_a_single_node_log_grants_at_once_and_has_nothing_to_release(
-    lmdb: LmdbLog,
+    log: LmdbLog,
 ) -> None:
     """One owner: ``acquire`` is answered on the trio thread (the owner's lock fences
     every session), there is no lease to give up, and nothing to confirm."""
-    node = _Node(lmdb, multi_node=False)
+    node = _Node(log, multi_node=False)
     async with journal_of(node) as journal:
         await journal.acquire("s1")
         await journal.release_session("s1")
@@ -213,10 +203,10 @@ async def test_a_single_node_log_grants_at_once_and_has_nothing_to_release(
     assert node.calls == [("acquire", ("s1",), threading.get_ident())]
 
 
-async def test_confirm_asks_the_log_only_for_a_lease_not_known_fresh(lmdb: LmdbLog) -> None:
+async def test_confirm_asks_the_log_only_for_a_lease_not_known_fresh(log: LmdbLog) -> None:
     """Before a tool starts, a fresh lease is confirmed without a database call; any
     other is confirmed by the log, in a worker thread, and its answer is the Journal's."""
-    node = _Node(lmdb)
+    node = _Node(log)
     node.fresh.add("s-fresh")
     async with journal_of(node) as journal:
         assert await journal.confirm("s-fresh") is True
@@ -248,9 +238,9 @@ def following(journal: Journal, *sessions: str) -> Iterator[list[Subscription]]:
 
 
 async def test_another_nodes_commits_wake_the_streams_that_follow_those_sessions(
-    lmdb: LmdbLog,
+    log: LmdbLog,
 ) -> None:
-    node = _Node(lmdb)
+    node = _Node(log)
     a, b = Event("a", WAKE), Event("b", WAKE)
     async with journal_of(node) as journal:
         with following(journal, "a", "a", "b") as subs:
@@ -269,10 +259,10 @@ async def test_another_nodes_commits_wake_the_streams_that_follow_those_sessions
     assert journal._followers == {}
 
 
-def test_a_notification_after_the_run_ended_is_dropped(lmdb: LmdbLog) -> None:
+def test_a_notification_after_the_run_ended_is_dropped(log: LmdbLog) -> None:
     """The listener thread may hear of a commit while the trio run ends: that wake-up
     has no one left to wake, and must not raise in the listener thread."""
-    node = _Node(lmdb)
+    node = _Node(log)
 
     async def run() -> None:
         async with journal_of(node):
@@ -284,28 +274,28 @@ def test_a_notification_after_the_run_ended_is_dropped(lmdb: LmdbLog) -> None:
     node.wake(None)
 
 
-async def test_the_listener_is_a_named_daemon_thread_gone_once_closed(lmdb: LmdbLog) -> None:
-    node = _Node(lmdb)
+async def test_the_listener_is_a_named_daemon_thread_gone_once_closed(log: LmdbLog) -> None:
+    node = _Node(log)
     async with journal_of(node) as journal:
         listeners = [t for t in threading.enumerate() if t.name == "perdure-listener"]
         assert listeners == [journal._listener]
         assert listeners[0].daemon is True
         assert await journal.append([result("s")])  # records still go to the log
     assert not listeners[0].is_alive()
-    single = _Node(lmdb, multi_node=False)
+    single = _Node(log, multi_node=False)
     async with journal_of(single) as journal:
         assert journal._listener is None  # one owner: nobody else commits
         assert "perdure-listener" not in {t.name for t in threading.enumerate()}
 
 
 async def test_reads_of_a_log_that_is_not_local_are_not_held_to_the_local_threads(
-    lmdb: LmdbLog,
+    log: LmdbLog,
 ) -> None:
     """A local log's reads are CPU-bound, so at most ``LOCAL_READ_THREADS`` run at once;
     a remote log's reads wait on the network, so more than that may be under way."""
-    node = _Node(lmdb)
+    node = _Node(log)
     together = threading.Barrier(LOCAL_READ_THREADS + 1, timeout=10)
-    real_read = lmdb.read_session
+    real_read = log.read_session
 
     def read_session(session_id: str, *args: Any) -> Any:
         together.wait()  # every read waits until all of them are under way

@@ -195,6 +195,11 @@ class FakeVendor(Generic[A]):
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, like the real APIs
+            # Each frame of a stream goes out when written, as a vendor's servers send
+            # them: with Nagle's algorithm a frame written shortly after the last one
+            # waited for the client's delayed ACK (up to 40 ms on Linux), which the
+            # first-token benchmark read as the runtime's latency.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

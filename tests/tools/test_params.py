@@ -722,6 +722,69 @@ def test_a_class_variable_or_final_qualifier_is_refused_not_dropped_from_the_sch
     assert set(tool(plain).input_schema["properties"]) == {"a", "b"}  # the control
 
 
+def test_a_qualifier_on_the_return_is_not_taken_for_a_parameter() -> None:
+    """Only the parameters are searched for ``ClassVar``/``Final``. A return annotated with
+    one, written as a string (this module's ``from __future__ import annotations``), is
+    refused as typing refuses it, never as a parameter named 'return'; a qualified
+    parameter beside such a return is the one named. Evaluated, typing resolves the
+    return, and the tool's parameters are its parameters alone."""
+
+    async def returns_final(a: int) -> Final[int]: ...
+
+    async def returns_class_var(a: int) -> ClassVar[int]: ...
+
+    async def qualified_both(a: int, b: Final[int] = 3) -> Final[int]: ...
+
+    for fn, written in ((returns_final, "Final[int]"), (returns_class_var, "ClassVar[int]")):
+        with pytest.raises(ToolDefinitionError) as error:
+            tool(fn)
+        assert str(error.value) == (
+            f"tool {fn.__name__!r}: cannot resolve the type hints of {fn.__qualname__}: "
+            f"typing.{written} is not valid as type argument"
+        )
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(qualified_both)
+    assert str(error.value).startswith(
+        "tool 'qualified_both', parameter 'b': Final[...] qualifies a class attribute"
+    )
+
+    returns_final.__annotations__ = inspect.get_annotations(returns_final, eval_str=True)
+    assert tool(returns_final).input_schema["properties"] == {"a": {"type": "integer"}}
+
+
+def test_a_field_without_default_factory_beside_a_default_keeps_the_default() -> None:
+    """Only a ``default_factory`` clashes with a default in the signature: a ``Field`` that
+    constrains or describes the parameter, or a plain note, beside a default is accepted,
+    and the schema shows that default with the Field's words and bounds."""
+
+    async def page(
+        size: Annotated[int, pydantic.Field(ge=1, description="rows per page")] = 20,
+        sort: Annotated[str, "the column to sort by"] = "name",
+    ) -> None: ...
+
+    t = tool(page)
+    assert t.input_schema["properties"] == {
+        "size": {"default": 20, "description": "rows per page", "minimum": 1, "type": "integer"},
+        "sort": {"default": "name", "description": "the column to sort by", "type": "string"},
+    }
+    assert "required" not in t.input_schema
+    assert t.validate({"size": 0}) == ["size: Input should be greater than or equal to 1, got 0"]
+
+
+def test_a_model_pydantic_cannot_build_names_the_tool_and_pydantic_s_reason() -> None:
+    """Each parameter's type has a schema, but pydantic refuses the arguments' model as
+    written (a default in the hint's ``Field`` and a ``default_factory`` in the one given as
+    the signature's default): the error names the tool and says pydantic's reason."""
+
+    async def count(
+        start: Annotated[int, pydantic.Field(default=0)] = pydantic.Field(default_factory=int),
+    ) -> None: ...
+
+    with pytest.raises(ToolDefinitionError) as error:
+        tool(count)
+    assert str(error.value) == "tool 'count': cannot specify both default and default_factory"
+
+
 def test_a_refused_name_is_told_the_rule() -> None:
     async def f() -> None: ...
 

@@ -99,7 +99,11 @@ def _model_replied(s: SessionState, env: Env, msg: ModelReplied) -> Step:
         seen.add(call_id)
         tool = env.tools.get(call.name)
         secret = sorted(tool.secret_params & call.input.keys()) if tool is not None else []
-        calls.append(evolve(call, call_id=call_id, secret=secret))
+        if call_id != call.call_id or secret != call.secret:
+            # A copy only when something changes (a frozen call is shared otherwise:
+            # an ``evolve`` per call was the costliest line of a reply's decision).
+            call = evolve(call, call_id=call_id, secret=secret)
+        calls.append(call)
     records: list[Record] = [
         GenerationCompleted(
             session_id=s.session_id,

@@ -51,29 +51,21 @@ def settle(
     """
     s.apply_all(first.records)
     total = first
-    models, tools, cancelling = set(view.models), set(view.tools), set(view.cancelling)
-    waiting = set(view.waiting)
-    _note_effects(first.effects, models, tools, cancelling, waiting)
+    current = _with_effects(view, first.effects)
     for _ in range(10_000):
-        current = View(
-            models=frozenset(models),
-            tools=frozenset(tools),
-            cancelling=frozenset(cancelling),
-            waiting=frozenset(waiting),
-            draining=view.draining,
-            handing_over=view.handing_over,
-        )
         step = advance(s, env, current)
         if not step:
             settled = total.records[len(first.records) :] if recovering else total.records
-            return total + _forget(s, env, settled, tools)
+            return total + _forget(s, env, settled, current.tools)
         s.apply_all(step.records)
-        _note_effects(step.effects, models, tools, cancelling, waiting)
+        current = _with_effects(current, step.effects)
         total += step
     raise AssertionError(f"session {s.session_id}: advance did not settle")
 
 
-def _forget(s: SessionState, env: Env, records: tuple[Record, ...], running: set[str]) -> Step:
+def _forget(
+    s: SessionState, env: Env, records: tuple[Record, ...], running: frozenset[str]
+) -> Step:
     """``Forget`` for every executed call that ``records`` settle, once nothing runs it."""
     if not env.limits.forget_settled:
         return NOTHING
@@ -90,13 +82,13 @@ def _forget(s: SessionState, env: Env, records: tuple[Record, ...], running: set
     return Step((), tuple(effects))
 
 
-def _note_effects(
-    effects: tuple[Effect, ...],
-    models: set[str],
-    tools: set[str],
-    cancelling: set[str],
-    waiting: set[str],
-) -> None:
+def _with_effects(view: View, effects: tuple[Effect, ...]) -> View:
+    """``view`` once ``effects`` are performed: what they put in flight or stop. The same
+    ``View`` when there are none (a pass of ``settle`` that only records builds none)."""
+    if not effects:
+        return view
+    models, tools, cancelling = set(view.models), set(view.tools), set(view.cancelling)
+    waiting = set(view.waiting)
     for e in effects:
         if isinstance(e, CallModel):
             models.add(e.generation_id)
@@ -112,3 +104,11 @@ def _note_effects(
             waiting.add(e.call_id)
         elif isinstance(e, StopBackOff):
             waiting.discard(e.call_id)
+    return View(
+        models=frozenset(models),
+        tools=frozenset(tools),
+        cancelling=frozenset(cancelling),
+        waiting=frozenset(waiting),
+        draining=view.draining,
+        handing_over=view.handing_over,
+    )

@@ -21,7 +21,8 @@ session at a time), parked, dormant and unreachable sessions, hand-overs under w
 and counters the runtime reports. Each job is a class, and they stack in one
 direction (this base, then ``memory``, ``ownership``, ``lifecycle``): a job calls
 only the jobs below it, except that boot starts sessions through ``mailbox``, the
-lifecycle's door, named here.
+lifecycle's door, and ``_start_read`` (the same start on records boot has read), both
+named here.
 """
 
 from __future__ import annotations
@@ -63,6 +64,34 @@ class _Handing:
     def __init__(self, target: str) -> None:
         self.target = target
         self.gate = trio.Event()
+
+
+class BootStarts:
+    """The actors start-up started on records it had read and has not heard from yet.
+
+    Such an actor reports its own start (``lifecycle``'s ``_BootStarted``) instead of a
+    task of its own waiting for it, and ``Ownership._boot`` waits here for the last one.
+    """
+
+    __slots__ = ("done", "left")
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.done = trio.Event()
+
+    def add(self) -> None:
+        self.left += 1
+        if self.done.is_set():  # all had started before this batch was read
+            self.done = trio.Event()
+
+    def started(self) -> None:
+        self.left -= 1
+        if not self.left:
+            self.done.set()
+
+    async def wait(self) -> None:
+        if self.left:
+            await self.done.wait()
 
 
 class SupervisorBase:
@@ -122,6 +151,12 @@ class SupervisorBase:
 
     async def mailbox(self, session_id: str, records: list[Committed] | None = None) -> Mailbox:
         """The running session's mailbox, starting its actor if needed (``lifecycle``)."""
+        raise NotImplementedError
+
+    def _start_read(self, session_id: str, records: list[Committed], starts: BootStarts) -> bool:
+        """Start-up: start the actor of a session whose records were read, counted in
+        ``starts`` until it has started (``lifecycle``); False if it must go through
+        ``mailbox`` instead."""
         raise NotImplementedError
 
 

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import traceback
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -38,7 +39,12 @@ from perdure.actors.protocol import Forked, Submit
 from perdure.actors.session import SessionActor
 from perdure.actors.state import SessionState
 from perdure.actors.supervisor.agents import SubAgents
-from perdure.actors.supervisor.base import OUTAGE_BACKOFF, RESTART_BACKOFF, _refuse_queued
+from perdure.actors.supervisor.base import (
+    OUTAGE_BACKOFF,
+    RESTART_BACKOFF,
+    BootStarts,
+    _refuse_queued,
+)
 from perdure.actors.supervisor.memory import dormant_state
 from perdure.actors.supervisor.ownership import Ownership, _Lost
 from perdure.errors import (
@@ -105,6 +111,44 @@ class _Unreachable:
         self.error = error
 
 
+def _not_started(session_id: str, parked: Any) -> Refused | LogError:
+    """What a starter hears when ``_supervise`` reported something else than a start."""
+    if isinstance(parked, _Lost):
+        return NotOwnerRefused(f"session {session_id}: {parked.reason}")
+    if isinstance(parked, _Unreachable):
+        return parked.error  # the caller hears it now, not when the outage ends
+    return SessionParkedError(session_id, parked)
+
+
+class _BootStarted:
+    """The ``task_status`` of an actor start-up started on its records already read
+    (``Supervisor._start_read``): when the actor reports, do what ``mailbox`` does
+    once ``nursery.start`` returns, and count it in ``BootStarts``."""
+
+    __slots__ = ("_box", "_session_id", "_starts", "_supervisor")
+
+    def __init__(
+        self, supervisor: Supervisor, session_id: str, box: Mailbox, starts: BootStarts
+    ) -> None:
+        self._supervisor, self._session_id, self._box, self._starts = (
+            supervisor,
+            session_id,
+            box,
+            starts,
+        )
+
+    def started(self, value: Any = None) -> None:
+        supervisor, session_id = self._supervisor, self._session_id
+        if value is None:
+            supervisor.mailboxes[session_id] = self._box
+        supervisor._starting.pop(session_id).set()
+        self._starts.started()
+        if value is not None:
+            error = _not_started(session_id, value)
+            assert isinstance(error, Refused | LogUnavailable | StorageFull), error
+            supervisor._not_booted(session_id, error)
+
+
 class Supervisor(Ownership):
     def __init__(self, ctx: ActorContext, caller_trace: Callable[[], str] | None = None) -> None:
         # The actors run sub-agents through this supervisor's job, which owns the
@@ -162,16 +206,39 @@ class Supervisor(Ownership):
                 )
                 if parked is None:
                     self.mailboxes[session_id] = box
-            if isinstance(parked, _Lost):
-                raise NotOwnerRefused(f"session {session_id}: {parked.reason}")
-            if isinstance(parked, _Unreachable):
-                raise parked.error  # the caller hears it now, not when the outage ends
             if parked is not None:
-                raise SessionParkedError(session_id, parked)
+                raise _not_started(session_id, parked)
             return box
         finally:
             del self._starting[session_id]
             starting.set()
+
+    def _start_read(self, session_id: str, records: list[Committed], starts: BootStarts) -> bool:
+        """Start-up: start the actor of a session whose records were read, as
+        ``mailbox`` would, but with no task of its own waiting for the start (nor
+        ``nursery.start``'s nursery, cancel scope and move of the task): the actor
+        reports it (``_BootStarted``). A single-node log only (its lease is granted
+        at once); False for a session ``mailbox`` must start.
+        """
+        if (
+            self.journal.log.multi_node
+            or session_id in self._starting
+            or session_id in self.mailboxes
+            or session_id in self.parked
+            or session_id in self.dormant
+        ):
+            return False
+        self.journal.log.acquire(session_id)  # granted at once: the log's owner lock fences
+        self._starting[session_id] = trio.Event()
+        box = Mailbox.open()
+        self._lost.pop(session_id, None)
+        starts.add()
+        status = _BootStarted(self, session_id, box, starts)
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            partial(self._supervise, session_id, box, records, None, task_status=status)
+        )
+        return True
 
     async def _supervise(
         self,
