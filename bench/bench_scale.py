@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -455,6 +456,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         killed = workdir / "log-killed"
         shutil.copytree(log_dir, str(killed), dirs_exist_ok=True)
         note("recovering ...")
+        # The copy's dirty pages on disk first: else the recovery's first fsync writes
+        # them all out, and its first resumed call waits for that.
+        os.sync()
         spawned = time.time()
         out["recover"] = _child("recover", log_dir, str(args.interrupted), repr(spawned))
         if args.recover_model_wait:
@@ -464,6 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             note(f"recovering again, the model taking {wait} s per call ...")
             shutil.rmtree(log_dir)
             shutil.copytree(str(killed), log_dir)
+            os.sync()
             spawned = time.time()
             out["recover_waiting"] = _child(
                 "recover", log_dir, str(args.interrupted), repr(spawned), "--model-wait", str(wait)
