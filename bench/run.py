@@ -1105,13 +1105,13 @@ def ratios(results: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]
     if large is not None:
         n_large = large["interrupted_sessions"]
         slowest = max(large["with_finished"]["last_rerun_ms"], large["without"]["last_rerun_ms"])
-        target = TARGETS["recovery_large_ms"]
+        limit_ms = TARGETS["recovery_large_ms"]
         row(
             f"recovery of {n_large:,} interrupted sessions, ms (the slower of: with "
             f"{cfg['finished_sessions']:,} finished sessions, with none)",
             slowest,
-            f"<= {target:.0f}",
-            slowest <= target if n_large >= 1000 else None,
+            f"<= {limit_ms:.0f}",
+            slowest <= limit_ms if n_large >= 1000 else None,
             f"with finished {large['with_finished']['last_rerun_ms']:.0f} ms, without "
             f"{large['without']['last_rerun_ms']:.0f} ms"
             + ("" if n_large >= 1000 else "; the target is for 1,000 sessions"),
